@@ -1,0 +1,35 @@
+# conveyor: `make test` and `make demo` set everything up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint typecheck bench clean test-gpu
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy src
+
+test: lint typecheck
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(PY) -m conveyor.demo
+
+bench: $(STAMP)
+	$(PY) bench/foundation.py
+
+# On the lent GPU machine: source scripts/gpu-env.sh first (it installs the carried wheels).
+test-gpu:
+	bash scripts/test-gpu.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

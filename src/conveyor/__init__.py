@@ -1,0 +1,33 @@
+"""conveyor: stream data larger than an accelerator's memory through GPU kernels.
+
+See README.md for the tour. The public names are re-exported here.
+"""
+
+from __future__ import annotations
+
+from conveyor.memory import pinned
+from conveyor.backends import device, devices
+from conveyor.backends.base import Device, Kernel
+from conveyor.errors import (
+    BackendError,
+    CompileError,
+    ConveyorError,
+    InputError,
+    OutOfMemoryError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "CompileError",
+    "ConveyorError",
+    "Device",
+    "InputError",
+    "Kernel",
+    "OutOfMemoryError",
+    "__version__",
+    "device",
+    "devices",
+    "pinned",
+]

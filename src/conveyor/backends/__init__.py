@@ -1,0 +1,97 @@
+"""Device discovery: ``devices()`` lists every usable device, ``device(spec)`` picks one.
+
+Backends load lazily: importing conveyor imports neither PyOpenCL nor cuda.core. Devices are
+found once per process and kept, so every caller shares one Device (and its pools) per device.
+
+Spec strings: ``"cuda"``, ``"cuda:N"``, ``"opencl"`` (best OpenCL device), ``"opencl:P:D"``
+(platform P, device D), ``"gpu"`` (best GPU of any backend), ``"cpu"`` (first CPU device).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+from conveyor import config
+from conveyor.backends.base import Device
+from conveyor.errors import InputError
+
+_lock = threading.Lock()
+_found: list[Device] | None = None
+
+
+def _cuda_available() -> bool:
+    try:
+        return importlib.util.find_spec("cuda.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _discover() -> list[Device]:
+    found: list[Device] = []
+    if _cuda_available():
+        from conveyor.backends import cuda
+
+        found.extend(cuda.discover())
+    from conveyor.backends import opencl
+
+    found.extend(opencl.discover())
+    return found
+
+
+def devices() -> list[Device]:
+    """Every usable device of every backend: CUDA first, then OpenCL in platform order."""
+    global _found
+    with _lock:
+        if _found is None:
+            _found = _discover()
+        return list(_found)
+
+
+def _rank(dev: Device) -> tuple[int, int]:
+    kind_rank = {"gpu": 0, "other": 1, "cpu": 2}[dev.kind]
+    backend_rank = 0 if dev.backend == "cuda" else 1
+    return (kind_rank, backend_rank)
+
+
+def device(spec: str | None = None) -> Device:
+    """The device ``spec`` names; by default ``CONVEYOR_DEVICE``, else the best one:
+    a CUDA GPU, else an OpenCL GPU, else a CPU device (PoCL).
+
+    Raises InputError for a spec that matches nothing, naming the devices that exist.
+    """
+    if spec is None:
+        spec = config.default_device_spec()
+    found = devices()
+    if not found:
+        raise InputError(
+            "no compute device found: install pocl-binary-distribution for the CPU device, "
+            "or a GPU driver with OpenCL or CUDA"
+        )
+    if spec is None:
+        return min(found, key=_rank)
+    chosen = _match(spec.strip().lower(), found)
+    if chosen is None:
+        listing = "; ".join(f"{d.spec} ({d.name}, {d.kind})" for d in found)
+        raise InputError(f"no device matches {spec!r}; devices here: {listing}")
+    return chosen
+
+
+def _match(spec: str, found: list[Device]) -> Device | None:
+    if spec in ("gpu", "cpu"):
+        of_kind = [d for d in found if d.kind == spec]
+        return min(of_kind, key=_rank) if of_kind else None
+    if spec in ("cuda", "opencl"):
+        of_backend = [d for d in found if d.backend == spec]
+        return min(of_backend, key=_rank) if of_backend else None
+    for dev in found:
+        if dev.spec == spec:
+            return dev
+    if spec.startswith("opencl:") and spec.count(":") == 1:
+        platform = spec + ":"
+        matching = [d for d in found if d.spec.startswith(platform)]
+        return min(matching, key=_rank) if matching else None
+    return None
+
+
+__all__ = ["Device", "device", "devices"]

@@ -1,0 +1,346 @@
+"""The interface every backend implements, and the parts all backends share.
+
+A backend (``opencl.py``, ``cuda.py``) supplies queues, events, raw device and pinned
+allocations, in-place registration of host memory, and a compiler that turns source into a
+binary and a binary into kernels. Pools, the kernel cache and the engine live above this file
+and never import a driver module.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from conveyor.kernels.signature import Param
+    from conveyor.memory.pinned import PinnedPool
+    from conveyor.memory.pool import DevicePool
+
+DeviceKind = Literal["gpu", "cpu", "other"]
+
+
+class Closeable:
+    """Mixin: ``close()`` plus the context-manager protocol."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        """Release what this object holds. Safe to call twice."""
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Event(ABC):
+    """A point in a queue's work. Complete once the command it stands for has finished."""
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block the host until the event completes; raises BackendError if it failed."""
+
+    @abstractmethod
+    def is_done(self) -> bool:
+        """True when the event has completed (never blocks)."""
+
+    def profile_ns(self) -> tuple[int, int] | None:
+        """(start, end) device timestamps in nanoseconds, or None where not recorded."""
+        return None
+
+
+class UserEvent(Event):
+    """An event the host completes by hand (tests use it to hold a queue back)."""
+
+    @abstractmethod
+    def set_complete(self) -> None:
+        """Mark the event complete, releasing every command that waits on it."""
+
+
+class DeviceBuffer(Closeable, ABC):
+    """Raw device memory. ``close()`` frees it at once: only pools call it, after a fence."""
+
+    nbytes: int
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the memory now. The caller guarantees no queued command still uses it."""
+
+
+class PinnedBuffer(Closeable, ABC):
+    """Page-locked host memory that stays mapped for its whole life.
+
+    ``array`` is a 1-D ``uint8`` view of all ``nbytes``; views of it are real ndarrays.
+    """
+
+    nbytes: int
+    array: np.ndarray
+
+    @abstractmethod
+    def close(self) -> None:
+        """Unmap and free the memory now. The caller guarantees no command still uses it."""
+
+
+class Registration(Closeable, ABC):
+    """An existing host array pinned in place until ``close()``."""
+
+    array: np.ndarray
+
+    #: True when the driver really page-locked the memory (copies from it run at pinned speed);
+    #: False when the backend could only wrap it (copies are correct but may be staged).
+    page_locked: bool
+
+
+class Kernel(ABC):
+    """A kernel, built and loaded, ready to launch. ``params`` is its parsed signature."""
+
+    name: str
+    device: Device
+    params: Sequence[Param]
+
+
+class Queue(Closeable, ABC):
+    """An in-order queue (OpenCL command queue, CUDA stream) with timestamps on every command.
+
+    Every enqueue takes ``wait_for``, events from any queue of the same device, and returns the
+    event of the new command. Host arrays given to copies must be C-contiguous; copies are
+    asynchronous only from pinned memory.
+    """
+
+    device: Device
+
+    @abstractmethod
+    def copy_in(
+        self,
+        dst: DeviceBuffer,
+        src: np.ndarray,
+        *,
+        dst_offset: int = 0,
+        wait_for: Sequence[Event] = (),
+    ) -> Event:
+        """Copy all of ``src`` into ``dst`` at byte ``dst_offset``."""
+
+    @abstractmethod
+    def copy_out(
+        self,
+        dst: np.ndarray,
+        src: DeviceBuffer,
+        *,
+        src_offset: int = 0,
+        wait_for: Sequence[Event] = (),
+    ) -> Event:
+        """Fill all of ``dst`` from ``src`` starting at byte ``src_offset``."""
+
+    @abstractmethod
+    def launch(
+        self,
+        kernel: Kernel,
+        global_size: int,
+        args: Sequence[Any],
+        *,
+        local_size: int | None = None,
+        wait_for: Sequence[Event] = (),
+    ) -> Event:
+        """Run ``kernel`` over ``global_size`` work items (rounded up to ``local_size``).
+
+        ``args`` holds DeviceBuffers and scalars; scalars are cast to the kernel's declared
+        parameter types.
+        """
+
+    @abstractmethod
+    def fill(
+        self,
+        dst: DeviceBuffer,
+        byte: int,
+        nbytes: int,
+        *,
+        offset: int = 0,
+        wait_for: Sequence[Event] = (),
+    ) -> Event:
+        """Set ``nbytes`` bytes of ``dst`` from ``offset`` to ``byte``."""
+
+    @abstractmethod
+    def marker(self, wait_for: Sequence[Event] = ()) -> Event:
+        """An event that completes when everything before it (and ``wait_for``) has."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Hand queued commands to the device without waiting."""
+
+    @abstractmethod
+    def finish(self) -> None:
+        """Block until every command in the queue has completed."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a device is and what it can do (the table ``conveyor devices`` prints)."""
+
+    backend: str
+    spec: str
+    name: str
+    kind: DeviceKind
+    global_mem_bytes: int
+    max_alloc_bytes: int
+    compute_units: int
+    svm: bool
+    host_unified: bool
+    driver_version: str
+    platform: str
+
+
+class Device(Closeable, ABC):
+    """One compute device. Subclasses are the backends; the shared parts live here.
+
+    Attributes come from :class:`DeviceInfo` (``dev.name``, ``dev.kind``, ...). Pools are made on
+    first use and belong to the device, so every stream on a device shares them.
+    """
+
+    info: DeviceInfo
+
+    def __init__(self, info: DeviceInfo) -> None:
+        self.info = info
+        self._lock = threading.Lock()
+        self._memory_pool: DevicePool | None = None
+        self._pinned_pool: PinnedPool | None = None
+        self._closed = False
+
+    # -- what the device is ---------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """"opencl" or "cuda"."""
+        return self.info.backend
+
+    @property
+    def spec(self) -> str:
+        """The spec string that selects this device, e.g. "opencl:0:0" or "cuda:0"."""
+        return self.info.spec
+
+    @property
+    def name(self) -> str:
+        """The driver's name of the device."""
+        return self.info.name
+
+    @property
+    def kind(self) -> DeviceKind:
+        """"gpu", "cpu" or "other"."""
+        return self.info.kind
+
+    @property
+    def global_mem_bytes(self) -> int:
+        """Global memory in bytes."""
+        return self.info.global_mem_bytes
+
+    @property
+    def max_alloc_bytes(self) -> int:
+        """The largest single allocation the device allows, in bytes."""
+        return self.info.max_alloc_bytes
+
+    @property
+    def compute_units(self) -> int:
+        """Compute units (OpenCL) or streaming multiprocessors (CUDA)."""
+        return self.info.compute_units
+
+    @property
+    def svm(self) -> bool:
+        """True when the device supports shared virtual memory."""
+        return self.info.svm
+
+    @property
+    def host_unified(self) -> bool:
+        """True when device and host share physical memory (CPU devices, integrated GPUs)."""
+        return self.info.host_unified
+
+    def __repr__(self) -> str:
+        return f"<conveyor.Device {self.spec} {self.name!r} ({self.kind})>"
+
+    # -- what every backend implements ----------------------------------------------------
+    @abstractmethod
+    def create_queue(self) -> Queue:
+        """A new in-order queue with timestamps enabled."""
+
+    @abstractmethod
+    def alloc_device(self, nbytes: int) -> DeviceBuffer:
+        """Allocate device memory now and make it resident; OutOfMemoryError if it cannot."""
+
+    @abstractmethod
+    def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
+        """Allocate page-locked host memory, mapped for its whole life."""
+
+    @abstractmethod
+    def register_host(self, array: np.ndarray) -> Registration:
+        """Pin ``array``'s memory in place until the registration is closed."""
+
+    @abstractmethod
+    def user_event(self) -> UserEvent:
+        """A new incomplete user event."""
+
+    @abstractmethod
+    def compiler_identity(self) -> str:
+        """Everything besides source and options that changes a built binary (cache key)."""
+
+    @abstractmethod
+    def build_binary(self, source: str, options: Sequence[str]) -> bytes:
+        """Compile ``source``; CompileError with the log on failure."""
+
+    @abstractmethod
+    def load_kernel(
+        self, binary: bytes, name: str, options: Sequence[str], params: Sequence[Param]
+    ) -> Kernel:
+        """Load ``binary`` and return its kernel ``name``; CompileError if it is missing."""
+
+    @abstractmethod
+    def _release(self) -> None:
+        """Free the backend's own objects (context, primary queue)."""
+
+    # -- shared -------------------------------------------------------------------------------
+    def compile(self, source: str, name: str, options: Sequence[str] = ()) -> Kernel:
+        """Build and load kernel ``name`` from ``source`` now, through the disk cache.
+
+        Raises CompileError (with the build log) when the source does not build, and
+        InputError when ``name`` is not a kernel in ``source``.
+        """
+        from conveyor.kernels.build import compile_kernel
+
+        return compile_kernel(self, source, name, tuple(options))
+
+    @property
+    def memory_pool(self) -> DevicePool:
+        """This device's pool of device memory (made on first use)."""
+        with self._lock:
+            if self._memory_pool is None:
+                from conveyor.memory.pool import DevicePool
+
+                self._memory_pool = DevicePool(self)
+            return self._memory_pool
+
+    @property
+    def pinned_pool(self) -> PinnedPool:
+        """This device's pool of pinned host memory (made on first use)."""
+        with self._lock:
+            if self._pinned_pool is None:
+                from conveyor.memory.pinned import PinnedPool
+
+                self._pinned_pool = PinnedPool(self)
+            return self._pinned_pool
+
+    def close(self) -> None:
+        """Free the pools' held memory and the backend's objects. Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pools = [p for p in (self._memory_pool, self._pinned_pool) if p is not None]
+        for pool in pools:
+            pool.close()
+        self._release()

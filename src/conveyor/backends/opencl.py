@@ -1,0 +1,440 @@
+"""The OpenCL backend, over PyOpenCL: NVIDIA, AMD and Intel GPUs, and PoCL on the CPU.
+
+Pinned host memory is an ``ALLOC_HOST_PTR`` buffer mapped once and kept mapped for its life:
+on NVIDIA and AMD that mapping is page-locked, so copies from it run at full link speed.
+
+What OpenCL can promise for :func:`register_host` (pinning an existing array in place): it
+wraps the array in a ``USE_HOST_PTR`` buffer. On host-unified devices (PoCL's CPU device,
+integrated GPUs) kernels then use the memory in place, with no copy. On discrete GPUs the
+standard gives no way to page-lock memory the application allocated: the driver may stage
+copies through its own pinned memory, so a registered array is correct but not faster. The
+registration reports this as ``page_locked = False``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from conveyor.backends import base
+from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
+from conveyor.kernels.signature import Param
+
+_COMPLETE = cl.command_execution_status.COMPLETE
+_OOM_CODES = {
+    cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
+    cl.status_code.OUT_OF_RESOURCES,
+    cl.status_code.OUT_OF_HOST_MEMORY,
+}
+
+
+def _code_name(code: int) -> str:
+    try:
+        return str(cl.status_code.to_string(code))
+    except Exception:  # unknown codes have no name
+        return str(code)
+
+
+def _backend_error(exc: cl.Error, call: str) -> BackendError:
+    what = getattr(exc, "what", None)
+    text = what.what() if what is not None and hasattr(what, "what") else str(exc)
+    return BackendError(text, call=call, code=_code_name(exc.code))
+
+
+class Event(base.Event):
+    """A ``cl.Event``."""
+
+    __slots__ = ("cl_event",)
+
+    def __init__(self, cl_event: cl.Event) -> None:
+        self.cl_event = cl_event
+
+    def wait(self) -> None:
+        try:
+            self.cl_event.wait()
+        except cl.Error as exc:
+            raise _backend_error(exc, "clWaitForEvents") from exc
+        status = self.cl_event.command_execution_status
+        if status < 0:
+            raise BackendError("a command failed", call="clWaitForEvents", code=_code_name(status))
+
+    def is_done(self) -> bool:
+        return bool(self.cl_event.command_execution_status <= _COMPLETE)
+
+    def profile_ns(self) -> tuple[int, int] | None:
+        try:
+            return int(self.cl_event.profile.start), int(self.cl_event.profile.end)
+        except cl.Error:
+            return None
+
+
+class UserEvent(Event, base.UserEvent):
+    """A ``cl.UserEvent``."""
+
+    def set_complete(self) -> None:
+        self.cl_event.set_status(_COMPLETE)
+
+
+class DeviceBuffer(base.DeviceBuffer):
+    """A ``cl.Buffer`` in device memory."""
+
+    def __init__(self, cl_buffer: cl.Buffer, nbytes: int) -> None:
+        self.cl_buffer: cl.Buffer | None = cl_buffer
+        self.nbytes = nbytes
+
+    def close(self) -> None:
+        if self.cl_buffer is not None:
+            self.cl_buffer.release()
+            self.cl_buffer = None
+
+
+class PinnedBuffer(base.PinnedBuffer):
+    """An ``ALLOC_HOST_PTR`` buffer, mapped for its whole life; ``array`` is the mapping."""
+
+    def __init__(self, cl_buffer: cl.Buffer, array: np.ndarray, queue: cl.CommandQueue) -> None:
+        self.cl_buffer: cl.Buffer | None = cl_buffer
+        self.array = array
+        self.nbytes = array.nbytes
+        self._queue = queue
+
+    def close(self) -> None:
+        if self.cl_buffer is None:
+            return
+        mapping = self.array.base
+        self.array = np.empty(0, np.uint8)
+        if isinstance(mapping, cl.MemoryMap):
+            mapping.release(self._queue).wait()
+        self.cl_buffer.release()
+        self.cl_buffer = None
+
+
+class SvmBuffer(base.PinnedBuffer):
+    """Fine-grained shared virtual memory: host and kernels use the same pointer."""
+
+    def __init__(self, allocation: np.ndarray) -> None:
+        self.array = allocation
+        self.nbytes = allocation.nbytes
+
+    def close(self) -> None:
+        alloc = self.array.base
+        self.array = np.empty(0, np.uint8)
+        if isinstance(alloc, cl.SVMAllocation):
+            alloc.release()
+
+
+class Registration(base.Registration):
+    """An array wrapped in a ``USE_HOST_PTR`` buffer (see the module docstring)."""
+
+    def __init__(self, array: np.ndarray, cl_buffer: cl.Buffer) -> None:
+        self.array = array
+        self.page_locked = False
+        self.cl_buffer: cl.Buffer | None = cl_buffer
+
+    def close(self) -> None:
+        if self.cl_buffer is not None:
+            self.cl_buffer.release()
+            self.cl_buffer = None
+
+
+class Kernel(base.Kernel):
+    """A ``cl.Kernel`` and the converters for its arguments."""
+
+    def __init__(self, device: Device, cl_kernel: cl.Kernel, name: str,
+                 params: Sequence[Param]) -> None:
+        self.device = device
+        self.cl_kernel = cl_kernel
+        self.name = name
+        self.params = tuple(params)
+        self.lock = threading.Lock()  # set_args + enqueue must not interleave across threads
+        self.converters: list[Callable[[Any], Any]] = [_converter(p) for p in self.params]
+        self.work_group_size = int(
+            cl_kernel.get_work_group_info(
+                cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device
+            )
+        )
+
+
+def _converter(param: Param) -> Callable[[Any], Any]:
+    if param.is_pointer:
+        return _buffer_arg
+    if param.dtype is not None:
+        scalar_type = param.dtype.type
+        return lambda value: scalar_type(value)
+    return lambda value: value
+
+
+def _buffer_arg(value: Any) -> Any:
+    if isinstance(value, DeviceBuffer | PinnedBuffer):
+        return value.cl_buffer
+    if isinstance(value, SvmBuffer):
+        return cl.SVM(value.array)
+    return value
+
+
+class Queue(base.Queue):
+    """An in-order ``cl.CommandQueue`` with profiling enabled."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        try:
+            self.cl_queue: cl.CommandQueue | None = cl.CommandQueue(
+                device.context, device.cl_device,
+                properties=cl.command_queue_properties.PROFILING_ENABLE,
+            )
+        except cl.Error as exc:
+            raise _backend_error(exc, "clCreateCommandQueue") from exc
+
+    @property
+    def _q(self) -> cl.CommandQueue:
+        if self.cl_queue is None:
+            raise BackendError("the queue is closed", call="enqueue")
+        return self.cl_queue
+
+    def copy_in(self, dst: base.DeviceBuffer, src: np.ndarray, *, dst_offset: int = 0,
+                wait_for: Sequence[base.Event] = ()) -> Event:
+        try:
+            ev = cl.enqueue_copy(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
+                                 wait_for=_events(wait_for), is_blocking=False)
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueWriteBuffer") from exc
+        return Event(ev)
+
+    def copy_out(self, dst: np.ndarray, src: base.DeviceBuffer, *, src_offset: int = 0,
+                 wait_for: Sequence[base.Event] = ()) -> Event:
+        try:
+            ev = cl.enqueue_copy(self._q, dst, _cl_buf(src), src_offset=src_offset,
+                                 wait_for=_events(wait_for), is_blocking=False)
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueReadBuffer") from exc
+        return Event(ev)
+
+    def launch(self, kernel: base.Kernel, global_size: int, args: Sequence[Any], *,
+               local_size: int | None = None, wait_for: Sequence[base.Event] = ()) -> Event:
+        assert isinstance(kernel, Kernel)
+        if len(args) != len(kernel.params):
+            raise InputError(
+                f"kernel {kernel.name!r} takes {len(kernel.params)} arguments, got {len(args)}"
+            )
+        values = [convert(a) for convert, a in zip(kernel.converters, args, strict=True)]
+        if local_size is None:
+            local_size = min(kernel.work_group_size, 256)
+        global_size = max(-(-global_size // local_size) * local_size, local_size)
+        try:
+            with kernel.lock:
+                kernel.cl_kernel.set_args(*values)
+                ev = cl.enqueue_nd_range_kernel(
+                    self._q, kernel.cl_kernel, (global_size,), (local_size,),
+                    wait_for=_events(wait_for),
+                )
+        except cl.Error as exc:
+            raise _backend_error(exc, f"clEnqueueNDRangeKernel({kernel.name})") from exc
+        return Event(ev)
+
+    def fill(self, dst: base.DeviceBuffer, byte: int, nbytes: int, *, offset: int = 0,
+             wait_for: Sequence[base.Event] = ()) -> Event:
+        try:
+            ev = cl.enqueue_fill_buffer(self._q, _cl_buf(dst), np.uint8(byte), offset, nbytes,
+                                        wait_for=_events(wait_for))
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueFillBuffer") from exc
+        return Event(ev)
+
+    def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
+        return Event(cl.enqueue_marker(self._q, wait_for=_events(wait_for) or None))
+
+    def flush(self) -> None:
+        self._q.flush()
+
+    def finish(self) -> None:
+        try:
+            self._q.finish()
+        except cl.Error as exc:
+            raise _backend_error(exc, "clFinish") from exc
+
+    def close(self) -> None:
+        if self.cl_queue is not None:
+            self.cl_queue.finish()
+            self.cl_queue = None
+
+
+def _cl_buf(buf: base.DeviceBuffer) -> cl.Buffer:
+    cl_buffer = getattr(buf, "cl_buffer", None)
+    if cl_buffer is None:
+        raise BackendError("the buffer was freed or is not an OpenCL buffer", call="enqueue")
+    return cl_buffer
+
+
+def _events(events: Sequence[base.Event]) -> list[cl.Event] | None:
+    if not events:
+        return None
+    return [e.cl_event for e in events if isinstance(e, Event)]
+
+
+_KIND = {cl.device_type.GPU: "gpu", cl.device_type.CPU: "cpu"}
+
+
+class Device(base.Device):
+    """One OpenCL device, with its own context and a queue for mapping host memory."""
+
+    def __init__(self, cl_device: cl.Device, platform_index: int, device_index: int) -> None:
+        kind = "other"
+        for flag, name in _KIND.items():
+            if cl_device.type & flag:
+                kind = name
+                break
+        svm_caps = 0
+        try:
+            svm_caps = int(cl_device.svm_capabilities)
+        except (cl.Error, AttributeError):
+            svm_caps = 0
+        self.fine_grain_svm = bool(svm_caps & cl.device_svm_capabilities.FINE_GRAIN_BUFFER)
+        info = base.DeviceInfo(
+            backend="opencl",
+            spec=f"opencl:{platform_index}:{device_index}",
+            name=cl_device.name.strip(),
+            kind=kind,  # type: ignore[arg-type]
+            global_mem_bytes=int(cl_device.global_mem_size),
+            max_alloc_bytes=int(cl_device.max_mem_alloc_size),
+            compute_units=int(cl_device.max_compute_units),
+            svm=svm_caps != 0,
+            host_unified=bool(cl_device.host_unified_memory) or kind == "cpu",
+            driver_version=str(cl_device.driver_version),
+            platform=cl_device.platform.name.strip(),
+        )
+        super().__init__(info)
+        self.cl_device = cl_device
+        try:
+            self.context = cl.Context([cl_device])
+            self._host_queue = cl.CommandQueue(self.context, cl_device)
+        except cl.Error as exc:
+            raise _backend_error(exc, "clCreateContext") from exc
+
+    def create_queue(self) -> Queue:
+        return Queue(self)
+
+    def alloc_device(self, nbytes: int) -> DeviceBuffer:
+        if nbytes > self.max_alloc_bytes:
+            raise InputError(
+                f"{nbytes} bytes is more than {self.name}'s largest allocation "
+                f"({self.max_alloc_bytes} bytes): use smaller blocks"
+            )
+        try:
+            buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+            # Make it resident now, so out-of-memory shows here and not at first use.
+            cl.enqueue_migrate_mem_objects(
+                self._host_queue, [buf], cl.mem_migration_flags.CONTENT_UNDEFINED
+            ).wait()
+        except cl.Error as exc:
+            if exc.code in _OOM_CODES:
+                raise OutOfMemoryError(nbytes, 0, None, where="device") from exc
+            raise _backend_error(exc, "clCreateBuffer") from exc
+        return DeviceBuffer(buf, nbytes)
+
+    def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+        try:
+            buf = cl.Buffer(self.context, flags, nbytes)
+            array, _ = cl.enqueue_map_buffer(
+                self._host_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                (nbytes,), np.uint8, is_blocking=True,
+            )
+        except cl.Error as exc:
+            if exc.code in _OOM_CODES:
+                raise OutOfMemoryError(nbytes, 0, None, where="pinned host") from exc
+            raise _backend_error(exc, "clEnqueueMapBuffer") from exc
+        return PinnedBuffer(buf, array, self._host_queue)
+
+    def alloc_svm(self, nbytes: int) -> SvmBuffer:
+        """Fine-grained SVM host memory; BackendError where the device has none."""
+        if not self.fine_grain_svm:
+            raise BackendError(
+                f"{self.name} has no fine-grained SVM: use conveyor.pinned.empty instead",
+                call="clSVMAlloc", code="INVALID_OPERATION",
+            )
+        flags = cl.svm_mem_flags.READ_WRITE | cl.svm_mem_flags.SVM_FINE_GRAIN_BUFFER
+        try:
+            array = cl.svm_empty(self.context, flags, (nbytes,), np.uint8, alignment=4096)
+        except cl.Error as exc:
+            raise _backend_error(exc, "clSVMAlloc") from exc
+        if array is None or array.base is None:
+            raise OutOfMemoryError(nbytes, 0, None, where="shared virtual")
+        return SvmBuffer(array)
+
+    def register_host(self, array: np.ndarray) -> Registration:
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR
+        try:
+            buf = cl.Buffer(self.context, flags, hostbuf=array)
+        except cl.Error as exc:
+            raise _backend_error(exc, "clCreateBuffer(USE_HOST_PTR)") from exc
+        return Registration(array, buf)
+
+    def user_event(self) -> UserEvent:
+        return UserEvent(cl.UserEvent(self.context))
+
+    def compiler_identity(self) -> str:
+        platform = self.cl_device.platform
+        return "|".join([
+            "opencl", platform.name, platform.version, self.cl_device.name,
+            self.cl_device.version, self.info.driver_version,
+            ".".join(str(v) for v in cl.VERSION),
+        ])
+
+    def build_binary(self, source: str, options: Sequence[str]) -> bytes:
+        program = cl.Program(self.context, source)
+        try:
+            program.build(options=list(options), devices=[self.cl_device])
+        except cl.RuntimeError as exc:
+            log = _build_log(program, self.cl_device) or str(exc)
+            raise CompileError(f"OpenCL build failed on {self.name}", log=log,
+                               source=source) from exc
+        except cl.Error as exc:
+            raise _backend_error(exc, "clBuildProgram") from exc
+        binaries = program.get_info(cl.program_info.BINARIES)
+        return bytes(binaries[0])
+
+    def load_kernel(self, binary: bytes, name: str, options: Sequence[str],
+                    params: Sequence[Param]) -> Kernel:
+        try:
+            program = cl.Program(self.context, [self.cl_device], [binary])
+            program.build(options=list(options), devices=[self.cl_device])
+            cl_kernel = cl.Kernel(program, name)
+        except cl.Error as exc:
+            raise CompileError(
+                f"could not load kernel {name!r} from its binary on {self.name}: "
+                f"{_code_name(exc.code)}"
+            ) from exc
+        return Kernel(self, cl_kernel, name, params)
+
+    def _release(self) -> None:
+        self._host_queue.finish()
+
+
+def _build_log(program: cl.Program, device: cl.Device) -> str:
+    try:
+        return str(program.get_build_info(device, cl.program_build_info.LOG)).strip()
+    except cl.Error:
+        return ""
+
+
+def discover() -> list[Device]:
+    """Every OpenCL device on every platform, in platform then device order."""
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return []
+    found: list[Device] = []
+    for p_index, platform in enumerate(platforms):
+        try:
+            cl_devices = platform.get_devices()
+        except cl.Error:
+            continue
+        for d_index, cl_device in enumerate(cl_devices):
+            try:
+                found.append(Device(cl_device, p_index, d_index))
+            except BackendError:
+                continue
+    return found

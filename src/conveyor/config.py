@@ -1,0 +1,60 @@
+"""Configuration read from the environment, in one place, parsed strictly.
+
+Nothing else in conveyor reads ``os.environ``: callers get values from here and pass them down.
+An unset variable means the default; a set but malformed one is an :class:`InputError` that names
+the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conveyor.errors import InputError
+
+DEVICE_VAR = "CONVEYOR_DEVICE"
+CACHE_DIR_VAR = "CONVEYOR_CACHE_DIR"
+NO_CACHE_VAR = "CONVEYOR_NO_CACHE"
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def default_device_spec() -> str | None:
+    """The device spec in ``CONVEYOR_DEVICE``, or None when unset."""
+    return _get(DEVICE_VAR)
+
+
+def parse_bool(name: str, value: str | None, default: bool) -> bool:
+    """Parse a boolean environment value strictly: 1/0, true/false, yes/no, on/off."""
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise InputError(f"{name}={value!r} is not a boolean: use 1 or 0")
+
+
+def cache_disabled() -> bool:
+    """True when ``CONVEYOR_NO_CACHE`` asks for no kernel cache."""
+    return parse_bool(NO_CACHE_VAR, _get(NO_CACHE_VAR), False)
+
+
+def cache_dir() -> Path:
+    """The kernel cache directory: ``CONVEYOR_CACHE_DIR``, else the user's cache dir."""
+    override = _get(CACHE_DIR_VAR)
+    if override is not None:
+        path = Path(override).expanduser()
+        if not path.is_absolute():
+            raise InputError(f"{CACHE_DIR_VAR}={override!r} must be an absolute path")
+        return path
+    xdg = _get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "conveyor"

@@ -1,0 +1,1 @@
+"""Kernels: parse signatures, build ahead of time, cache binaries on disk."""

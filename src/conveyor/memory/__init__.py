@@ -1,0 +1,1 @@
+"""Memory: the device pool and pinned host memory."""

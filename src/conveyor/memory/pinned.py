@@ -1,0 +1,210 @@
+"""Pinned (page-locked) host memory as real NumPy arrays.
+
+``empty``/``zeros``/``empty_like``/``asarray`` return ordinary ``np.ndarray`` objects whose memory
+comes from the device's pinned pool. When the last view of such an array is dropped, its block
+goes back to the pool, fenced by the last event recorded with :func:`record_use`, so an async
+copy still reading it cannot see its memory handed to someone else.
+
+Pinned pools use exact-size classes (rounded up to whole 4 KiB pages), not powers of two: a
+129 MiB request holds 129 MiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from conveyor.errors import InputError
+from conveyor.memory.pool import BlockPool
+
+if TYPE_CHECKING:
+    from conveyor.backends.base import Device, Event, PinnedBuffer, Registration
+
+PAGE = 4096
+
+
+def page_bin(nbytes: int) -> int:
+    """Round a pinned request up to whole pages (the exact-size class)."""
+    return max(-(-nbytes // PAGE) * PAGE, PAGE)
+
+
+class PinnedPool(BlockPool["PinnedBuffer"]):
+    """A device's pool of pinned host blocks: ``device.pinned_pool``."""
+
+    def __init__(self, device: Device, limit: int | None = None, *, svm: bool = False) -> None:
+        allocate = device.alloc_svm if svm else device.alloc_pinned
+        where = "shared virtual" if svm else "pinned host"
+        super().__init__(allocate, page_bin, limit=limit, where=where)
+        self.device = device
+        self.svm = svm
+
+
+_svm_pools: weakref.WeakKeyDictionary[Device, PinnedPool] = weakref.WeakKeyDictionary()
+
+
+def svm_pool(device: Device) -> PinnedPool:
+    """The device's pool of fine-grained SVM blocks (made on first use)."""
+    pool = _svm_pools.get(device)
+    if pool is None:
+        pool = _svm_pools[device] = PinnedPool(device, svm=True)
+    return pool
+
+
+class PinnedOwner:
+    """Owns one pooled block; the base of every array made from it.
+
+    Exposes the block through ``__array_interface__`` so ``np.asarray(owner)`` is a view whose
+    ``.base`` keeps the owner alive; when the owner dies, the block returns to its pool after
+    ``last_use``.
+    """
+
+    def __init__(self, pool: PinnedPool, block: PinnedBuffer, nbytes: int) -> None:
+        self.pool = pool
+        self.device = pool.device
+        self.block = block
+        self.nbytes = nbytes
+        self.last_use: Event | None = None
+        pointer = int(block.array.__array_interface__["data"][0])
+        self.__array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (pointer, False),
+            "version": 3,
+        }
+        self._finalizer = weakref.finalize(self, _give_back, pool, block, self._last_use_ref())
+
+    def _last_use_ref(self) -> list[Event | None]:
+        # The finalizer may not hold self; it holds this one-item list instead.
+        self._last = [None]
+        return self._last
+
+    def record_use(self, event: Event) -> None:
+        """Fence the block's return to the pool on ``event``."""
+        self.last_use = event
+        self._last[0] = event
+
+
+def _give_back(pool: PinnedPool, block: PinnedBuffer, last: list[Event | None]) -> None:
+    try:
+        pool.release(block, after=last[0])
+    except Exception:  # never raise from a finalizer (interpreter shutdown)
+        pass
+
+
+def owner(array: np.ndarray) -> PinnedOwner | None:
+    """The pinned block behind ``array``, or None when it is ordinary pageable memory."""
+    base: Any = array
+    while base is not None:
+        if isinstance(base, PinnedOwner):
+            return base
+        base = getattr(base, "base", None)
+    return None
+
+
+def is_pinned(array: np.ndarray, device: Device | None = None) -> bool:
+    """True when ``array`` lives in conveyor pinned memory (of ``device``, if given)."""
+    found = owner(array)
+    return found is not None and (device is None or found.device is device)
+
+
+def record_use(array: np.ndarray, event: Event) -> None:
+    """Note that ``event`` uses ``array``: its block is not reused before the event completes."""
+    found = owner(array)
+    if found is not None:
+        found.record_use(event)
+
+
+def _resolve(device: Device | None) -> Device:
+    if device is not None:
+        return device
+    from conveyor.backends import device as default_device
+
+    return default_device()
+
+
+def empty(
+    shape: int | tuple[int, ...],
+    dtype: DTypeLike = np.float32,
+    *,
+    device: Device | None = None,
+    svm: bool = False,
+) -> np.ndarray:
+    """A new uninitialised C-ordered array in pinned memory (or fine-grained SVM with
+    ``svm=True``; BackendError where the device has none). OutOfMemoryError if it cannot be had.
+    """
+    dev = _resolve(device)
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise InputError(f"pinned arrays cannot hold Python objects (dtype {dt})")
+    shape_tuple = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
+    if any(int(s) < 0 for s in shape_tuple):
+        raise InputError(f"negative dimension in shape {shape_tuple}")
+    count = int(np.prod(shape_tuple, dtype=np.int64))
+    nbytes = count * dt.itemsize
+    pool = svm_pool(dev) if svm else dev.pinned_pool
+    block = pool.acquire(max(nbytes, 1))
+    holder = PinnedOwner(pool, block, nbytes)
+    raw = np.asarray(holder)
+    return raw.view(dt).reshape(shape_tuple)
+
+
+def zeros(
+    shape: int | tuple[int, ...],
+    dtype: DTypeLike = np.float32,
+    *,
+    device: Device | None = None,
+    svm: bool = False,
+) -> np.ndarray:
+    """Like :func:`empty`, filled with zeros."""
+    out = empty(shape, dtype, device=device, svm=svm)
+    out.fill(0)
+    return out
+
+
+def empty_like(array: np.ndarray, *, device: Device | None = None) -> np.ndarray:
+    """A pinned array of ``array``'s shape and dtype (always C-ordered)."""
+    return empty(array.shape, array.dtype, device=device)
+
+
+def zeros_like(array: np.ndarray, *, device: Device | None = None) -> np.ndarray:
+    """A pinned array of zeros of ``array``'s shape and dtype."""
+    return zeros(array.shape, array.dtype, device=device)
+
+
+def asarray(array: Any, *, device: Device | None = None) -> np.ndarray:
+    """``array`` in pinned memory: itself when already pinned on the device, else a copy."""
+    dev = _resolve(device)
+    source = np.asarray(array)
+    if is_pinned(source, dev) and source.flags.c_contiguous:
+        return source
+    out = empty(source.shape, source.dtype, device=dev)
+    np.copyto(out, source)
+    return out
+
+
+@contextlib.contextmanager
+def register(array: np.ndarray, *, device: Device | None = None) -> Iterator[Registration]:
+    """Pin ``array`` in place for the ``with`` block, where the backend can.
+
+    CUDA page-locks the pages (cuMemHostRegister). OpenCL has no such call: it wraps the array
+    in a USE_HOST_PTR buffer, zero-copy on host-unified devices, but copies from it on a
+    discrete GPU may be staged by the driver; ``registration.page_locked`` says which happened.
+    The array must be C-contiguous and must outlive the ``with`` block.
+    """
+    if not isinstance(array, np.ndarray):
+        raise InputError(f"register() takes a NumPy array, got {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise InputError("register() needs a C-contiguous array: pass np.ascontiguousarray(a)")
+    if array.nbytes == 0:
+        raise InputError("register() needs a non-empty array")
+    dev = _resolve(device)
+    registration = dev.register_host(array)
+    try:
+        yield registration
+    finally:
+        registration.close()

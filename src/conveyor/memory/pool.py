@@ -1,0 +1,242 @@
+"""Pools of device and pinned memory: binned reuse, event-fenced release, a limit, statistics.
+
+A block goes back to its pool with ``release(block, after=event)`` and is handed out again only
+once ``event`` has completed, so no queued command can still be reading or writing it. When an
+allocation fails (or would pass the limit) the pool climbs a ladder: free the idle blocks it
+holds, wait for fenced blocks and free them, collect garbage (which returns the blocks of
+dropped pinned arrays), retry, and only then raise :class:`OutOfMemoryError`.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+from conveyor.errors import InputError, OutOfMemoryError
+
+if TYPE_CHECKING:
+    from conveyor.backends.base import Device, DeviceBuffer, Event
+
+
+class _Block(Protocol):
+    nbytes: int
+
+    def close(self) -> None: ...
+
+
+B = TypeVar("B", bound=_Block)
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of a pool's counters. Bytes are the rounded (binned) sizes."""
+
+    in_use_bytes: int
+    held_bytes: int
+    pending_bytes: int
+    peak_in_use_bytes: int
+    hits: int
+    misses: int
+    blocks_in_use: int
+    limit: int | None
+
+
+def device_bin(nbytes: int) -> int:
+    """Round a device request up to its size class: powers of two up to 1 MiB, then eight
+    classes per octave (at most 12.5% waste)."""
+    if nbytes <= 512:
+        return 512
+    if nbytes <= 1 << 20:
+        return 1 << (nbytes - 1).bit_length()
+    step = 1 << max((nbytes - 1).bit_length() - 4, 0)
+    return -(-nbytes // step) * step
+
+
+class BlockPool(Generic[B]):
+    """A thread-safe pool of blocks made by ``allocate(nbytes)`` and freed by ``block.close()``.
+
+    ``bin_size`` maps a request to its size class; a block serves any later request of the same
+    class. ``limit`` caps the bytes the pool holds from the backend (in use + held), or None.
+    """
+
+    def __init__(
+        self,
+        allocate: Callable[[int], B],
+        bin_size: Callable[[int], int],
+        *,
+        limit: int | None = None,
+        where: str = "device",
+    ) -> None:
+        self.allocate = allocate
+        self._bin_size = bin_size
+        self._where = where
+        self._lock = threading.RLock()
+        self._free: dict[int, list[B]] = {}
+        self._pending: list[tuple[Event, B]] = []
+        self._in_use: dict[int, B] = {}
+        self._in_use_bytes = 0
+        self._held_bytes = 0
+        self._pending_bytes = 0
+        self._peak = 0
+        self._hits = 0
+        self._misses = 0
+        self._limit: int | None = None
+        self.limit = limit
+
+    # -- configuration --------------------------------------------------------------------
+    @property
+    def limit(self) -> int | None:
+        """Most bytes the pool may hold from the backend (in use + held), or None."""
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: int | None) -> None:
+        if value is not None and value <= 0:
+            raise InputError(f"pool limit must be a positive number of bytes, got {value}")
+        self._limit = value
+
+    def bin_size(self, nbytes: int) -> int:
+        """The size class (bytes actually held) for a request of ``nbytes``."""
+        return self._bin_size(nbytes)
+
+    # -- acquire / release ----------------------------------------------------------------
+    def acquire(self, nbytes: int) -> B:
+        """A block of at least ``nbytes`` (exactly its size class). OutOfMemoryError if none."""
+        if nbytes <= 0:
+            raise InputError(f"cannot allocate {nbytes} bytes: ask for at least 1")
+        size = self._bin_size(nbytes)
+        with self._lock:
+            self._collect_done()
+            free = self._free.get(size)
+            if free:
+                block = free.pop()
+                self._held_bytes -= size
+                self._hits += 1
+                return self._mark_in_use(block, size)
+            self._misses += 1
+        block = self._allocate_with_ladder(size)
+        with self._lock:
+            return self._mark_in_use(block, size)
+
+    def release(self, block: B, after: Event | None = None) -> None:
+        """Give ``block`` back; it is reused only once ``after`` (if any) has completed."""
+        size = block.nbytes
+        with self._lock:
+            if self._in_use.pop(id(block), None) is None:
+                raise InputError("block released twice, or to a pool it did not come from")
+            self._in_use_bytes -= size
+            if after is not None and not after.is_done():
+                self._pending.append((after, block))
+                self._pending_bytes += size
+            else:
+                self._free.setdefault(size, []).append(block)
+                self._held_bytes += size
+
+    def trim(self) -> int:
+        """Free every idle block the pool holds; return the bytes freed."""
+        with self._lock:
+            self._collect_done()
+            blocks = [b for free in self._free.values() for b in free]
+            self._free.clear()
+            freed = self._held_bytes
+            self._held_bytes = 0
+        for block in blocks:
+            block.close()
+        return freed
+
+    def stats(self) -> PoolStats:
+        """Current counters."""
+        with self._lock:
+            self._collect_done()
+            return PoolStats(
+                in_use_bytes=self._in_use_bytes,
+                held_bytes=self._held_bytes,
+                pending_bytes=self._pending_bytes,
+                peak_in_use_bytes=self._peak,
+                hits=self._hits,
+                misses=self._misses,
+                blocks_in_use=len(self._in_use),
+                limit=self._limit,
+            )
+
+    def reset_peak(self) -> None:
+        """Start peak tracking afresh from the bytes in use now."""
+        with self._lock:
+            self._peak = self._in_use_bytes
+
+    def close(self) -> None:
+        """Wait for fenced blocks and free everything held. Blocks still in use stay valid."""
+        self._drain_pending()
+        self.trim()
+
+    # -- internals --------------------------------------------------------------------------
+    def _mark_in_use(self, block: B, size: int) -> B:
+        self._in_use[id(block)] = block
+        self._in_use_bytes += size
+        self._peak = max(self._peak, self._in_use_bytes)
+        return block
+
+    def _collect_done(self) -> None:
+        if not self._pending:
+            return
+        still: list[tuple[Event, B]] = []
+        for event, block in self._pending:
+            if event.is_done():
+                self._free.setdefault(block.nbytes, []).append(block)
+                self._held_bytes += block.nbytes
+                self._pending_bytes -= block.nbytes
+            else:
+                still.append((event, block))
+        self._pending = still
+
+    def _drain_pending(self) -> None:
+        with self._lock:
+            pending = list(self._pending)
+        for event, _ in pending:
+            event.wait()
+        with self._lock:
+            self._collect_done()
+
+    def _fits(self, size: int) -> bool:
+        if self._limit is None:
+            return True
+        with self._lock:
+            total = self._in_use_bytes + self._held_bytes + self._pending_bytes
+        return total + size <= self._limit
+
+    def _try_allocate(self, size: int) -> B | None:
+        if not self._fits(size):
+            return None
+        try:
+            return self.allocate(size)
+        except OutOfMemoryError:
+            return None
+
+    def _allocate_with_ladder(self, size: int) -> B:
+        steps: list[Callable[[], object]] = [
+            lambda: None,
+            self.trim,
+            self._drain_pending,
+            self.trim,
+            gc.collect,
+            self.trim,
+        ]
+        for step in steps:
+            step()
+            block = self._try_allocate(size)
+            if block is not None:
+                return block
+        with self._lock:
+            in_use = self._in_use_bytes
+        raise OutOfMemoryError(size, in_use, self._limit, where=self._where)
+
+
+class DevicePool(BlockPool["DeviceBuffer"]):
+    """The device's memory pool: ``device.memory_pool``."""
+
+    def __init__(self, device: Device, limit: int | None = None) -> None:
+        super().__init__(device.alloc_device, device_bin, limit=limit, where="device")
+        self.device = device

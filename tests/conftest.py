@@ -1,0 +1,66 @@
+"""Shared fixtures: every test that takes ``device`` runs once per usable device.
+
+``CONVEYOR_TEST_BACKENDS`` (comma list: opencl, cuda) restricts the devices, so the GPU
+workflow can run the suite once per backend. After every test, every pool of every device must
+be back to zero bytes in use.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+import conveyor as cv
+from conveyor.memory import pinned
+
+
+def _selected_devices() -> list[cv.Device]:
+    wanted = os.environ.get("CONVEYOR_TEST_BACKENDS")
+    found = cv.devices()
+    if wanted:
+        names = {w.strip() for w in wanted.split(",") if w.strip()}
+        found = [d for d in found if d.backend in names]
+    return found
+
+
+DEVICES = _selected_devices()
+GPU_DEVICES = [d for d in DEVICES if d.kind == "gpu"]
+
+
+@pytest.fixture(params=DEVICES, ids=[d.spec for d in DEVICES])
+def device(request: pytest.FixtureRequest) -> cv.Device:
+    """Each usable device in turn."""
+    return request.param
+
+
+@pytest.fixture(params=GPU_DEVICES or [None], ids=[d.spec for d in GPU_DEVICES] or ["no-gpu"])
+def gpu_device(request: pytest.FixtureRequest) -> cv.Device:
+    """Each GPU device in turn; the test is skipped where there is none."""
+    if request.param is None:
+        pytest.skip("no GPU device here")
+    return request.param
+
+
+def _pools(dev: cv.Device) -> list:
+    found = []
+    if dev._memory_pool is not None:
+        found.append(dev._memory_pool)
+    if dev._pinned_pool is not None:
+        found.append(dev._pinned_pool)
+    svm = pinned._svm_pools.get(dev)
+    if svm is not None:
+        found.append(svm)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def pools_back_to_zero():
+    """Every pool must show zero bytes in use once a test is over."""
+    yield
+    gc.collect()
+    for dev in DEVICES:
+        for pool in _pools(dev):
+            stats = pool.stats()
+            assert stats.in_use_bytes == 0, f"{dev.spec}: {pool!r} still has {stats} in use"
