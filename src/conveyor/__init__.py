@@ -5,7 +5,6 @@ See README.md for the tour. The public names are re-exported here.
 
 from __future__ import annotations
 
-from conveyor.memory import pinned
 from conveyor.backends import device, devices
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import (
@@ -15,6 +14,7 @@ from conveyor.errors import (
     InputError,
     OutOfMemoryError,
 )
+from conveyor.memory import pinned
 
 __version__ = "0.1.0"
 

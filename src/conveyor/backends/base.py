@@ -277,6 +277,16 @@ class Device(Closeable, ABC):
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         """Allocate page-locked host memory, mapped for its whole life."""
 
+    def alloc_svm(self, nbytes: int) -> PinnedBuffer:
+        """Fine-grained shared virtual memory; BackendError where the device has none."""
+        from conveyor.errors import BackendError
+
+        raise BackendError(
+            f"{self.name} ({self.backend}) has no fine-grained shared virtual memory: "
+            "use conveyor.pinned.empty instead",
+            call="alloc_svm",
+        )
+
     @abstractmethod
     def register_host(self, array: np.ndarray) -> Registration:
         """Pin ``array``'s memory in place until the registration is closed."""
@@ -298,6 +308,16 @@ class Device(Closeable, ABC):
         self, binary: bytes, name: str, options: Sequence[str], params: Sequence[Param]
     ) -> Kernel:
         """Load ``binary`` and return its kernel ``name``; CompileError if it is missing."""
+
+    @abstractmethod
+    def device_array(
+        self, buf: DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype, queue: Queue
+    ) -> Any:
+        """A view of ``buf`` as an array object for Python compute callables.
+
+        OpenCL: a ``pyopencl.array.Array`` on ``queue``. CUDA: an object that speaks DLPack and
+        ``__cuda_array_interface__`` (with ``queue``'s stream), for CuPy, PyTorch and Numba.
+        """
 
     @abstractmethod
     def _release(self) -> None:

@@ -409,6 +409,13 @@ class Device(base.Device):
             ) from exc
         return Kernel(self, cl_kernel, name, params)
 
+    def device_array(self, buf: base.DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype,
+                     queue: base.Queue) -> Any:
+        import pyopencl.array as cl_array
+
+        assert isinstance(queue, Queue)
+        return cl_array.Array(queue._q, shape, dtype, data=_cl_buf(buf))
+
     def _release(self) -> None:
         self._host_queue.finish()
 

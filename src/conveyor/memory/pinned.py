@@ -80,7 +80,7 @@ class PinnedOwner:
 
     def _last_use_ref(self) -> list[Event | None]:
         # The finalizer may not hold self; it holds this one-item list instead.
-        self._last = [None]
+        self._last: list[Event | None] = [None]
         return self._last
 
     def record_use(self, event: Event) -> None:

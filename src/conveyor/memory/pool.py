@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 from conveyor.errors import InputError, OutOfMemoryError
 
 if TYPE_CHECKING:
-    from conveyor.backends.base import Device, DeviceBuffer, Event
+    from conveyor.backends.base import Device, DeviceBuffer, Event  # noqa: F401
 
 
 class _Block(Protocol):
