@@ -15,6 +15,8 @@ from conveyor.errors import (
     OutOfMemoryError,
 )
 from conveyor.memory import pinned
+from conveyor.pipeline.report import Report
+from conveyor.pipeline.stream import stream
 
 __version__ = "0.1.0"
 
@@ -26,8 +28,10 @@ __all__ = [
     "InputError",
     "Kernel",
     "OutOfMemoryError",
+    "Report",
     "__version__",
     "device",
     "devices",
     "pinned",
+    "stream",
 ]

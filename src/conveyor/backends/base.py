@@ -173,6 +173,13 @@ class Queue(Closeable, ABC):
     def marker(self, wait_for: Sequence[Event] = ()) -> Event:
         """An event that completes when everything before it (and ``wait_for``) has."""
 
+    def sync_host(self, registration: Registration, wait_for: Sequence[Event] = ()) -> Event:
+        """Make the device's writes to a registered host array visible to the host.
+
+        CUDA's registered memory is coherent, so this is a marker; OpenCL maps and unmaps.
+        """
+        return self.marker(wait_for)
+
     @abstractmethod
     def flush(self) -> None:
         """Hand queued commands to the device without waiting."""

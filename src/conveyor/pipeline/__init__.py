@@ -1,0 +1,1 @@
+"""The streaming pipeline: plan, staging, engine, sources and sinks."""

@@ -1,0 +1,434 @@
+"""The engine: a ring of slots whose copy-in, compute and copy-out overlap.
+
+One block's journey (see DESIGN.md): the caller's rows are staged into the slot's pinned buffer
+by host workers (skipped when the input is already pinned), copied in on the copy-in queue,
+computed on the compute queue, copied out on the copy-out queue into pinned memory (or straight
+into a pinned output), and staged out into the caller's array. Each stage waits only on the
+events of the stage before it, in the same slot; the host waits only for a slot to come free
+and at the end. On host-unified devices the copies vanish: blocks are used in place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.backends.base import (
+    Closeable,
+    Device,
+    DeviceBuffer,
+    Event,
+    Kernel,
+    PinnedBuffer,
+    Registration,
+)
+from conveyor.backends.base import Queue as BaseQueue
+from conveyor.memory import pinned
+from conveyor.pipeline import reduce as reducing
+from conveyor.pipeline.plan import Block, Plan
+from conveyor.pipeline.progress import Progress
+from conveyor.pipeline.report import Report
+from conveyor.pipeline.stage import Stager, StageTask
+from conveyor.trace.timeline import Span, Timeline
+
+Compute = Kernel | Callable[..., Any]
+
+
+class Slot:
+    """One block's buffers: device memory for every input and output, pinned staging for the
+    pageable ones, and what is in flight in it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.dev_in: list[DeviceBuffer | None] = []
+        self.dev_out: list[DeviceBuffer | None] = []
+        self.pin_in: list[PinnedBuffer | None] = []
+        self.pin_out: list[PinnedBuffer | None] = []
+        self.dev_red: DeviceBuffer | None = None
+        self.dev_partial: DeviceBuffer | None = None
+        self.dev_has: DeviceBuffer | None = None
+        self.pin_partial: PinnedBuffer | None = None
+        self.pin_has: PinnedBuffer | None = None
+        self.block: Block | None = None
+        self.done: list[Event] = []
+        self.registrations: list[Registration] = []
+        self.partial: Any = None
+
+
+def _view(block: PinnedBuffer, rows: int, row_shape: tuple[int, ...], dtype: np.dtype
+          ) -> np.ndarray:
+    count = rows * int(np.prod(row_shape, dtype=np.int64))
+    return block.array[: count * dtype.itemsize].view(dtype).reshape((rows, *row_shape))
+
+
+class Engine(Closeable):
+    """Runs one stream. Build it, call ``run()`` once; it cleans up after itself."""
+
+    def __init__(
+        self,
+        device: Device,
+        plan: Plan,
+        compute: Compute,
+        inputs: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
+        *,
+        args: Sequence[Any],
+        reduce: str | Callable[[Any, Any], Any] | None,
+        reduce_dtype: np.dtype | None,
+        zero_copy: bool,
+        workers: int | None,
+        progress: bool,
+    ) -> None:
+        self.device = device
+        self.plan = plan
+        self.compute = compute
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.args = tuple(args)
+        self.reduce = reduce
+        self.reduce_dtype = reduce_dtype
+        self.zero_copy = zero_copy
+        self.stager = Stager(workers)
+        self.progress = Progress(progress, plan)
+        self.direct_in = [self._direct(a) for a in self.inputs]
+        self.direct_out = [self._direct(a) for a in self.outputs]
+        self.row_items = plan.inputs[0].row_items
+        self.slots: list[Slot] = []
+        self.queues: list[BaseQueue] = []
+        self.records: list[tuple[str, int, Event, int]] = []
+        self.host_spans: list[Span] = []
+        self.partials: list[Any] = []
+        self.peak_device_bytes = 0
+        self.reduce_kernel: Kernel | None = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _direct(self, array: np.ndarray) -> bool:
+        """True when the device can copy this array without staging."""
+        return pinned.is_pinned(array, self.device) and array.flags.c_contiguous
+
+    def _build(self) -> None:
+        """Everything that allocates or compiles, before the first block."""
+        dev = self.device
+        if self.reduce_dtype is not None:
+            source, name = reducing.kernel_source(dev.backend, self.reduce_dtype, str(self.reduce))
+            self.reduce_kernel = dev.compile(source, name)
+        self.copy_in_q = dev.create_queue()
+        self.queues.append(self.copy_in_q)
+        self.compute_q = dev.create_queue()
+        self.queues.append(self.compute_q)
+        self.copy_out_q = dev.create_queue()
+        self.queues.append(self.copy_out_q)
+        pin_pool = dev.pinned_pool
+        plan = self.plan
+        for index in range(plan.depth):
+            slot = Slot(index)
+            self.slots.append(slot)
+            if not self.zero_copy:
+                for i, nbytes in enumerate(plan.input_slot_bytes):
+                    slot.dev_in.append(self._acquire(nbytes))
+                    slot.pin_in.append(None if self.direct_in[i] else pin_pool.acquire(nbytes))
+                for i, nbytes in enumerate(plan.output_slot_bytes):
+                    slot.dev_out.append(self._acquire(nbytes))
+                    slot.pin_out.append(None if self.direct_out[i] else pin_pool.acquire(nbytes))
+            if self.reduce_dtype is not None:
+                acc = reducing.partial_dtype(self.reduce_dtype, str(self.reduce))
+                slot.dev_red = self._acquire(plan.block_rows * self.reduce_dtype.itemsize)
+                slot.dev_partial = self._acquire(reducing.PARTIALS * acc.itemsize)
+                slot.dev_has = self._acquire(reducing.PARTIALS)
+                slot.pin_partial = pin_pool.acquire(reducing.PARTIALS * acc.itemsize)
+                slot.pin_has = pin_pool.acquire(reducing.PARTIALS)
+
+    def _acquire(self, nbytes: int) -> DeviceBuffer:
+        block = self.device.memory_pool.acquire(max(nbytes, 1))
+        self.peak_device_bytes += block.nbytes
+        return block
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self) -> Report:
+        """Stream every block; return the report. Cleans up on success and on failure."""
+        started = time.perf_counter()
+        try:
+            self._build()
+            self._loop()
+            for queue in self.queues:
+                queue.finish()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            self._release()
+            self.stager.close()
+            self.progress.close()
+        seconds = time.perf_counter() - started
+        return self._report(seconds)
+
+    def _loop(self) -> None:
+        plan = self.plan
+        for block in plan.blocks():
+            slot = self.slots[block.index % plan.depth]
+            tasks = self._retire(slot) if slot.block is not None else []
+            tasks += self._stage_in_tasks(slot, block)
+            self._run_stage(tasks, "stage", block)
+            self._issue(slot, block)
+        for index in range(plan.block_count, plan.block_count + plan.depth):
+            slot = self.slots[index % plan.depth]
+            block = slot.block
+            if block is not None:
+                self._run_stage(self._retire(slot), "stage-out", block)
+
+    def _run_stage(self, tasks: list[StageTask], lane: str, block: Block) -> None:
+        if not tasks:
+            return
+        start = time.perf_counter_ns()
+        self.stager.run(tasks)
+        self.host_spans.append(Span(lane, block.index, start, time.perf_counter_ns()))
+
+    def _retire(self, slot: Slot) -> list[StageTask]:
+        """Wait for the slot's block to leave the device; return its stage-out copies."""
+        block = slot.block
+        assert block is not None
+        start = time.perf_counter_ns()
+        for event in slot.done:
+            event.wait()
+        self.host_spans.append(Span("host-wait", block.index, start, time.perf_counter_ns()))
+        for registration in slot.registrations:
+            registration.close()
+        slot.registrations = []
+        tasks: list[StageTask] = []
+        if not self.zero_copy:
+            for i, out in enumerate(self.outputs):
+                pin = slot.pin_out[i]
+                if pin is not None:
+                    view = _view(pin, block.rows, out.shape[1:], out.dtype)
+                    tasks.append(StageTask(out[block.start : block.stop], view,
+                                           f"output {i} of block {block.index}"))
+        self._collect_partial(slot, block)
+        slot.block = None
+        slot.done = []
+        self.progress.advance(block)
+        return tasks
+
+    def _collect_partial(self, slot: Slot, block: Block) -> None:
+        if self.reduce is None:
+            return
+        if self.reduce_dtype is None:
+            self.partials.append(slot.partial)
+            slot.partial = None
+            return
+        assert slot.pin_partial is not None and slot.pin_has is not None
+        acc = reducing.partial_dtype(self.reduce_dtype, str(self.reduce))
+        values = slot.pin_partial.array[: reducing.PARTIALS * acc.itemsize].view(acc)
+        has = slot.pin_has.array[: reducing.PARTIALS]
+        self.partials.append(reducing.fold_partials(str(self.reduce), values, has))
+
+    # -- issuing ----------------------------------------------------------------------------
+    def _stage_in_tasks(self, slot: Slot, block: Block) -> list[StageTask]:
+        if self.zero_copy:
+            return []
+        tasks: list[StageTask] = []
+        h = self.plan.halo
+        for i, src in enumerate(self.inputs):
+            pin = slot.pin_in[i]
+            if pin is None:
+                continue
+            view = _view(pin, block.rows + 2 * h, src.shape[1:], src.dtype)
+            lo, hi, before = self._halo_range(block)
+            if before:
+                view[:before] = src[0]
+            after = block.rows + 2 * h - before - (hi - lo)
+            if after:
+                view[before + hi - lo :] = src[-1]
+            tasks.append(StageTask(view[before : before + hi - lo], src[lo:hi],
+                                   f"input {i} of block {block.index}"))
+        return tasks
+
+    def _halo_range(self, block: Block) -> tuple[int, int, int]:
+        """Rows [lo, hi) of the source that the block's input slot holds, and the pad rows
+        before them (rows past either end repeat the edge row)."""
+        h = self.plan.halo
+        lo = max(block.start - h, 0)
+        hi = min(block.stop + h, self.plan.rows)
+        return lo, hi, lo - (block.start - h)
+
+    def _issue(self, slot: Slot, block: Block) -> None:
+        slot.block = block
+        if self.zero_copy:
+            in_events: list[Event] = []
+            in_bufs: list[Any] = []
+            for src in self.inputs:
+                registration = self.device.register_host(src[block.start : block.stop])
+                slot.registrations.append(registration)
+                in_bufs.append(registration)
+            out_bufs: list[Any] = []
+            for out in self.outputs:
+                registration = self.device.register_host(out[block.start : block.stop])
+                slot.registrations.append(registration)
+                out_bufs.append(registration)
+        else:
+            in_events = self._copy_in(slot, block)
+            in_bufs = list(slot.dev_in)
+            out_bufs = list(slot.dev_out)
+        compute_event = self._compute(slot, block, in_events, in_bufs, out_bufs)
+        slot.done = self._copy_out(slot, block, compute_event, out_bufs)
+        for queue in self.queues:
+            queue.flush()
+
+    def _copy_in(self, slot: Slot, block: Block) -> list[Event]:
+        events: list[Event] = []
+        h = self.plan.halo
+        rows_in_slot = block.rows + 2 * h
+        for i, src in enumerate(self.inputs):
+            dev = slot.dev_in[i]
+            assert dev is not None
+            row_bytes = self.plan.inputs[i].row_bytes
+            pin = slot.pin_in[i]
+            if pin is not None:
+                view = pin.array[: rows_in_slot * row_bytes]
+                event = self.copy_in_q.copy_in(dev, view)
+                events.append(event)
+                self.records.append(("copy-in", block.index, event, view.nbytes))
+                continue
+            lo, hi, before = self._halo_range(block)
+            pieces = [(before * row_bytes, src[lo:hi])]
+            pieces += [(k * row_bytes, src[:1]) for k in range(before)]
+            after_start = before + hi - lo
+            pieces += [(k * row_bytes, src[-1:]) for k in range(after_start, rows_in_slot)]
+            for offset, part in pieces:
+                event = self.copy_in_q.copy_in(dev, part, dst_offset=offset)
+                pinned.record_use(src, event)
+                events.append(event)
+                self.records.append(("copy-in", block.index, event, part.nbytes))
+        return events
+
+    def _compute(self, slot: Slot, block: Block, in_events: list[Event],
+                 in_bufs: list[Any], out_bufs: list[Any]) -> Event:
+        offset = block.start * self.row_items
+        n = block.rows * self.row_items
+        if isinstance(self.compute, Kernel):
+            buffers = in_bufs + (out_bufs if self.reduce_dtype is None else [slot.dev_red])
+            args = [*buffers, *self.args, np.uint64(offset), np.uint64(n)]
+            event = self.compute_q.launch(self.compute, n, args, wait_for=in_events)
+        else:
+            self.compute_q.marker(wait_for=in_events)
+            arrays = [self._device_array(buf, spec.shape[1:], spec.dtype,
+                                         block.rows + 2 * self.plan.halo)
+                      for buf, spec in zip(in_bufs, self.plan.inputs, strict=True)]
+            arrays += [self._device_array(buf, spec.shape[1:], spec.dtype, block.rows)
+                       for buf, spec in zip(out_bufs, self.plan.outputs, strict=True)]
+            result = self.compute(*arrays, queue=self.compute_q, offset=offset, n=n)
+            if self.reduce is not None:
+                slot.partial = _to_host(result)
+            event = self.compute_q.marker()
+        self.records.append(("compute", block.index, event, 0))
+        if self.reduce_kernel is not None:
+            event = self.compute_q.launch(
+                self.reduce_kernel, reducing.PARTIALS,
+                [slot.dev_red, slot.dev_partial, slot.dev_has, np.uint64(n)],
+                wait_for=[event],
+            )
+            self.records.append(("compute", block.index, event, 0))
+        return event
+
+    def _device_array(self, buf: Any, row_shape: tuple[int, ...], dtype: np.dtype,
+                      rows: int) -> Any:
+        return self.device.device_array(buf, (rows, *row_shape), dtype, self.compute_q)
+
+    def _copy_out(self, slot: Slot, block: Block, compute_event: Event,
+                  out_bufs: list[Any]) -> list[Event]:
+        events: list[Event] = []
+        if self.zero_copy:
+            for registration in out_bufs:
+                events.append(self.compute_q.sync_host(registration, wait_for=[compute_event]))
+        else:
+            for i, out in enumerate(self.outputs):
+                dev = slot.dev_out[i]
+                assert dev is not None
+                pin = slot.pin_out[i]
+                if pin is None:
+                    dst = out[block.start : block.stop]
+                else:
+                    dst = _view(pin, block.rows, out.shape[1:], out.dtype)
+                event = self.copy_out_q.copy_out(dst, dev, wait_for=[compute_event])
+                if pin is None:
+                    pinned.record_use(out, event)
+                events.append(event)
+                self.records.append(("copy-out", block.index, event, dst.nbytes))
+        if self.reduce_kernel is not None:
+            assert slot.pin_partial is not None and slot.pin_has is not None
+            assert slot.dev_partial is not None and slot.dev_has is not None
+            acc = reducing.partial_dtype(self.reduce_dtype or np.dtype(np.float32),
+                                         str(self.reduce))
+            nbytes = reducing.PARTIALS * acc.itemsize
+            for dst, src in ((slot.pin_partial.array[:nbytes], slot.dev_partial),
+                             (slot.pin_has.array[: reducing.PARTIALS], slot.dev_has)):
+                event = self.copy_out_q.copy_out(dst, src, wait_for=[compute_event])
+                events.append(event)
+                self.records.append(("copy-out", block.index, event, dst.nbytes))
+        if not events:
+            events.append(compute_event)
+        return events
+
+    # -- clean-up ---------------------------------------------------------------------------
+    def _abort(self) -> None:
+        """After a failure: stop issuing and let everything in flight finish."""
+        for queue in self.queues:
+            try:
+                queue.finish()
+            except Exception:  # the original error is the one to raise
+                pass
+
+    def _release(self) -> None:
+        """Return every slot buffer to its pool, fenced by the slot's last events."""
+        pool, pin_pool = self.device.memory_pool, self.device.pinned_pool
+        for slot in self.slots:
+            fence = slot.done[-1] if slot.done else None
+            for registration in slot.registrations:
+                registration.close()
+            for buf in (*slot.dev_in, *slot.dev_out, slot.dev_red, slot.dev_partial,
+                        slot.dev_has):
+                if buf is not None:
+                    pool.release(buf, after=fence)
+            for pin in (*slot.pin_in, *slot.pin_out, slot.pin_partial, slot.pin_has):
+                if pin is not None:
+                    pin_pool.release(pin, after=fence)
+        self.slots = []
+        for queue in self.queues:
+            try:
+                queue.close()
+            except Exception:  # closing after a device failure must not mask it
+                pass
+        self.queues = []
+
+    def _report(self, seconds: float) -> Report:
+        spans = list(self.host_spans)
+        for lane, block, event, nbytes in self.records:
+            times = event.profile_ns()
+            if times is not None:
+                spans.append(Span(lane, block, times[0], times[1], nbytes))
+        self.records = []
+        return Report(
+            device=self.device.spec,
+            seconds=seconds,
+            bytes_in=sum(a.nbytes for a in self.inputs),
+            bytes_out=sum(a.nbytes for a in self.outputs),
+            blocks=self.plan.block_count,
+            block_rows=self.plan.block_rows,
+            depth=self.plan.depth,
+            peak_device_bytes=self.peak_device_bytes,
+            zero_copy=self.zero_copy,
+            result=reducing.combine(self.reduce, self.partials) if self.reduce else None,
+            outputs=self.outputs,
+            timeline=Timeline(spans),
+        )
+
+
+def _to_host(value: Any) -> Any:
+    """A callable's partial as a host value (syncs on the device array if it is one)."""
+    if hasattr(value, "get"):
+        return value.get()
+    if hasattr(value, "cpu"):
+        return value.cpu().numpy()
+    return value

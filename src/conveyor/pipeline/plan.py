@@ -1,0 +1,202 @@
+"""Cut the work into blocks: block size and ring depth from the memory budget; halo; tail.
+
+Every input and output is cut along axis 0. One *row* is everything below axis 0 (one element of
+a 1-D array). A block is ``block_rows`` rows of every array at once; the last block may be
+shorter. A ring slot holds one block of every input (plus ``halo`` rows on each side) and of
+every output in device memory, and the ring holds ``depth`` slots.
+
+Block size, in order of precedence:
+
+- ``block_bytes``: the bytes of one block of the widest array (most bytes per row);
+- else the largest block whose ring fits ``memory_limit`` (default: ``DEFAULT_MEMORY_FRACTION`` of
+  the device's global memory), capped at ``DEFAULT_BLOCK_BYTES`` of the widest array, because
+  beyond that bigger blocks only lengthen the unoverlapped first copy and last copy.
+
+The ring never exceeds the limit (sizes are counted as the device pool bins them) and no single
+buffer exceeds the device's largest allocation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from conveyor.errors import InputError
+from conveyor.memory.pool import device_bin
+
+DEFAULT_MEMORY_FRACTION = 0.5
+DEFAULT_BLOCK_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """The shape and dtype of one input or output."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def rows(self) -> int:
+        """Length along axis 0."""
+        return self.shape[0]
+
+    @property
+    def row_items(self) -> int:
+        """Elements in one row (1 for a 1-D array)."""
+        return math.prod(self.shape[1:])
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes in one row."""
+        return self.row_items * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows ``[start, stop)`` of every array; the input slot also holds ``halo`` rows each side."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        """Rows in this block (the tail block may be short)."""
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a stream is cut: rows, block size, depth, halo, and each slot buffer's bytes."""
+
+    rows: int
+    block_rows: int
+    depth: int
+    halo: int
+    inputs: tuple[ArraySpec, ...]
+    outputs: tuple[ArraySpec, ...]
+    memory_limit: int
+
+    @property
+    def block_count(self) -> int:
+        """Blocks in the stream (0 for zero-length inputs)."""
+        return -(-self.rows // self.block_rows) if self.rows else 0
+
+    def block(self, index: int) -> Block:
+        """Block ``index``."""
+        start = index * self.block_rows
+        return Block(index, start, min(start + self.block_rows, self.rows))
+
+    def blocks(self) -> list[Block]:
+        """Every block, in order."""
+        return [self.block(i) for i in range(self.block_count)]
+
+    @property
+    def input_slot_bytes(self) -> tuple[int, ...]:
+        """Bytes of each input's buffer in one slot (block plus halo rows)."""
+        rows = self.block_rows + 2 * self.halo
+        return tuple(rows * spec.row_bytes for spec in self.inputs)
+
+    @property
+    def output_slot_bytes(self) -> tuple[int, ...]:
+        """Bytes of each output's buffer in one slot."""
+        return tuple(self.block_rows * spec.row_bytes for spec in self.outputs)
+
+    @property
+    def ring_device_bytes(self) -> int:
+        """Device bytes the whole ring holds, as the pool bins them."""
+        return self.depth * _slot_footprint(self.block_rows, self.halo, self.inputs, self.outputs)
+
+
+def _slot_footprint(
+    block_rows: int, halo: int, inputs: tuple[ArraySpec, ...], outputs: tuple[ArraySpec, ...]
+) -> int:
+    total = 0
+    for spec in inputs:
+        total += device_bin(max((block_rows + 2 * halo) * spec.row_bytes, 1))
+    for spec in outputs:
+        total += device_bin(max(block_rows * spec.row_bytes, 1))
+    return total
+
+
+def make_plan(
+    inputs: tuple[ArraySpec, ...],
+    outputs: tuple[ArraySpec, ...],
+    *,
+    depth: int,
+    block_bytes: int | None,
+    memory_limit: int | None,
+    halo: int,
+    global_mem_bytes: int,
+    max_alloc_bytes: int,
+) -> Plan:
+    """Choose block rows for these arrays; InputError when no block fits."""
+    if not inputs:
+        raise InputError("a stream needs at least one input array")
+    if depth < 1:
+        raise InputError(f"depth must be at least 1, got {depth}")
+    if halo < 0:
+        raise InputError(f"halo must be 0 or more rows, got {halo}")
+    rows = inputs[0].rows
+    for name, specs in (("input", inputs), ("output", outputs)):
+        for i, spec in enumerate(specs):
+            if spec.rows != rows:
+                raise InputError(
+                    f"arrays disagree in length along axis 0: input 0 has {rows} rows, "
+                    f"{name} {i} has {spec.rows}"
+                )
+    limit = memory_limit
+    if limit is None:
+        limit = int(global_mem_bytes * DEFAULT_MEMORY_FRACTION)
+    if limit <= 0:
+        raise InputError(f"memory_limit must be a positive number of bytes, got {limit}")
+    widest = max(spec.row_bytes for spec in inputs + outputs) or 1
+    if block_bytes is not None:
+        if block_bytes < widest:
+            raise InputError(
+                f"block_bytes={block_bytes} is smaller than one row ({widest} bytes): "
+                f"use block_bytes >= {widest}"
+            )
+        block_rows = block_bytes // widest
+    else:
+        block_rows = max(DEFAULT_BLOCK_BYTES // widest, 1)
+        block_rows = min(block_rows, max(max_alloc_bytes // widest - 2 * halo, 1))
+        block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit)
+    if rows:
+        block_rows = min(block_rows, rows)
+    block_rows = max(block_rows, 1)
+    if halo and halo > block_rows and rows > block_rows:
+        raise InputError(
+            f"halo={halo} rows is more than a block ({block_rows} rows): "
+            f"use a larger block_bytes or memory_limit, or a smaller halo"
+        )
+    footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs)
+    if footprint > limit:
+        raise InputError(
+            f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
+            f"more than the memory limit of {limit}: use a smaller block_bytes or depth, "
+            f"or a larger memory_limit"
+        )
+    biggest = max((block_rows + 2 * halo) * spec.row_bytes for spec in inputs + outputs)
+    if biggest > max_alloc_bytes:
+        raise InputError(
+            f"a block buffer of {biggest} bytes is more than the device's largest allocation "
+            f"({max_alloc_bytes} bytes): use a smaller block_bytes"
+        )
+    return Plan(rows, block_rows, depth, halo, inputs, outputs, limit)
+
+
+def _fit(
+    block_rows: int,
+    depth: int,
+    halo: int,
+    inputs: tuple[ArraySpec, ...],
+    outputs: tuple[ArraySpec, ...],
+    limit: int,
+) -> int:
+    """Shrink ``block_rows`` until the ring fits ``limit`` (or reaches one row)."""
+    while block_rows > 1 and depth * _slot_footprint(block_rows, halo, inputs, outputs) > limit:
+        block_rows = max(block_rows * 7 // 8, 1) if block_rows > 8 else block_rows - 1
+    return block_rows

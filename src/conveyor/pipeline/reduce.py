@@ -1,0 +1,117 @@
+"""Reductions: per-block partials on the device, combined on the host.
+
+With a kernel, ``reduce="sum" | "min" | "max"``: the user's kernel writes one value per element
+into a device-only buffer (its only output parameter), then conveyor's own reduction kernel folds
+that buffer into ``PARTIALS`` values, which alone cross the link; the host folds those. With a
+Python callable, the callable returns the block's partial and ``reduce`` may also be any
+function ``f(a, b) -> c`` (applied left to right over the blocks' partials, in block order).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+
+#: Work items of the built-in reduction kernel, and so partials per block.
+PARTIALS = 4096
+
+BUILTIN_OPS = ("sum", "min", "max")
+
+_C_TYPES = {
+    "float32": "float", "float64": "double", "int32": "int", "uint32": "uint",
+    "int64": "long", "uint64": "ulong", "int16": "short", "uint16": "ushort",
+    "int8": "char", "uint8": "uchar",
+}  # fmt: skip
+_CUDA_TYPES = {
+    "float": "float", "double": "double", "int": "int", "uint": "unsigned int",
+    "long": "long long", "ulong": "unsigned long long", "short": "short",
+    "ushort": "unsigned short", "char": "signed char", "uchar": "unsigned char",
+}  # fmt: skip
+
+
+def partial_dtype(element: np.dtype, op: str) -> np.dtype:
+    """The dtype partials are kept in: 64-bit for integer sums, else the element type."""
+    if op == "sum" and element.kind in "iu" and element.itemsize < 8:
+        return np.dtype(np.int64 if element.kind == "i" else np.uint64)
+    if op == "sum" and element.kind == "b":
+        return np.dtype(np.int64)
+    return element
+
+
+def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
+    """(source, name) of the built-in kernel folding ``n`` elements into PARTIALS partials."""
+    if op not in BUILTIN_OPS:
+        raise InputError(f"reduce={op!r}: with a kernel use 'sum', 'min' or 'max'")
+    if element.name not in _C_TYPES:
+        raise InputError(f"cannot reduce elements of dtype {element} on the device")
+    acc = partial_dtype(element, op)
+    t_in, t_acc = _C_TYPES[element.name], _C_TYPES[acc.name]
+    if backend == "cuda":
+        t_in, t_acc = _CUDA_TYPES[t_in], _CUDA_TYPES[t_acc]
+    fold = {
+        "sum": "acc += v;",
+        "min": "acc = v < acc ? v : acc;",
+        "max": "acc = v > acc ? v : acc;",
+    }
+    name = f"conveyor_reduce_{op}_{element.name}"
+    body = f"""
+    {{
+        {t_acc} acc = ({t_acc})0;
+        int first = 1;
+        for (unsigned long long j = i; j < n; j += {PARTIALS}) {{
+            {t_acc} v = ({t_acc})x[j];
+            if (first) {{ acc = v; first = 0; }} else {{ {fold[op]} }}
+        }}
+        partial[i] = acc;
+        has[i] = (unsigned char)(first == 0);
+    }}"""
+    if backend == "cuda":
+        head = (
+            f'extern "C" __global__ void {name}(const {t_in}* x, {t_acc}* partial, '
+            f"unsigned char* has, unsigned long long n) {{\n"
+            f"    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x "
+            f"+ threadIdx.x;\n    if (i >= {PARTIALS}) return;"
+        )
+    else:
+        head = (
+            f"__kernel void {name}(__global const {t_in}* x, __global {t_acc}* partial, "
+            f"__global uchar* has, ulong n) {{\n"
+            f"    ulong i = get_global_id(0);\n    if (i >= {PARTIALS}) return;"
+        )
+    return head + body + "\n}\n", name
+
+
+def fold_partials(op: str, partial: np.ndarray, has: np.ndarray) -> Any:
+    """Fold one block's device partials on the host; None when the block had no elements."""
+    values = partial[has.astype(bool)]
+    if values.size == 0:
+        return None
+    if op == "sum":
+        return values.sum(dtype=np.float64 if values.dtype.kind == "f" else values.dtype)
+    return values.min() if op == "min" else values.max()
+
+
+def combiner(op: str | Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """The host function that folds two partials for ``op``."""
+    if callable(op):
+        return op
+    if op == "sum":
+        return lambda a, b: a + b
+    if op == "min":
+        return lambda a, b: np.minimum(a, b)
+    if op == "max":
+        return lambda a, b: np.maximum(a, b)
+    raise InputError(f"reduce={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+
+
+def combine(op: str | Callable[[Any, Any], Any], partials: list[Any]) -> Any:
+    """Fold the blocks' partials, in block order; None for no partials."""
+    present = [p for p in partials if p is not None]
+    if not present:
+        return None
+    return functools.reduce(combiner(op), present)

@@ -1,0 +1,131 @@
+"""``conveyor.stream``: the public entry point of the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.backends.base import Device, Kernel
+from conveyor.errors import InputError
+from conveyor.pipeline import validate
+from conveyor.pipeline.engine import Compute, Engine
+from conveyor.pipeline.plan import make_plan
+from conveyor.pipeline.report import Report
+
+
+def stream(
+    compute: Compute,
+    inputs: Sequence[Any],
+    outputs: Sequence[Any] | None = None,
+    *,
+    device: Device | None = None,
+    depth: int = 3,
+    block_bytes: int | None = None,
+    memory_limit: int | None = None,
+    halo: int = 0,
+    reduce: str | Callable[[Any, Any], Any] | None = None,
+    args: Sequence[Any] = (),
+    progress: bool = False,
+    trace: str | None = None,
+    zero_copy: bool | None = None,
+    workers: int | None = None,
+) -> Report:
+    """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
+
+    ``compute`` is a Kernel from ``device.compile`` or a Python callable. A kernel receives the
+    block's buffers (inputs, then outputs), then ``args``, then ``ulong offset, ulong n``: the
+    index of the block's first element in the whole array and the block's element count (for
+    N-D arrays, elements of input 0: rows times elements per row). A callable is called once
+    per block as ``compute(*input_arrays, *output_arrays, queue=, offset=, n=)`` with device
+    arrays (PyOpenCL arrays on OpenCL; DLPack / CUDA-array-interface objects on CUDA) and must
+    enqueue its work on ``queue``.
+
+    Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
+    (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,
+    found in ``report.outputs``. ``halo=h`` gives each input block ``h`` extra rows before and
+    after, the rows past either end repeating the edge row, so element ``i`` of the block is at
+    index ``i + h * row`` of the input buffer; outputs are exactly the block. ``reduce`` is
+    "sum", "min", "max" (with a kernel: the kernel writes per-element values into its one output
+    buffer and conveyor folds them on the device) or, with a callable that returns each block's
+    partial, also any function ``f(a, b)``; the result is ``report.result``.
+
+    ``depth`` slots are in flight at once; the block size comes from ``block_bytes`` (bytes of
+    one block of the widest array) or from ``memory_limit`` (default: half the device's global
+    memory), never exceeding it. ``zero_copy`` (default: on where the device shares memory with
+    the host and ``halo`` is 0) uses blocks in place instead of copying them. ``workers`` sets
+    the staging threads. ``progress=True`` shows a progress bar. ``trace`` names a Chrome-trace
+    JSON file to write.
+
+    Raises InputError (before any work) for arguments that cannot work; the first failure of a
+    kernel, callable or staging copy is raised as is, after everything in flight has finished
+    and every buffer has gone back to its pool.
+    """
+    from conveyor.backends import device as default_device
+
+    dev = device if device is not None else default_device()
+    if trace is not None and not isinstance(trace, str):
+        raise InputError("trace= takes a file path (str)")
+    in_arrays = [validate.as_input(a, i) for i, a in enumerate(inputs)]
+    if not in_arrays:
+        raise InputError("a stream needs at least one input array")
+    rows = in_arrays[0].shape[0]
+    out_arrays = [
+        validate.as_output(o, i, rows, in_arrays[0].shape[1:])
+        for i, o in enumerate(outputs or ())
+    ]
+    reduce_dtype: np.dtype | None = None
+    if isinstance(compute, Kernel):
+        reduce_dtype = validate.check_kernel(compute, dev, in_arrays, out_arrays, args, reduce)
+        if reduce is not None and out_arrays:
+            raise InputError(
+                "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
+                "holds per-element values that conveyor folds on the device"
+            )
+    elif not callable(compute):
+        raise InputError(
+            f"compute must be a Kernel (device.compile) or a callable, "
+            f"got {type(compute).__name__}"
+        )
+    elif reduce is not None and not callable(reduce) and reduce not in ("sum", "min", "max"):
+        raise InputError(f"reduce={reduce!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+    plan = make_plan(
+        tuple(validate.spec(a) for a in in_arrays),
+        tuple(validate.spec(a) for a in out_arrays),
+        depth=depth,
+        block_bytes=block_bytes,
+        memory_limit=memory_limit,
+        halo=halo,
+        global_mem_bytes=dev.global_mem_bytes,
+        max_alloc_bytes=dev.max_alloc_bytes,
+    )
+    if plan.block_count == 0:
+        return Report(device=dev.spec, depth=depth, outputs=out_arrays)
+    use_zero_copy = _zero_copy(zero_copy, dev, halo, in_arrays, out_arrays)
+    engine = Engine(
+        dev, plan, compute, in_arrays, out_arrays,
+        args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
+        workers=workers, progress=progress,
+    )
+    report = engine.run()
+    if trace is not None:
+        from conveyor.trace.export import save_chrome_trace
+
+        save_chrome_trace(report.timeline, trace)
+    return report
+
+
+def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[np.ndarray],
+               outputs: list[np.ndarray]) -> bool:
+    possible = (
+        dev.host_unified
+        and halo == 0
+        and all(a.flags.c_contiguous for a in inputs + outputs)
+    )
+    if wanted and not possible:
+        raise InputError(
+            f"zero_copy=True needs a device that shares memory with the host ({dev.spec} "
+            f"{'does' if dev.host_unified else 'does not'}), halo=0 and C-contiguous arrays"
+        )
+    return possible if wanted is None else wanted

@@ -1,0 +1,1 @@
+"""What a stream did: its timeline and the figures drawn from it."""
