@@ -25,6 +25,18 @@ from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryE
 from conveyor.kernels.signature import Param
 
 _COMPLETE = cl.command_execution_status.COMPLETE
+_PROFILE_START = cl.profiling_info.START
+_PROFILE_END = cl.profiling_info.END
+# enqueue_copy dispatches on its arguments' types at every call; the engine knows them, so it
+# calls the two entry points enqueue_copy would pick (same arguments, same NannyEvent).
+_write_buffer = getattr(cl._cl, "_enqueue_write_buffer", None)
+_read_buffer = getattr(cl._cl, "_enqueue_read_buffer", None)
+if _write_buffer is None or _read_buffer is None:  # a PyOpenCL without them: the public path
+    def _write_buffer(queue: Any, mem: Any, hostbuf: Any, **kw: Any) -> Any:
+        return cl.enqueue_copy(queue, mem, hostbuf, **kw)
+
+    def _read_buffer(queue: Any, mem: Any, hostbuf: Any, **kw: Any) -> Any:
+        return cl.enqueue_copy(queue, hostbuf, mem, **kw)
 _OOM_CODES = {
     cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
     cl.status_code.OUT_OF_RESOURCES,
@@ -41,7 +53,10 @@ def _code_name(code: int) -> str:
 
 def _backend_error(exc: cl.Error, call: str) -> BackendError:
     what = getattr(exc, "what", None)
-    text = what.what() if what is not None and hasattr(what, "what") else str(exc)
+    text = what.what() if what is not None and hasattr(what, "what") else ""
+    # PyOpenCL's error record often carries an empty message (e.g. a read past the end of a
+    # buffer): fall back to the exception's own text so the error never reads as blank.
+    text = str(text).strip() or str(exc)
     return BackendError(text, call=call, code=_code_name(exc.code))
 
 
@@ -67,7 +82,9 @@ class Event(base.Event):
 
     def profile_ns(self) -> tuple[int, int] | None:
         try:
-            return int(self.cl_event.profile.start), int(self.cl_event.profile.end)
+            # get_profiling_info directly: event.profile.start goes through a slow getattr hook.
+            info = self.cl_event.get_profiling_info
+            return int(info(_PROFILE_START)), int(info(_PROFILE_END))
         except cl.Error:
             return None
 
@@ -156,6 +173,7 @@ class Kernel(base.Kernel):
                 cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device
             )
         )
+        self.default_local_size = min(self.work_group_size, 256)
 
 
 def _converter(param: Param) -> Callable[[Any], Any]:
@@ -168,7 +186,12 @@ def _converter(param: Param) -> Callable[[Any], Any]:
 
 
 def _buffer_arg(value: Any) -> Any:
-    if isinstance(value, DeviceBuffer | PinnedBuffer):
+    if isinstance(value, DeviceBuffer | PinnedBuffer | Registration):
+        # A closed buffer has cl_buffer None, which PyOpenCL would pass as a NULL pointer:
+        # the kernel would write through it. Refuse instead.
+        if value.cl_buffer is None:
+            raise BackendError("a kernel argument is a freed buffer", call="clSetKernelArg",
+                               code="INVALID_MEM_OBJECT")
         return value.cl_buffer
     if isinstance(value, SvmBuffer):
         return cl.SVM(value.array)
@@ -197,8 +220,8 @@ class Queue(base.Queue):
     def copy_in(self, dst: base.DeviceBuffer, src: np.ndarray, *, dst_offset: int = 0,
                 wait_for: Sequence[base.Event] = ()) -> Event:
         try:
-            ev = cl.enqueue_copy(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
-                                 wait_for=_events(wait_for), is_blocking=False)
+            ev = _write_buffer(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
+                               wait_for=_events(wait_for), is_blocking=False)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueWriteBuffer") from exc
         return Event(ev)
@@ -206,8 +229,8 @@ class Queue(base.Queue):
     def copy_out(self, dst: np.ndarray, src: base.DeviceBuffer, *, src_offset: int = 0,
                  wait_for: Sequence[base.Event] = ()) -> Event:
         try:
-            ev = cl.enqueue_copy(self._q, dst, _cl_buf(src), src_offset=src_offset,
-                                 wait_for=_events(wait_for), is_blocking=False)
+            ev = _read_buffer(self._q, _cl_buf(src), dst, src_offset=src_offset,
+                              wait_for=_events(wait_for), is_blocking=False)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueReadBuffer") from exc
         return Event(ev)
@@ -221,7 +244,7 @@ class Queue(base.Queue):
             )
         values = [convert(a) for convert, a in zip(kernel.converters, args, strict=True)]
         if local_size is None:
-            local_size = min(kernel.work_group_size, 256)
+            local_size = kernel.default_local_size
         global_size = max(-(-global_size // local_size) * local_size, local_size)
         try:
             with kernel.lock:
@@ -246,6 +269,23 @@ class Queue(base.Queue):
     def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
         return Event(cl.enqueue_marker(self._q, wait_for=_events(wait_for) or None))
 
+    def sync_host(self, registration: base.Registration,
+                  wait_for: Sequence[base.Event] = ()) -> Event:
+        # A USE_HOST_PTR buffer's contents are only defined for the host after a map; on
+        # host-unified devices the map is free, elsewhere it copies back.
+        buf = getattr(registration, "cl_buffer", None)
+        if buf is None:
+            raise BackendError("the registration is closed", call="clEnqueueMapBuffer")
+        array = registration.array
+        try:
+            mapped, _ = cl.enqueue_map_buffer(
+                self._q, buf, cl.map_flags.READ, 0, (array.nbytes,), np.uint8,
+                wait_for=_events(wait_for), is_blocking=False,
+            )
+            return Event(mapped.base.release(self._q))
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueMapBuffer") from exc
+
     def flush(self) -> None:
         self._q.flush()
 
@@ -264,7 +304,8 @@ class Queue(base.Queue):
 def _cl_buf(buf: base.DeviceBuffer) -> cl.Buffer:
     cl_buffer = getattr(buf, "cl_buffer", None)
     if cl_buffer is None:
-        raise BackendError("the buffer was freed or is not an OpenCL buffer", call="enqueue")
+        raise BackendError("the buffer was freed or is not an OpenCL buffer", call="enqueue",
+                           code="INVALID_MEM_OBJECT")
     return cl_buffer
 
 
@@ -300,7 +341,9 @@ class Device(base.Device):
             global_mem_bytes=int(cl_device.global_mem_size),
             max_alloc_bytes=int(cl_device.max_mem_alloc_size),
             compute_units=int(cl_device.max_compute_units),
-            svm=svm_caps != 0,
+            # Only fine-grained SVM is usable here (alloc_svm, pinned.empty(svm=True)); a
+            # coarse-grain-only device (NVIDIA's OpenCL) must not advertise svm.
+            svm=self.fine_grain_svm,
             host_unified=bool(cl_device.host_unified_memory) or kind == "cpu",
             driver_version=str(cl_device.driver_version),
             platform=cl_device.platform.name.strip(),
@@ -358,14 +401,22 @@ class Device(base.Device):
         flags = cl.svm_mem_flags.READ_WRITE | cl.svm_mem_flags.SVM_FINE_GRAIN_BUFFER
         try:
             array = cl.svm_empty(self.context, flags, (nbytes,), np.uint8, alignment=4096)
-        except cl.Error as exc:
-            raise _backend_error(exc, "clSVMAlloc") from exc
+        except cl.Error:
+            # PoCL refuses alignments above its largest data type (128 bytes) with
+            # OUT_OF_RESOURCES; the driver's default alignment suits every dtype.
+            try:
+                array = cl.svm_empty(self.context, flags, (nbytes,), np.uint8)
+            except cl.Error as exc:
+                if exc.code in _OOM_CODES:
+                    raise OutOfMemoryError(nbytes, 0, None, where="shared virtual") from exc
+                raise _backend_error(exc, "clSVMAlloc") from exc
         if array is None or array.base is None:
             raise OutOfMemoryError(nbytes, 0, None, where="shared virtual")
         return SvmBuffer(array)
 
     def register_host(self, array: np.ndarray) -> Registration:
-        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR
+        access = cl.mem_flags.READ_WRITE if array.flags.writeable else cl.mem_flags.READ_ONLY
+        flags = access | cl.mem_flags.USE_HOST_PTR
         try:
             buf = cl.Buffer(self.context, flags, hostbuf=array)
         except cl.Error as exc:

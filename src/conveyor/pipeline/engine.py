@@ -32,7 +32,7 @@ from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.stage import Stager, StageTask
-from conveyor.trace.timeline import Span, Timeline
+from conveyor.trace.timeline import Span
 
 Compute = Kernel | Callable[..., Any]
 
@@ -95,6 +95,10 @@ class Engine(Closeable):
         self.progress = Progress(progress, plan)
         self.direct_in = [self._direct(a) for a in self.inputs]
         self.direct_out = [self._direct(a) for a in self.outputs]
+        # Per-array constants, looked up once: the per-block path runs thousands of times.
+        self.in_owners = [pinned.owner(a) for a in self.inputs]
+        self.out_owners = [pinned.owner(a) for a in self.outputs]
+        self.in_row_bytes = [spec.row_bytes for spec in plan.inputs]
         self.row_items = plan.inputs[0].row_items
         self.slots: list[Slot] = []
         self.queues: list[BaseQueue] = []
@@ -283,7 +287,7 @@ class Engine(Closeable):
         for i, src in enumerate(self.inputs):
             dev = slot.dev_in[i]
             assert dev is not None
-            row_bytes = self.plan.inputs[i].row_bytes
+            row_bytes = self.in_row_bytes[i]
             pin = slot.pin_in[i]
             if pin is not None:
                 view = pin.array[: rows_in_slot * row_bytes]
@@ -291,16 +295,21 @@ class Engine(Closeable):
                 events.append(event)
                 self.records.append(("copy-in", block.index, event, view.nbytes))
                 continue
-            lo, hi, before = self._halo_range(block)
-            pieces = [(before * row_bytes, src[lo:hi])]
-            pieces += [(k * row_bytes, src[:1]) for k in range(before)]
-            after_start = before + hi - lo
-            pieces += [(k * row_bytes, src[-1:]) for k in range(after_start, rows_in_slot)]
+            if h:
+                lo, hi, before = self._halo_range(block)
+                pieces = [(before * row_bytes, src[lo:hi])]
+                pieces += [(k * row_bytes, src[:1]) for k in range(before)]
+                after_start = before + hi - lo
+                pieces += [(k * row_bytes, src[-1:]) for k in range(after_start, rows_in_slot)]
+            else:
+                pieces = [(0, src[block.start : block.stop])]
             for offset, part in pieces:
                 event = self.copy_in_q.copy_in(dev, part, dst_offset=offset)
-                pinned.record_use(src, event)
                 events.append(event)
                 self.records.append(("copy-in", block.index, event, part.nbytes))
+            owner = self.in_owners[i]
+            if owner is not None:  # in-order queue: the last copy is the last use
+                owner.record_use(event)
         return events
 
     def _compute(self, slot: Slot, block: Block, in_events: list[Event],
@@ -352,8 +361,9 @@ class Engine(Closeable):
                 else:
                     dst = _view(pin, block.rows, out.shape[1:], out.dtype)
                 event = self.copy_out_q.copy_out(dst, dev, wait_for=[compute_event])
-                if pin is None:
-                    pinned.record_use(out, event)
+                owner = self.out_owners[i]
+                if pin is None and owner is not None:
+                    owner.record_use(event)
                 events.append(event)
                 self.records.append(("copy-out", block.index, event, dst.nbytes))
         if self.reduce_kernel is not None:
@@ -403,12 +413,17 @@ class Engine(Closeable):
         self.queues = []
 
     def _report(self, seconds: float) -> Report:
-        spans = list(self.host_spans)
-        for lane, block, event, nbytes in self.records:
-            times = event.profile_ns()
-            if times is not None:
-                spans.append(Span(lane, block, times[0], times[1], nbytes))
-        self.records = []
+        host_spans, records = self.host_spans, self.records
+        self.host_spans, self.records = [], []
+
+        def spans() -> list[Span]:
+            found = list(host_spans)
+            for lane, block, event, nbytes in records:
+                times = event.profile_ns()
+                if times is not None:
+                    found.append(Span(lane, block, times[0], times[1], nbytes))
+            return found
+
         return Report(
             device=self.device.spec,
             seconds=seconds,
@@ -421,7 +436,7 @@ class Engine(Closeable):
             zero_copy=self.zero_copy,
             result=reducing.combine(self.reduce, self.partials) if self.reduce else None,
             outputs=self.outputs,
-            timeline=Timeline(spans),
+            spans_source=spans,
         )
 
 

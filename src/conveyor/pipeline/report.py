@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.trace.timeline import Timeline
+from conveyor.trace.timeline import Span, Timeline
 
 
 @dataclass
@@ -24,7 +25,19 @@ class Report:
     zero_copy: bool = False
     result: Any = None
     outputs: list[Any] = field(default_factory=list)
-    timeline: Timeline = field(default_factory=Timeline)
+    #: Makes the spans on first use of ``timeline``: reading device timestamps costs a few
+    #: microseconds per command, which a caller who never looks should not pay.
+    spans_source: Callable[[], list[Span]] | None = field(default=None, repr=False)
+    _timeline: Timeline | None = field(default=None, repr=False)
+
+    @property
+    def timeline(self) -> Timeline:
+        """Every span of the stream (built on first access)."""
+        if self._timeline is None:
+            spans = self.spans_source() if self.spans_source is not None else []
+            self._timeline = Timeline(spans)
+            self.spans_source = None
+        return self._timeline
 
     @property
     def gbps_in(self) -> float:
