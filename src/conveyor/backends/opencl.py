@@ -27,16 +27,21 @@ from conveyor.kernels.signature import Param
 _COMPLETE = cl.command_execution_status.COMPLETE
 _PROFILE_START = cl.profiling_info.START
 _PROFILE_END = cl.profiling_info.END
-# enqueue_copy dispatches on its arguments' types at every call; the engine knows them, so it
-# calls the two entry points enqueue_copy would pick (same arguments, same NannyEvent).
-_write_buffer = getattr(cl._cl, "_enqueue_write_buffer", None)
-_read_buffer = getattr(cl._cl, "_enqueue_read_buffer", None)
-if _write_buffer is None or _read_buffer is None:  # a PyOpenCL without them: the public path
-    def _write_buffer(queue: Any, mem: Any, hostbuf: Any, **kw: Any) -> Any:
-        return cl.enqueue_copy(queue, mem, hostbuf, **kw)
 
-    def _read_buffer(queue: Any, mem: Any, hostbuf: Any, **kw: Any) -> Any:
-        return cl.enqueue_copy(queue, hostbuf, mem, **kw)
+
+def _public_write(queue: Any, mem: Any, hostbuf: Any, **kw: Any) -> Any:
+    return cl.enqueue_copy(queue, mem, hostbuf, **kw)
+
+
+def _public_read(queue: Any, mem: Any, hostbuf: Any, **kw: Any) -> Any:
+    return cl.enqueue_copy(queue, hostbuf, mem, **kw)
+
+
+# enqueue_copy dispatches on its arguments' types at every call; the engine knows them, so it
+# calls the two entry points enqueue_copy would pick (same arguments, same NannyEvent), or the
+# public path on a PyOpenCL without them.
+_write_buffer: Callable[..., Any] = getattr(cl._cl, "_enqueue_write_buffer", _public_write)
+_read_buffer: Callable[..., Any] = getattr(cl._cl, "_enqueue_read_buffer", _public_read)
 _OOM_CODES = {
     cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
     cl.status_code.OUT_OF_RESOURCES,

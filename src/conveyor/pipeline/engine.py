@@ -179,9 +179,9 @@ class Engine(Closeable):
             self._issue(slot, block)
         for index in range(plan.block_count, plan.block_count + plan.depth):
             slot = self.slots[index % plan.depth]
-            block = slot.block
-            if block is not None:
-                self._run_stage(self._retire(slot), "stage-out", block)
+            last = slot.block
+            if last is not None:
+                self._run_stage(self._retire(slot), "stage-out", last)
 
     def _run_stage(self, tasks: list[StageTask], lane: str, block: Block) -> None:
         if not tasks:
