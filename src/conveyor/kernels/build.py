@@ -1,0 +1,145 @@
+"""Build and load kernels ahead of time, through an in-process memo and the disk cache.
+
+A kernel must be built and loaded before the first block is sent: compiling while the device
+is busy stalls until it is idle. ``compile_kernel`` is what ``Device.compile`` calls;
+``compile_async`` runs the same work on a compiler thread so several kernels build at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from conveyor import config
+from conveyor.errors import CompileError
+from conveyor.kernels.cache import KernelCache, cache_key
+from conveyor.kernels.signature import Param, parse_params
+
+if TYPE_CHECKING:
+    from conveyor.backends.base import Device, Kernel
+
+_MemoKey = tuple[int, str, str]
+
+_lock = threading.Lock()
+# (id(device), cache key, kernel name) -> loaded kernel. A kernel holds its device, so the id
+# cannot be reused by another device while the entry lives.
+_memo: dict[_MemoKey, Kernel] = {}
+# Builds under way: a second caller of the same kernel waits for the first instead of building.
+_in_flight: dict[_MemoKey, Future[Kernel]] = {}
+_caches: dict[Path, KernelCache] = {}
+_executor: ThreadPoolExecutor | None = None
+
+
+def default_cache() -> KernelCache | None:
+    """The cache for the configured directory, or None when ``CONVEYOR_NO_CACHE`` is set.
+
+    The environment is read here, at each call, so a changed ``CONVEYOR_CACHE_DIR`` takes
+    effect; one KernelCache (and its counters) is kept per directory.
+    """
+    if config.cache_disabled():
+        return None
+    path = config.cache_dir()
+    with _lock:
+        cache = _caches.get(path)
+        if cache is None:
+            cache = KernelCache(path)
+            _caches[path] = cache
+        return cache
+
+
+def clear_memo() -> None:
+    """Forget the kernels loaded in this process (the next compile goes to the disk cache)."""
+    with _lock:
+        _memo.clear()
+
+
+def compile_kernel(
+    device: Device,
+    source: str,
+    name: str,
+    options: tuple[str, ...],
+    cache: KernelCache | None | bool = True,
+) -> Kernel:
+    """Build (or fetch) and load kernel ``name`` of ``source`` on ``device``.
+
+    ``cache`` is a KernelCache, None for no disk cache, or True for :func:`default_cache`.
+    Raises InputError when ``name`` is not a kernel in ``source`` and CompileError (with the
+    build log) when the source does not build.
+    """
+    params = parse_params(source, name)
+    options = tuple(options)
+    disk = default_cache() if cache is True else cache or None
+    key = cache_key(device.compiler_identity(), options, source)
+    memo_key: _MemoKey = (id(device), key, name)
+    with _lock:
+        kernel = _memo.get(memo_key)
+        if kernel is not None:
+            return kernel
+        pending = _in_flight.get(memo_key)
+        if pending is None:
+            future: Future[Kernel] = Future()
+            _in_flight[memo_key] = future
+    if pending is not None:
+        return pending.result()
+    try:
+        kernel = _build_and_load(device, source, name, options, params, key, disk)
+    except BaseException as exc:
+        with _lock:
+            _in_flight.pop(memo_key, None)
+        future.set_exception(exc)
+        raise
+    with _lock:
+        _memo[memo_key] = kernel
+        _in_flight.pop(memo_key, None)
+    future.set_result(kernel)
+    return kernel
+
+
+def compile_async(
+    device: Device, source: str, name: str, options: Sequence[str] = ()
+) -> Future[Kernel]:
+    """Start building kernel ``name`` on a compiler thread; the future gives the Kernel.
+
+    The basis of ``Device.compile(..., wait=False)``: build every kernel a stream needs at
+    once, then wait on the futures before sending the first block. The future raises what
+    :func:`compile_kernel` raises (InputError, CompileError). Compiler threads are shared by
+    the whole process.
+    """
+    return _compiler_pool().submit(compile_kernel, device, source, name, tuple(options))
+
+
+def _compiler_pool() -> ThreadPoolExecutor:
+    global _executor
+    with _lock:
+        if _executor is None:
+            workers = max(1, min(4, os.cpu_count() or 1))
+            _executor = ThreadPoolExecutor(workers, thread_name_prefix="conveyor-compile")
+        return _executor
+
+
+def _build_and_load(
+    device: Device,
+    source: str,
+    name: str,
+    options: tuple[str, ...],
+    params: Sequence[Param],
+    key: str,
+    disk: KernelCache | None,
+) -> Kernel:
+    binary = disk.load(key) if disk is not None else None
+    if binary is not None:
+        try:
+            return device.load_kernel(binary, name, options, params)
+        except CompileError:
+            # The entry passed its checksum but the driver rejects it (another driver build,
+            # a truncated binary written by an older conveyor): drop it and build from source.
+            assert disk is not None
+            disk.discard(key)
+    binary = device.build_binary(source, options)
+    if disk is not None:
+        disk.store(key, binary)
+    return device.load_kernel(binary, name, options, params)

@@ -1,0 +1,295 @@
+"""KernelCache: key recipe, entry format, directory safety, atomic writes, info/clear.
+
+Faults are injected by corrupting real entry files, changing real directory permissions, and
+wrapping ``os.replace``; kernels are built by the real device compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import conveyor as cv
+from conveyor.errors import CompileError
+from conveyor.kernels import build
+from conveyor.kernels.cache import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    MAGIC,
+    KernelCache,
+    cache_key,
+    decode_entry,
+    encode_entry,
+)
+
+SOURCE = """
+__kernel void scale(__global float* out, __global const float* a, ulong offset, ulong n)
+{
+    size_t i = get_global_id(0);
+    if (i < n) out[i] = a[i] * 3.0f;
+}
+"""
+
+_PROBLEMS: dict[str, str | None] = {}
+
+
+@pytest.fixture
+def built_device(device: cv.Device) -> cv.Device:
+    """``device``, skipped (loudly) where its compiler cannot build a trivial kernel here."""
+    if device.spec not in _PROBLEMS:
+        try:
+            device.build_binary("__kernel void probe(__global int* x) { x[0] = 1; }", ())
+            _PROBLEMS[device.spec] = None
+        except CompileError as exc:
+            _PROBLEMS[device.spec] = exc.log.strip().splitlines()[0] if exc.log else str(exc)
+    problem = _PROBLEMS[device.spec]
+    if problem is not None:
+        pytest.skip(f"{device.spec} ({device.info.driver_version}) cannot compile here: {problem}")
+    return device
+
+
+@pytest.fixture(autouse=True)
+def fresh_memo(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("CONVEYOR_NO_CACHE", raising=False)
+    build.clear_memo()
+    yield
+    build.clear_memo()
+
+
+def use_dir(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(path))
+
+
+def compile_and_check(device: cv.Device) -> None:
+    """Compile through the configured cache and check the kernel computes a * 3."""
+    kernel = device.compile(SOURCE, "scale")
+    n = 512
+    a = np.arange(n, dtype=np.float32)
+    out = np.empty_like(a)
+    queue = device.create_queue()
+    a_buf = device.memory_pool.acquire(a.nbytes)
+    out_buf = device.memory_pool.acquire(out.nbytes)
+    try:
+        copied = queue.copy_in(a_buf, a)
+        ran = queue.launch(kernel, n, [out_buf, a_buf, 0, n], wait_for=[copied])
+        queue.copy_out(out, out_buf, wait_for=[ran]).wait()
+    finally:
+        queue.finish()
+        device.memory_pool.release(a_buf)
+        device.memory_pool.release(out_buf)
+        queue.close()
+    np.testing.assert_array_equal(out, a * np.float32(3))
+
+
+def runtime_warnings(record: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+
+
+# -- key and entry format (no device) ----------------------------------------------------------
+def test_key_covers_every_input(monkeypatch):
+    base = cache_key("opencl|pocl|cpu|3.1", ("-DX=1",), "src")
+    assert len(base) == 64 and base == cache_key("opencl|pocl|cpu|3.1", ("-DX=1",), "src")
+    assert base != cache_key("opencl|pocl|cpu|3.2", ("-DX=1",), "src")
+    assert base != cache_key("opencl|pocl|cpu|3.1", ("-DX=2",), "src")
+    assert base != cache_key("opencl|pocl|cpu|3.1", ("-DX=1",), "src ")
+    # Option boundaries matter: ("-DA", "B") is not ("-DA B",).
+    assert cache_key("i", ("-DA", "B"), "s") != cache_key("i", ("-DA B",), "s")
+    monkeypatch.setattr(cv, "__version__", "999.0")
+    assert base != cache_key("opencl|pocl|cpu|3.1", ("-DX=1",), "src")
+
+
+def test_entry_round_trip_and_header():
+    data = encode_entry(b"payload")
+    assert data[:4] == MAGIC and len(data) == HEADER_BYTES + 7
+    assert int.from_bytes(data[4:8], "little") == FORMAT_VERSION
+    assert int.from_bytes(data[8:16], "little") == 7
+    assert decode_entry(data) == b"payload"
+    assert decode_entry(encode_entry(b"")) == b""
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: d[:10],  # shorter than a header
+        lambda d: d[:-1],  # truncated payload
+        lambda d: d + b"x",  # trailing bytes
+        lambda d: b"XXXX" + d[4:],  # wrong magic
+        lambda d: d[:4] + (FORMAT_VERSION + 1).to_bytes(4, "little") + d[8:],  # version
+        lambda d: d[:-1] + bytes([d[-1] ^ 0xFF]),  # payload does not match its hash
+    ],
+    ids=["short", "truncated", "long", "magic", "version", "hash"],
+)
+def test_bad_entries_decode_as_none(damage):
+    assert decode_entry(damage(encode_entry(b"some kernel binary bytes"))) is None
+
+
+# -- directory ----------------------------------------------------------------------------------
+def test_created_directories_are_private(tmp_path):
+    path = tmp_path / "a" / "b" / "cache"
+    old = os.umask(0o022)
+    try:
+        assert KernelCache(path).enabled
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "a", tmp_path / "a" / "b", path):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700
+
+
+def test_group_writable_directory_is_refused(built_device, tmp_path, monkeypatch):
+    path = tmp_path / "shared-cache"
+    path.mkdir()
+    path.chmod(0o770)
+    use_dir(monkeypatch, path)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compile_and_check(built_device)
+    messages = runtime_warnings(record)
+    assert len(messages) == 1 and "writable by group or others" in messages[0]
+    assert list(path.iterdir()) == []
+
+
+def test_symlinked_directory_is_refused(built_device, tmp_path, monkeypatch):
+    target = tmp_path / "real"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    use_dir(monkeypatch, link)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compile_and_check(built_device)
+    messages = runtime_warnings(record)
+    assert len(messages) == 1 and "symbolic link" in messages[0]
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a directory to another uid")
+def test_directory_of_another_user_is_refused(tmp_path):
+    path = tmp_path / "theirs"
+    path.mkdir(mode=0o700)
+    os.chown(path, 65534, 65534)
+    with pytest.warns(RuntimeWarning, match="owned by uid 65534"):
+        assert not KernelCache(path).enabled
+
+
+def test_uncreatable_directory_warns_once_and_works(built_device, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    use_dir(monkeypatch, blocker / "cache")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compile_and_check(built_device)
+        build.clear_memo()
+        compile_and_check(built_device)
+    messages = runtime_warnings(record)
+    assert len(messages) == 1 and "cannot be created" in messages[0]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a mode-0500 directory anyway")
+def test_read_only_directory_warns_once_and_works(built_device, tmp_path, monkeypatch):
+    path = tmp_path / "read-only"
+    path.mkdir(mode=0o500)
+    use_dir(monkeypatch, path)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compile_and_check(built_device)
+        build.clear_memo()
+        compile_and_check(built_device)
+    assert len(runtime_warnings(record)) == 1
+
+
+def test_failed_write_warns_once_and_leaves_no_temp_file(built_device, tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    use_dir(monkeypatch, path)
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if str(dst).startswith(str(path)):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compile_and_check(built_device)
+    messages = runtime_warnings(record)
+    assert len(messages) == 1 and "not writable" in messages[0]
+    assert list(path.iterdir()) == []
+
+
+# -- entries on disk, with real kernels -----------------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_bad_entry_is_rebuilt_and_kernel_runs(built_device, tmp_path, monkeypatch, damage):
+    path = tmp_path / "cache"
+    use_dir(monkeypatch, path)
+    compile_and_check(built_device)
+    (entry,) = path.glob("*.bin")
+    data = entry.read_bytes()
+    if damage == "truncate":
+        entry.write_bytes(data[: len(data) // 2])
+    else:
+        middle = len(data) // 2
+        entry.write_bytes(data[:middle] + bytes([data[middle] ^ 0x5A]) + data[middle + 1 :])
+    build.clear_memo()
+    compile_and_check(built_device)
+    cache = build.default_cache()
+    assert cache is not None
+    assert (cache.hits, cache.misses, cache.discarded, cache.stores) == (0, 2, 1, 2)
+    assert decode_entry(entry.read_bytes()) is not None  # rebuilt in place, whole
+    build.clear_memo()
+    compile_and_check(built_device)
+    assert cache.hits == 1
+
+
+def test_no_temp_files_left_behind(built_device, tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    use_dir(monkeypatch, path)
+    compile_and_check(built_device)
+    names = [p.name for p in path.iterdir()]
+    assert len(names) == 1 and names[0].endswith(".bin") and not names[0].startswith(".")
+    assert stat.S_IMODE((path / names[0]).stat().st_mode) & 0o077 == 0
+
+
+def test_concurrent_writers_of_one_key(tmp_path):
+    path = tmp_path / "cache"
+    caches = [KernelCache(path) for _ in range(4)]  # as if four processes
+    payload = os.urandom(256 * 1024)
+    barrier = threading.Barrier(8)
+
+    def writer(cache: KernelCache) -> None:
+        barrier.wait()
+        for _ in range(5):
+            assert cache.store("k" * 64, payload)
+
+    threads = [threading.Thread(target=writer, args=(caches[i % 4],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [p.name for p in path.iterdir()] == ["k" * 64 + ".bin"]
+    assert KernelCache(path).load("k" * 64) == payload
+
+
+def test_info_and_clear(tmp_path):
+    cache = KernelCache(tmp_path / "cache")
+    cache.store("a" * 64, b"x" * 100)
+    cache.store("b" * 64, b"y" * 50)
+    info = cache.info()
+    assert (info.entries, info.total_bytes) == (2, 150 + 2 * HEADER_BYTES)
+    assert info.path == tmp_path / "cache" and info.enabled
+    stale = cache.path / ".tmp-stale.bin"
+    fresh = cache.path / ".tmp-fresh.bin"
+    stale.write_bytes(b"partial")
+    fresh.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    assert cache.clear() == 3
+    assert [p.name for p in cache.path.iterdir()] == [".tmp-fresh.bin"]
+    assert cache.info().entries == 0
+    assert cache.load("a" * 64) is None and cache.misses == 1
