@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo lint typecheck bench clean test-gpu
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/install-pocl.sh
+	bash scripts/install-pocl.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

@@ -15,6 +15,22 @@ import pytest
 import conveyor as cv
 from conveyor.memory import pinned
 
+_PROBE = "__kernel void conveyor_probe(__global float *x) { x[0] = 1.0f; }"
+_PROBE_CUDA = 'extern "C" __global__ void conveyor_probe(float *x) { x[0] = 1.0f; }'
+UNUSABLE: dict[str, str] = {}
+
+
+def _can_compile(dev: cv.Device) -> bool:
+    # The PoCL of the pocl-binary-distribution wheel (LLVM 14) cannot build for CPUs newer than
+    # LLVM 14 knows; such a device is listed but useless, so the suite leaves it out (and says
+    # so in its header) instead of failing every test on it.
+    try:
+        dev.build_binary(_PROBE_CUDA if dev.backend == "cuda" else _PROBE, ())
+    except cv.ConveyorError as exc:
+        UNUSABLE[dev.spec] = str(exc).splitlines()[0]
+        return False
+    return True
+
 
 def _selected_devices() -> list[cv.Device]:
     wanted = os.environ.get("CONVEYOR_TEST_BACKENDS")
@@ -22,10 +38,16 @@ def _selected_devices() -> list[cv.Device]:
     if wanted:
         names = {w.strip() for w in wanted.split(",") if w.strip()}
         found = [d for d in found if d.backend in names]
-    return found
+    return [d for d in found if _can_compile(d)]
 
 
 DEVICES = _selected_devices()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"conveyor devices under test: {', '.join(d.spec for d in DEVICES) or 'none'}"]
+    lines += [f"left out (cannot compile): {spec}: {why}" for spec, why in UNUSABLE.items()]
+    return lines
 GPU_DEVICES = [d for d in DEVICES if d.kind == "gpu"]
 
 
