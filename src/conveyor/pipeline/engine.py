@@ -96,8 +96,9 @@ class Engine(Closeable):
         self.direct_in = [self._direct(a) for a in self.inputs]
         self.direct_out = [self._direct(a) for a in self.outputs]
         # Per-array constants, looked up once: the per-block path runs thousands of times.
-        self.in_owners = [pinned.owner(a) for a in self.inputs]
-        self.out_owners = [pinned.owner(a) for a in self.outputs]
+        # No pinned.record_use fences on the caller's pinned arrays: the engine finishes every
+        # queue before it returns (on failure too), and a fence held a PyOpenCL event that
+        # holds the array, so the block's finalizer kept its own array alive: a pinned leak.
         self.in_row_bytes = [spec.row_bytes for spec in plan.inputs]
         self.row_items = plan.inputs[0].row_items
         self.slots: list[Slot] = []
@@ -139,7 +140,8 @@ class Engine(Closeable):
                     slot.pin_out.append(None if self.direct_out[i] else pin_pool.acquire(nbytes))
             if self.reduce_dtype is not None:
                 acc = reducing.partial_dtype(self.reduce_dtype, str(self.reduce))
-                slot.dev_red = self._acquire(plan.block_rows * self.reduce_dtype.itemsize)
+                # The kernel writes one value per element (n = rows * row_items), not per row.
+                slot.dev_red = self._acquire(plan.block_rows * plan.scratch_row_bytes)
                 slot.dev_partial = self._acquire(reducing.PARTIALS * acc.itemsize)
                 slot.dev_has = self._acquire(reducing.PARTIALS)
                 slot.pin_partial = pin_pool.acquire(reducing.PARTIALS * acc.itemsize)
@@ -173,22 +175,29 @@ class Engine(Closeable):
         plan = self.plan
         for block in plan.blocks():
             slot = self.slots[block.index % plan.depth]
-            tasks = self._retire(slot) if slot.block is not None else []
-            tasks += self._stage_in_tasks(slot, block)
-            self._run_stage(tasks, "stage", block)
+            retired = slot.block
+            out_tasks = self._retire(slot) if retired is not None else []
+            in_tasks = self._stage_in_tasks(slot, block)
+            # One batch keeps every worker busy; it is recorded on each host lane it served
+            # (a lane named "stage" was unknown to the trace export, which dropped it).
+            lanes = [("stage-out", retired)] if out_tasks and retired is not None else []
+            lanes += [("stage-in", block)] if in_tasks else []
+            self._run_stage(out_tasks + in_tasks, lanes)
             self._issue(slot, block)
         for index in range(plan.block_count, plan.block_count + plan.depth):
             slot = self.slots[index % plan.depth]
             last = slot.block
             if last is not None:
-                self._run_stage(self._retire(slot), "stage-out", last)
+                self._run_stage(self._retire(slot), [("stage-out", last)])
 
-    def _run_stage(self, tasks: list[StageTask], lane: str, block: Block) -> None:
+    def _run_stage(self, tasks: list[StageTask], lanes: list[tuple[str, Block]]) -> None:
         if not tasks:
             return
         start = time.perf_counter_ns()
         self.stager.run(tasks)
-        self.host_spans.append(Span(lane, block.index, start, time.perf_counter_ns()))
+        end = time.perf_counter_ns()
+        for lane, block in lanes:
+            self.host_spans.append(Span(lane, block.index, start, end))
 
     def _retire(self, slot: Slot) -> list[StageTask]:
         """Wait for the slot's block to leave the device; return its stage-out copies."""
@@ -307,9 +316,6 @@ class Engine(Closeable):
                 event = self.copy_in_q.copy_in(dev, part, dst_offset=offset)
                 events.append(event)
                 self.records.append(("copy-in", block.index, event, part.nbytes))
-            owner = self.in_owners[i]
-            if owner is not None:  # in-order queue: the last copy is the last use
-                owner.record_use(event)
         return events
 
     def _compute(self, slot: Slot, block: Block, in_events: list[Event],
@@ -361,9 +367,6 @@ class Engine(Closeable):
                 else:
                     dst = _view(pin, block.rows, out.shape[1:], out.dtype)
                 event = self.copy_out_q.copy_out(dst, dev, wait_for=[compute_event])
-                owner = self.out_owners[i]
-                if pin is None and owner is not None:
-                    owner.record_use(event)
                 events.append(event)
                 self.records.append(("copy-out", block.index, event, dst.nbytes))
         if self.reduce_kernel is not None:

@@ -78,6 +78,10 @@ class Plan:
     inputs: tuple[ArraySpec, ...]
     outputs: tuple[ArraySpec, ...]
     memory_limit: int
+    #: Device-only buffers of a kernel reduction, per slot: bytes per row of the per-element
+    #: buffer, and the fixed-size partial buffers. Counted so the ring still fits the limit.
+    scratch_row_bytes: int = 0
+    scratch_fixed: tuple[int, ...] = ()
 
     @property
     def block_count(self) -> int:
@@ -107,13 +111,20 @@ class Plan:
     @property
     def ring_device_bytes(self) -> int:
         """Device bytes the whole ring holds, as the pool bins them."""
-        return self.depth * _slot_footprint(self.block_rows, self.halo, self.inputs, self.outputs)
+        return self.depth * _slot_footprint(self.block_rows, self.halo, self.inputs,
+                                            self.outputs, self.scratch_row_bytes,
+                                            self.scratch_fixed)
 
 
 def _slot_footprint(
-    block_rows: int, halo: int, inputs: tuple[ArraySpec, ...], outputs: tuple[ArraySpec, ...]
+    block_rows: int, halo: int, inputs: tuple[ArraySpec, ...], outputs: tuple[ArraySpec, ...],
+    scratch_row_bytes: int = 0, scratch_fixed: tuple[int, ...] = (),
 ) -> int:
     total = 0
+    if scratch_row_bytes:
+        total += device_bin(max(block_rows * scratch_row_bytes, 1))
+    for nbytes in scratch_fixed:
+        total += device_bin(max(nbytes, 1))
     for spec in inputs:
         total += device_bin(max((block_rows + 2 * halo) * spec.row_bytes, 1))
     for spec in outputs:
@@ -131,6 +142,8 @@ def make_plan(
     halo: int,
     global_mem_bytes: int,
     max_alloc_bytes: int,
+    scratch_row_bytes: int = 0,
+    scratch_fixed: tuple[int, ...] = (),
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits."""
     if not inputs:
@@ -163,7 +176,8 @@ def make_plan(
     else:
         block_rows = max(DEFAULT_BLOCK_BYTES // widest, 1)
         block_rows = min(block_rows, max(max_alloc_bytes // widest - 2 * halo, 1))
-        block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit)
+        block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
+                          scratch_fixed)
     if rows:
         block_rows = min(block_rows, rows)
     block_rows = max(block_rows, 1)
@@ -172,7 +186,8 @@ def make_plan(
             f"halo={halo} rows is more than a block ({block_rows} rows): "
             f"use a larger block_bytes or memory_limit, or a smaller halo"
         )
-    footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs)
+    footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs, scratch_row_bytes,
+                                        scratch_fixed)
     if footprint > limit:
         raise InputError(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
@@ -185,7 +200,8 @@ def make_plan(
             f"a block buffer of {biggest} bytes is more than the device's largest allocation "
             f"({max_alloc_bytes} bytes): use a smaller block_bytes"
         )
-    return Plan(rows, block_rows, depth, halo, inputs, outputs, limit)
+    return Plan(rows, block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
+                scratch_fixed)
 
 
 def _fit(
@@ -195,8 +211,12 @@ def _fit(
     inputs: tuple[ArraySpec, ...],
     outputs: tuple[ArraySpec, ...],
     limit: int,
+    scratch_row_bytes: int = 0,
+    scratch_fixed: tuple[int, ...] = (),
 ) -> int:
     """Shrink ``block_rows`` until the ring fits ``limit`` (or reaches one row)."""
-    while block_rows > 1 and depth * _slot_footprint(block_rows, halo, inputs, outputs) > limit:
+    while block_rows > 1 and depth * _slot_footprint(
+        block_rows, halo, inputs, outputs, scratch_row_bytes, scratch_fixed
+    ) > limit:
         block_rows = max(block_rows * 7 // 8, 1) if block_rows > 8 else block_rows - 1
     return block_rows

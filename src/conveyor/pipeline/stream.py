@@ -77,12 +77,14 @@ def stream(
     ]
     reduce_dtype: np.dtype | None = None
     if isinstance(compute, Kernel):
-        reduce_dtype = validate.check_kernel(compute, dev, in_arrays, out_arrays, args, reduce)
+        # Checked before check_kernel: with outputs, its parameter-count message would
+        # count a "partial buffer" and not say that the outputs are what to drop.
         if reduce is not None and out_arrays:
             raise InputError(
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device"
             )
+        reduce_dtype = validate.check_kernel(compute, dev, in_arrays, out_arrays, args, reduce)
     elif not callable(compute):
         raise InputError(
             f"compute must be a Kernel (device.compile) or a callable, "
@@ -99,6 +101,7 @@ def stream(
         halo=halo,
         global_mem_bytes=dev.global_mem_bytes,
         max_alloc_bytes=dev.max_alloc_bytes,
+        **_reduce_scratch(reduce_dtype, reduce, in_arrays[0]),
     )
     if plan.block_count == 0:
         return Report(device=dev.spec, depth=depth, outputs=out_arrays)
@@ -129,3 +132,18 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[np.ndar
             f"{'does' if dev.host_unified else 'does not'}), halo=0 and C-contiguous arrays"
         )
     return possible if wanted is None else wanted
+
+
+def _reduce_scratch(element: np.dtype | None, op: Any, first: np.ndarray) -> dict[str, Any]:
+    """The device buffers a kernel reduction adds to each slot (the engine allocates exactly
+    these), so the plan counts them against the memory limit."""
+    if element is None:
+        return {}
+    from conveyor.pipeline import reduce as reducing
+
+    acc = reducing.partial_dtype(element, str(op))
+    row_items = int(np.prod(first.shape[1:], dtype=np.int64))
+    return {
+        "scratch_row_bytes": row_items * element.itemsize,
+        "scratch_fixed": (reducing.PARTIALS * acc.itemsize, reducing.PARTIALS),
+    }
