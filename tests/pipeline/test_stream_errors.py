@@ -235,3 +235,26 @@ def test_allocation_failure_at_the_second_acquire(device, monkeypatch, which):
         _stream_vadd(device, zero_copy=False)
     monkeypatch.undo()
     _clean_and_usable(device)
+
+
+def test_scalar_arg_that_cannot_be_the_declared_type(device, monkeypatch):
+    x = data((N,), np.float32, 3)
+    _refuses(device, monkeypatch, r"pass a float32 value", kernel(device, "scale"), [x],
+             [np.zeros_like(x)], args=("abc",))
+
+
+def test_callable_gets_the_drivers_own_queue(device):
+    seen = []
+
+    def compute(x, y, *, queue, offset, n):
+        seen.append(queue)
+        y[...] = x * 2  # PyOpenCL arrays, on the compute queue
+
+    x = data((N,), np.float32, 4)
+    y = np.zeros_like(x)
+    cv.stream(compute, [x], [y], device=device, block_bytes=400, zero_copy=False)
+    np.testing.assert_array_equal(y, x * 2)
+    if device.backend == "opencl":
+        import pyopencl as cl
+
+        assert all(isinstance(q, cl.CommandQueue) for q in seen)

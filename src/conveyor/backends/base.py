@@ -119,6 +119,12 @@ class Queue(Closeable, ABC):
 
     device: Device
 
+    @property
+    def native(self) -> Any:
+        """The driver's own queue object (``pyopencl.CommandQueue``, ``cuda.core.Stream``), for
+        Python compute callables that enqueue work themselves."""
+        return self
+
     @abstractmethod
     def copy_in(
         self,

@@ -217,6 +217,11 @@ class Queue(base.Queue):
             raise _backend_error(exc, "clCreateCommandQueue") from exc
 
     @property
+    def native(self) -> cl.CommandQueue:
+        """The ``pyopencl.CommandQueue``."""
+        return self._q
+
+    @property
     def _q(self) -> cl.CommandQueue:
         if self.cl_queue is None:
             raise BackendError("the queue is closed", call="enqueue")

@@ -165,8 +165,10 @@ class Engine(Closeable):
             self._abort()
             raise
         finally:
-            self._release()
+            # Join the staging threads first: no worker may still copy into a slot's pinned
+            # buffer once it is back in the pool (an interrupt can land inside Stager.run).
             self.stager.close()
+            self._release()
             self.progress.close()
         seconds = time.perf_counter() - started
         return self._report(seconds)
@@ -333,7 +335,8 @@ class Engine(Closeable):
                       for buf, spec in zip(in_bufs, self.plan.inputs, strict=True)]
             arrays += [self._device_array(buf, spec.shape[1:], spec.dtype, block.rows)
                        for buf, spec in zip(out_bufs, self.plan.outputs, strict=True)]
-            result = self.compute(*arrays, queue=self.compute_q, offset=offset, n=n)
+            result = self.compute(*arrays, queue=self.compute_q.native,
+                                  offset=offset, n=n)
             if self.reduce is not None:
                 slot.partial = _to_host(result)
             event = self.compute_q.marker()

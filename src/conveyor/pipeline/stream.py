@@ -40,7 +40,8 @@ def stream(
     N-D arrays, elements of input 0: rows times elements per row). A callable is called once
     per block as ``compute(*input_arrays, *output_arrays, queue=, offset=, n=)`` with device
     arrays (PyOpenCL arrays on OpenCL; DLPack / CUDA-array-interface objects on CUDA) and must
-    enqueue its work on ``queue``.
+    enqueue its work on ``queue``, the driver's own queue (a ``pyopencl.CommandQueue``, or a
+    ``cuda.core`` Stream).
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,

@@ -108,6 +108,16 @@ def check_kernel(
                 f"kernel parameter {param.name!r} is a pointer but receives a scalar from "
                 f"args= or offset/n: list every buffer in inputs= or outputs="
             )
+    for param, value in zip(params[buffers:], args, strict=False):
+        if param.dtype is None:
+            continue
+        try:
+            param.dtype.type(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InputError(
+                f"args: {value!r} cannot be passed as kernel parameter {param.name!r} "
+                f"({param.type_text}): pass a {param.dtype} value"
+            ) from exc
     if reduce is None:
         return None
     if not isinstance(reduce, str) or reduce not in BUILTIN_OPS:
