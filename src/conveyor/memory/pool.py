@@ -182,15 +182,19 @@ class BlockPool(Generic[B]):
     def _collect_done(self) -> None:
         if not self._pending:
             return
+        # Detach the list first: a pinned array's finalizer may run during this loop (the GC
+        # can fire on any allocation) and re-enter release() on this thread (RLock); with the
+        # old `self._pending = still` its entry would be dropped and its block lost.
+        pending, self._pending = self._pending, []
         still: list[tuple[Event, B]] = []
-        for event, block in self._pending:
+        for event, block in pending:
             if event.is_done():
                 self._free.setdefault(block.nbytes, []).append(block)
                 self._held_bytes += block.nbytes
                 self._pending_bytes -= block.nbytes
             else:
                 still.append((event, block))
-        self._pending = still
+        self._pending.extend(still)
 
     def _drain_pending(self) -> None:
         with self._lock:

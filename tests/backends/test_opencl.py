@@ -1,0 +1,178 @@
+"""The OpenCL backend on real PoCL: device facts, errors, queue operations, kernel launch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import conveyor as cv
+from conveyor.kernels.build import compile_kernel
+
+AFFINE = """
+__kernel void affine(__global float *y, float a, int b, ulong n) {
+    size_t i = get_global_id(0);
+    if (i < n) y[i] = a * (float)i + (float)b;
+}
+"""
+KIB = 1024
+
+
+@pytest.fixture
+def ocl(device):
+    if device.backend != "opencl":
+        pytest.skip("OpenCL backend only")
+    return device
+
+
+@pytest.fixture
+def queue(ocl):
+    with ocl.create_queue() as made:
+        yield made
+
+
+@pytest.fixture
+def buffer(ocl):
+    made = ocl.alloc_device(64 * KIB)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def affine(ocl):
+    return compile_kernel(ocl, AFFINE, "affine", (), cache=None)
+
+
+def test_device_reports_its_facts(ocl):
+    assert ocl.backend == "opencl"
+    assert ocl.kind in ("gpu", "cpu", "other")
+    assert 0 < ocl.max_alloc_bytes <= ocl.global_mem_bytes
+    assert ocl.compute_units >= 1
+    assert ocl.info.driver_version and ocl.info.platform
+
+
+# -- errors --------------------------------------------------------------------------------
+def test_alloc_larger_than_max_alloc_raises_input_error(ocl):
+    with pytest.raises(cv.InputError, match="largest allocation"):
+        ocl.alloc_device(ocl.max_alloc_bytes + 1)
+
+
+def test_copy_out_into_a_too_large_array_raises_backend_error(queue, buffer):
+    with pytest.raises(cv.BackendError) as caught:
+        queue.copy_out(np.empty(128 * KIB, np.uint8), buffer).wait()
+    error = caught.value
+    assert (error.call, error.code) == ("clEnqueueReadBuffer", "INVALID_VALUE")
+    assert error.message  # never blank
+
+
+def test_copy_in_from_a_too_large_array_raises_backend_error(queue, buffer):
+    with pytest.raises(cv.BackendError) as caught:
+        queue.copy_in(buffer, np.empty(128 * KIB, np.uint8)).wait()
+    assert (caught.value.call, caught.value.code) == ("clEnqueueWriteBuffer", "INVALID_VALUE")
+
+
+def test_copy_into_a_freed_buffer_raises_backend_error(ocl, queue):
+    freed = ocl.alloc_device(KIB)
+    freed.close()
+    with pytest.raises(cv.BackendError) as caught:
+        queue.copy_in(freed, np.zeros(KIB, np.uint8))
+    assert caught.value.code == "INVALID_MEM_OBJECT"
+
+
+def test_launch_with_a_freed_buffer_raises_backend_error(ocl, queue, affine):
+    freed = ocl.alloc_device(KIB)
+    freed.close()
+    with pytest.raises(cv.BackendError) as caught:
+        queue.launch(affine, 16, [freed, 1.0, 0, 16])
+    assert (caught.value.call, caught.value.code) == ("clSetKernelArg", "INVALID_MEM_OBJECT")
+
+
+def test_launch_with_the_wrong_argument_count_raises_input_error(queue, buffer, affine):
+    with pytest.raises(cv.InputError, match="takes 4 arguments"):
+        queue.launch(affine, 16, [buffer, 1.0])
+
+
+# -- queue operations ------------------------------------------------------------------------
+def test_fill_sets_the_bytes(queue, buffer):
+    queue.fill(buffer, 0xAB, 64 * KIB).wait()
+    queue.fill(buffer, 0x01, KIB, offset=KIB).wait()
+    out = np.empty(64 * KIB, np.uint8)
+    queue.copy_out(out, buffer).wait()
+    assert (out[KIB : 2 * KIB] == 0x01).all()
+    assert (out[:KIB] == 0xAB).all() and (out[2 * KIB :] == 0xAB).all()
+
+
+def test_marker_completes_after_the_commands_before_it(ocl, queue, buffer):
+    gate = ocl.user_event()
+    filled = queue.fill(buffer, 0, KIB, wait_for=[gate])
+    marker = queue.marker()
+    queue.flush()
+    assert not marker.is_done()
+    gate.set_complete()
+    marker.wait()
+    assert filled.is_done()
+
+
+def test_finish_waits_for_every_command(queue, buffer):
+    events = [queue.fill(buffer, value, 64 * KIB) for value in range(4)]
+    queue.flush()
+    queue.finish()
+    assert all(e.is_done() for e in events)
+
+
+def test_profile_ns_gives_start_before_end(queue, buffer):
+    filled = queue.fill(buffer, 7, 64 * KIB)
+    filled.wait()
+    start, end = filled.profile_ns()
+    assert 0 < start <= end
+
+
+def test_user_event_completes_by_hand(ocl):
+    gate = ocl.user_event()
+    assert not gate.is_done()
+    gate.set_complete()
+    assert gate.is_done()
+    gate.wait()
+
+
+# -- kernels ---------------------------------------------------------------------------------
+def test_kernel_params_come_from_the_source(affine):
+    dtypes = [p.dtype for p in affine.params]
+    assert dtypes == [np.dtype(np.float32), np.dtype(np.float32), np.dtype(np.int32),
+                      np.dtype(np.uint64)]
+    assert affine.params[0].is_pointer
+
+
+@pytest.mark.parametrize("a", [2.5, np.float64(2.5), np.float32(2.5)], ids=type)
+def test_launch_casts_scalar_args_to_the_declared_types(queue, buffer, affine, a):
+    n = 1000
+    queue.launch(affine, n, [buffer, a, 3, n]).wait()
+    out = np.empty(n, np.float32)
+    queue.copy_out(out, buffer).wait()
+    np.testing.assert_array_equal(out, 2.5 * np.arange(n, dtype=np.float32) + 3)
+
+
+def test_launch_rounds_the_global_size_up(queue, buffer, affine):
+    queue.fill(buffer, 0, 64 * KIB).wait()
+    queue.launch(affine, 3, [buffer, 1.0, 1, 3], local_size=2).wait()
+    out = np.empty(5, np.float32)
+    queue.copy_out(out, buffer).wait()
+    np.testing.assert_array_equal(out, [1, 2, 3, 0, 0])  # the guard stops item 3
+
+
+def test_build_error_raises_compile_error_with_the_log(ocl):
+    with pytest.raises(cv.CompileError) as caught:
+        ocl.build_binary("__kernel void broken(__global float *x) { x[0] = y; }", ())
+    assert "y" in caught.value.log
+
+
+def test_loading_a_missing_kernel_raises_compile_error(ocl):
+    binary = ocl.build_binary(AFFINE, ())
+    with pytest.raises(cv.CompileError, match="nope"):
+        ocl.load_kernel(binary, "nope", (), ())
+
+
+def test_register_host_wraps_without_page_locking(ocl):
+    array = np.zeros(1000, np.float32)
+    with ocl.register_host(array) as registration:
+        assert registration.page_locked is False
+        assert registration.array is array
