@@ -26,7 +26,9 @@ demo: $(STAMP)
 	$(PY) -m conveyor.demo
 
 bench: $(STAMP)
-	$(PY) bench/foundation.py
+	$(PY) bench/pools.py
+	$(PY) bench/kernel_cache.py
+	$(PY) bench/engine.py
 
 # On the lent GPU machine: source scripts/gpu-env.sh first (it installs the carried wheels).
 test-gpu:

@@ -240,3 +240,20 @@ def test_svm_block_is_not_reused_while_fenced(svm_device):
         del other
     finally:
         gate.set_complete()
+
+
+def test_a_fence_on_the_copys_own_event_does_not_keep_the_array_alive(device):
+    # The copy's event references the host array until waited on; the fence must not keep it.
+    queue = device.create_queue()
+    x = cv.pinned.empty((1024,), np.float32, device=device)
+    buf = device.memory_pool.acquire(x.nbytes)
+    try:
+        event = queue.copy_in(buf, x)
+        cv.pinned.record_use(x, event)
+        del x, event
+        queue.finish()
+        gc.collect()
+        assert device.pinned_pool.stats().in_use_bytes == 0
+    finally:
+        device.memory_pool.release(buf)
+        queue.close()

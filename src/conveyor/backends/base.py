@@ -58,6 +58,12 @@ class Event(ABC):
         """(start, end) device timestamps in nanoseconds, or None where not recorded."""
         return None
 
+    def detached(self) -> Event:
+        """The same point in the queue, holding no reference to the command's host memory:
+        what a fence kept for long (a pinned block's last use) may hold without keeping that
+        memory alive."""
+        return self
+
 
 class UserEvent(Event):
     """An event the host completes by hand (tests use it to hold a queue back)."""
@@ -266,7 +272,7 @@ class Device(Closeable, ABC):
 
     @property
     def svm(self) -> bool:
-        """True when the device supports shared virtual memory."""
+        """True when the device supports fine-grained shared virtual memory."""
         return self.info.svm
 
     @property

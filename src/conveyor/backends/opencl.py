@@ -85,6 +85,11 @@ class Event(base.Event):
     def is_done(self) -> bool:
         return bool(self.cl_event.command_execution_status <= _COMPLETE)
 
+    def detached(self) -> Event:
+        # PyOpenCL's copy events (NannyEvent) hold the host array until waited on; a plain
+        # Event on the same handle holds only the driver's event.
+        return Event(cl.Event.from_int_ptr(self.cl_event.int_ptr))
+
     def profile_ns(self) -> tuple[int, int] | None:
         try:
             # get_profiling_info directly: event.profile.start goes through a slow getattr hook.

@@ -85,8 +85,11 @@ class PinnedOwner:
 
     def record_use(self, event: Event) -> None:
         """Fence the block's return to the pool on ``event``."""
-        self.last_use = event
-        self._last[0] = event
+        # Detached: the copy's own event may hold this very array, and the finalizer holds the
+        # fence, so keeping the copy's event would keep the array alive for ever.
+        fence = event.detached()
+        self.last_use = fence
+        self._last[0] = fence
 
 
 def _give_back(pool: PinnedPool, block: PinnedBuffer, last: list[Event | None]) -> None:

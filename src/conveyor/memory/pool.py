@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from conveyor.errors import InputError, OutOfMemoryError
+from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, DeviceBuffer, Event  # noqa: F401
@@ -81,6 +81,7 @@ class BlockPool(Generic[B]):
         self._held_bytes = 0
         self._pending_bytes = 0
         self._peak = 0
+        self._reserved_bytes = 0  # being allocated right now, outside the lock
         self._hits = 0
         self._misses = 0
         self._limit: int | None = None
@@ -117,9 +118,7 @@ class BlockPool(Generic[B]):
                 self._hits += 1
                 return self._mark_in_use(block, size)
             self._misses += 1
-        block = self._allocate_with_ladder(size)
-        with self._lock:
-            return self._mark_in_use(block, size)
+        return self._allocate_with_ladder(size)
 
     def release(self, block: B, after: Event | None = None) -> None:
         """Give ``block`` back; it is reused only once ``after`` (if any) has completed."""
@@ -200,24 +199,34 @@ class BlockPool(Generic[B]):
         with self._lock:
             pending = list(self._pending)
         for event, _ in pending:
-            event.wait()
+            try:
+                event.wait()
+            except ConveyorError:
+                pass  # a failed command is over too: its block is free to reuse
         with self._lock:
             self._collect_done()
 
-    def _fits(self, size: int) -> bool:
-        if self._limit is None:
-            return True
-        with self._lock:
-            total = self._in_use_bytes + self._held_bytes + self._pending_bytes
-        return total + size <= self._limit
-
     def _try_allocate(self, size: int) -> B | None:
-        if not self._fits(size):
-            return None
+        # Reserve the bytes under the lock before allocating outside it, so two threads cannot
+        # both pass the limit check and exceed the limit together.
+        with self._lock:
+            if self._limit is not None:
+                total = (self._in_use_bytes + self._held_bytes + self._pending_bytes
+                         + self._reserved_bytes)
+                if total + size > self._limit:
+                    return None
+            self._reserved_bytes += size
         try:
-            return self.allocate(size)
-        except OutOfMemoryError:
-            return None
+            block = self.allocate(size)
+        except BaseException as exc:
+            with self._lock:
+                self._reserved_bytes -= size
+            if isinstance(exc, OutOfMemoryError):
+                return None
+            raise
+        with self._lock:  # reservation becomes use in one step
+            self._reserved_bytes -= size
+            return self._mark_in_use(block, size)
 
     def _allocate_with_ladder(self, size: int) -> B:
         steps: list[Callable[[], object]] = [
