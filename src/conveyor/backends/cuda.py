@@ -1,0 +1,823 @@
+"""The CUDA backend, over NVIDIA's cuda.core (>= 1.2) and the cuda.bindings driver API.
+
+A queue is a non-blocking stream. Every command records a timed event before and after itself;
+``profile_ns`` turns the pair into nanoseconds since one reference event the device records
+when it opens (CUDA events measure intervals, not absolute time), lazily and only on request.
+
+Memory: device buffers come from ``cuMemAlloc`` (immediate, so out-of-memory shows at
+allocation), pinned buffers from ``cuMemHostAlloc`` (portable, mapped), and ``register_host``
+page-locks an existing array with ``cuMemHostRegister``. Copies are ``cuMemcpy*Async`` on the
+queue's stream straight from the array's pointer when it is page-locked, so they are
+asynchronous. A pageable source of ``copy_in`` is first copied into a block of the device's
+pinned pool (the driver's own pageable path would block the host until the stream is idle); a
+pageable destination of ``copy_out`` goes through the driver, which returns only once the data
+is there, so that call blocks until the stream reaches it.
+
+CUDA has no user events. :meth:`Device.user_event` builds one: a 4-byte flag in mapped pinned
+memory, a private stream that waits for the flag (``cuStreamWaitValue32``; a one-thread spin
+kernel where stream memory operations are unsupported), and an event recorded after the wait.
+``set_complete`` writes the flag. A user event that is dropped unset opens its gate, so nothing
+waits forever. Never gate a ``copy_out`` into *pageable* memory on a user event the same thread
+sets later: that call waits on the host for its stream and would deadlock.
+
+Arrays for Python compute callables (:meth:`Device.device_array`) speak
+``__cuda_array_interface__`` (version 3, with the queue's stream) and DLPack, so CuPy, PyTorch
+and Numba take them without a copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import re
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.backends import base
+from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
+from conveyor.kernels.signature import Param
+
+_IMPORT_ERROR: Exception | None = None
+try:
+    import cuda.core as cc
+    from cuda.bindings import driver, nvrtc
+except Exception as exc:  # cuda.core is there but cannot load (no cuda.bindings, wrong major)
+    _IMPORT_ERROR = exc
+
+_DEFAULT_BLOCK = 256
+_ERROR_NAME = re.compile(r"(?:CUDA|NVRTC)_ERROR_[A-Z0-9_]+")
+
+
+# -- errors --------------------------------------------------------------------------------------
+def _code_name(err: Any) -> str:
+    return str(getattr(err, "name", err))
+
+
+def _check(result: Any, call: str) -> Any:
+    """Unpack a cuda.bindings result tuple; BackendError unless it is CUDA_SUCCESS."""
+    err = result[0]
+    if int(err) != 0:
+        _, text = driver.cuGetErrorString(err)
+        message = text.decode() if isinstance(text, bytes) else "driver call failed"
+        raise BackendError(message, call=call, code=_code_name(err))
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def _wrap(exc: Exception, call: str) -> BackendError:
+    """A cuda.core exception as a BackendError with the symbolic code from its message."""
+    found = _ERROR_NAME.search(str(exc))
+    return BackendError(str(exc), call=call, code=found.group(0) if found else "")
+
+
+# -- events ----------------------------------------------------------------------------------
+_TIMED: Any = None
+_TIMED_BLOCKING: Any = None
+
+
+def _event_options() -> tuple[Any, Any]:
+    global _TIMED, _TIMED_BLOCKING
+    if _TIMED is None:
+        _TIMED = cc.EventOptions(timing_enabled=True)
+        # The end event is what the host waits on: block (yield the core) rather than spin.
+        _TIMED_BLOCKING = cc.EventOptions(timing_enabled=True, blocking_sync=True)
+    return _TIMED, _TIMED_BLOCKING
+
+
+class Event(base.Event):
+    """A command's start and end events; complete once the end event is."""
+
+    __slots__ = ("device", "start", "end", "_profile")
+
+    def __init__(self, device: Device, start: Any, end: Any) -> None:
+        self.device = device
+        self.start = start
+        self.end = end
+        self._profile: tuple[int, int] | None = None
+
+    def wait(self) -> None:
+        try:
+            self.end.sync()
+        except Exception as exc:
+            raise _wrap(exc, "cuEventSynchronize") from exc
+
+    def is_done(self) -> bool:
+        try:
+            return bool(self.end.is_done)
+        except Exception:  # the command failed: it is over; wait() raises the error
+            return True
+
+    def profile_ns(self) -> tuple[int, int] | None:
+        if self._profile is None:
+            start = self.device._since_reference(self.start)
+            end = self.device._since_reference(self.end)
+            if start is None or end is None:
+                return None
+            self._profile = (start, end)
+        return self._profile
+
+
+class UserEvent(Event, base.UserEvent):
+    """A host-set gate (see the module docstring)."""
+
+    __slots__ = ("_flag", "_finalizer")
+
+    def __init__(self, device: Device) -> None:
+        device._current()
+        timed, blocking = _event_options()
+        host = _check(driver.cuMemHostAlloc(4, _HOST_ALLOC_FLAGS), "cuMemHostAlloc")
+        flag = np.asarray(_HostMemory(int(host), 4)).view(np.uint32)
+        flag[0] = 0
+        stream = device.core.create_stream(options=cc.StreamOptions(nonblocking=True))
+        state = [flag, int(host), stream, device]
+        try:
+            dptr = int(_check(driver.cuMemHostGetDevicePointer(int(host), 0),
+                              "cuMemHostGetDevicePointer"))
+            start = stream.record(options=timed)
+            device._gate(stream, dptr)
+            end = stream.record(options=blocking)
+        except BaseException:
+            _open_gate(state)
+            raise
+        super().__init__(device, start, end)
+        self._flag = flag
+        self._finalizer = weakref.finalize(self, _open_gate, state)
+
+    def set_complete(self) -> None:
+        self._flag[0] = 1
+
+
+def _open_gate(state: list[Any]) -> None:
+    """Set the flag, let the gate stream drain, free the flag. Never raises."""
+    flag, host, stream, device = state
+    try:
+        flag[0] = 1
+        device._current()
+        stream.sync()
+        stream.close()
+        driver.cuMemFreeHost(host)
+    except Exception:  # interpreter shutdown or a dead context
+        pass
+
+
+# -- memory ------------------------------------------------------------------------------------
+_HOST_ALLOC_FLAGS = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+_REGISTER_PORTABLE = 0x01
+_REGISTER_READ_ONLY = 0x08
+_MEMORYTYPE_HOST = 1  # CU_MEMORYTYPE_HOST
+
+
+class _HostMemory:
+    """Exposes ``nbytes`` at ``pointer`` to NumPy; the base of a pinned buffer's ``array``."""
+
+    def __init__(self, pointer: int, nbytes: int) -> None:
+        self.__array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (pointer, False), "version": 3,
+        }
+
+
+def _free_device(ptr: int) -> None:
+    try:
+        driver.cuMemFree(ptr)
+    except Exception:  # never raise from a finalizer
+        pass
+
+
+def _free_host(ptr: int) -> None:
+    try:
+        driver.cuMemFreeHost(ptr)
+    except Exception:  # never raise from a finalizer
+        pass
+
+
+class DeviceBuffer(base.DeviceBuffer):
+    """``cuMemAlloc`` memory; ``ptr`` is the device address (0 once closed)."""
+
+    def __init__(self, device: Device, ptr: int, nbytes: int) -> None:
+        self.device = device
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self._finalizer = weakref.finalize(self, _free_device, ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            self._finalizer.detach()
+            self.device._current()
+            _check(driver.cuMemFree(ptr), "cuMemFree")
+
+
+class PinnedBuffer(base.PinnedBuffer):
+    """``cuMemHostAlloc`` memory (portable, mapped); ``array`` views all of it."""
+
+    def __init__(self, device: Device, ptr: int, nbytes: int) -> None:
+        self.device = device
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.array = np.asarray(_HostMemory(ptr, nbytes))
+        self._finalizer = weakref.finalize(self, _free_host, ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            self.array = np.empty(0, np.uint8)
+            self._finalizer.detach()
+            self.device._current()
+            _check(driver.cuMemFreeHost(ptr), "cuMemFreeHost")
+
+
+class Registration(base.Registration):
+    """An array page-locked in place with ``cuMemHostRegister``.
+
+    ``page_locked`` is False where the driver refused (memory already registered in part,
+    read-only or file-backed pages it cannot lock): copies from the array stay correct.
+    """
+
+    def __init__(self, device: Device, array: np.ndarray, ptr: int, page_locked: bool,
+                 reason: str = "") -> None:
+        self.device = device
+        self.array = array
+        self.page_locked = page_locked
+        self.reason = reason
+        self._ptr = ptr if page_locked else 0
+
+    def close(self) -> None:
+        if self._ptr:
+            ptr, self._ptr = self._ptr, 0
+            self.device._current()
+            _check(driver.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+
+
+def _host_pointer(array: np.ndarray, call: str) -> int:
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+        raise InputError(f"{call} needs a C-contiguous NumPy array: pass np.ascontiguousarray(a)")
+    return int(array.__array_interface__["data"][0])
+
+
+def _device_pointer(buf: base.DeviceBuffer, offset: int, nbytes: int, call: str) -> int:
+    ptr = getattr(buf, "ptr", 0)
+    if not isinstance(buf, DeviceBuffer) or not ptr:
+        raise BackendError("the buffer was freed or is not a CUDA buffer", call=call)
+    if offset < 0 or offset + nbytes > buf.nbytes:
+        raise InputError(
+            f"{call}: bytes {offset}..{offset + nbytes} do not fit in a {buf.nbytes}-byte buffer"
+        )
+    return int(ptr) + offset
+
+
+# -- kernels -------------------------------------------------------------------------------------
+class Kernel(base.Kernel):
+    """A cuda.core Kernel, its module and the converters for its arguments."""
+
+    def __init__(self, device: Device, code: Any, core_kernel: Any, name: str,
+                 params: Sequence[Param]) -> None:
+        self.device = device
+        self.code = code  # the module must outlive the kernel
+        self.core_kernel = core_kernel
+        self.name = name
+        self.params = tuple(params)
+        self.converters: list[Callable[[Any], Any]] = [_converter(p) for p in self.params]
+        try:
+            self.max_block = int(core_kernel.attributes.max_threads_per_block)
+        except Exception:  # attribute query unsupported: CUDA's architectural limit
+            self.max_block = 1024
+
+
+def _converter(param: Param) -> Callable[[Any], Any]:
+    if param.is_pointer:
+        return _pointer_arg
+    if param.dtype is not None:
+        scalar_type = param.dtype.type
+        return lambda value: scalar_type(value)
+    return lambda value: value
+
+
+def _pointer_arg(value: Any) -> Any:
+    if isinstance(value, DeviceBuffer):
+        if not value.ptr:
+            raise BackendError("a kernel argument was a freed buffer", call="cuLaunchKernel")
+        return np.uint64(value.ptr)
+    if isinstance(value, PinnedBuffer):  # mapped, and UVA makes the host address valid
+        return np.uint64(value.ptr)
+    interface = getattr(value, "__cuda_array_interface__", None)
+    if interface is not None:
+        return np.uint64(interface["data"][0])
+    if isinstance(value, int | np.integer):
+        return np.uint64(value)
+    return value
+
+
+_FLAG_OPTIONS = {
+    "--use_fast_math": "use_fast_math", "-use_fast_math": "use_fast_math",
+    "-lineinfo": "lineinfo", "--generate-line-info": "lineinfo",
+    "-G": "debug", "--device-debug": "debug",
+    "--extra-device-vectorization": "extra_device_vectorization",
+    "--restrict": "restrict",
+}  # fmt: skip
+
+
+def _program_options(arch: str, options: Sequence[str]) -> Any:
+    """NVRTC flags (-D, -I, -std=, -arch=, and the switches above) as cuda.core ProgramOptions."""
+    settings: dict[str, Any] = {"arch": f"sm_{arch}"}
+    defines: list[Any] = []
+    includes: list[str] = []
+    items = iter(options)
+    for item in items:
+        option = item + next(items, "") if item in ("-D", "-I") else item
+        if option.startswith("-D") and len(option) > 2:
+            name, _, value = option[2:].partition("=")
+            defines.append((name, value) if value else name)
+        elif option.startswith("-I") and len(option) > 2:
+            includes.append(option[2:])
+        elif option.startswith(("-std=", "--std=")):
+            settings["std"] = option.split("=", 1)[1]
+        elif option.startswith(("-arch=", "--gpu-architecture=")):
+            settings["arch"] = option.split("=", 1)[1]
+        elif option in _FLAG_OPTIONS:
+            settings[_FLAG_OPTIONS[option]] = True
+        else:
+            raise InputError(
+                f"unsupported CUDA compiler option {option!r}; conveyor passes -D, -I, -std=, "
+                f"-arch= and {', '.join(sorted(_FLAG_OPTIONS))}"
+            )
+    if defines:
+        settings["define_macro"] = defines
+    if includes:
+        settings["include_path"] = includes
+    return cc.ProgramOptions(**settings)
+
+
+_GATE_SOURCE = r"""
+extern "C" __global__ void conveyor_gate(volatile unsigned int* flag) {
+    while (*flag == 0) {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(1000);
+#endif
+    }
+}
+"""
+
+
+# -- queues --------------------------------------------------------------------------------------
+class Queue(base.Queue):
+    """A non-blocking stream; ``handle`` is its ``CUstream`` as an int (for CuPy, PyTorch)."""
+
+    device: Device
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        device._current()
+        try:
+            self.stream: Any = device.core.create_stream(
+                options=cc.StreamOptions(nonblocking=True)
+            )
+        except Exception as exc:
+            raise _wrap(exc, "cuStreamCreate") from exc
+        self._handle = self.stream.handle
+        self.handle = int(self._handle)
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (version 0, handle)."""
+        return (0, self.handle)
+
+    def _begin(self, wait_for: Sequence[base.Event]) -> Any:
+        if self.stream is None:
+            raise BackendError("the queue is closed", call="enqueue")
+        self.device._current()
+        for event in wait_for:
+            if not isinstance(event, Event):
+                raise InputError(f"cannot wait for {type(event).__name__} on a CUDA queue")
+            self.stream.wait(event.end)
+        return self.stream.record(options=_event_options()[0])
+
+    def _end(self, start: Any) -> Event:
+        return Event(self.device, start, self.stream.record(options=_event_options()[1]))
+
+    def copy_in(self, dst: base.DeviceBuffer, src: np.ndarray, *, dst_offset: int = 0,
+                wait_for: Sequence[base.Event] = ()) -> Event:
+        host = _host_pointer(src, "copy_in")
+        dptr = _device_pointer(dst, dst_offset, src.nbytes, "copy_in")
+        staging = self._stage(src, host)
+        try:
+            start = self._begin(wait_for)
+            if staging is not None:
+                host = staging.ptr
+            if src.nbytes:
+                _check(driver.cuMemcpyHtoDAsync(dptr, host, src.nbytes, self._handle),
+                       "cuMemcpyHtoDAsync")
+            event = self._end(start)
+        except BaseException:
+            if staging is not None:
+                self.device.pinned_pool.release(staging)
+            raise
+        if staging is not None:
+            self.device.pinned_pool.release(staging, after=event)
+        return event
+
+    def _stage(self, src: np.ndarray, host: int) -> PinnedBuffer | None:
+        """A pinned copy of pageable ``src``, or None when ``src`` is pinned already.
+
+        The driver's own pageable path first waits for everything queued on the stream, which
+        would block the host (for ever, behind a user event the host sets later). Staging here
+        keeps the enqueue non-blocking; the block returns to the pool when the copy is done.
+        """
+        if not src.nbytes or self.device._is_pinned(host, src.nbytes):
+            return None
+        try:
+            block = self.device.pinned_pool.acquire(src.nbytes)
+        except OutOfMemoryError:  # no pinned memory to spare: let the driver stage it
+            return None
+        assert isinstance(block, PinnedBuffer)
+        np.copyto(block.array[: src.nbytes], src.reshape(-1).view(np.uint8))
+        return block
+
+    def copy_out(self, dst: np.ndarray, src: base.DeviceBuffer, *, src_offset: int = 0,
+                 wait_for: Sequence[base.Event] = ()) -> Event:
+        host = _host_pointer(dst, "copy_out")
+        if not dst.flags.writeable:
+            raise InputError("copy_out needs a writeable array")
+        dptr = _device_pointer(src, src_offset, dst.nbytes, "copy_out")
+        start = self._begin(wait_for)
+        if dst.nbytes:
+            _check(driver.cuMemcpyDtoHAsync(host, dptr, dst.nbytes, self._handle),
+                   "cuMemcpyDtoHAsync")
+        return self._end(start)
+
+    def launch(self, kernel: base.Kernel, global_size: int, args: Sequence[Any], *,
+               local_size: int | None = None, wait_for: Sequence[base.Event] = ()) -> Event:
+        assert isinstance(kernel, Kernel)
+        if len(args) != len(kernel.params):
+            raise InputError(
+                f"kernel {kernel.name!r} takes {len(kernel.params)} arguments, got {len(args)}"
+            )
+        values = [convert(a) for convert, a in zip(kernel.converters, args, strict=True)]
+        block = local_size or min(_DEFAULT_BLOCK, kernel.max_block)
+        grid = max(-(-global_size // block), 1)
+        start = self._begin(wait_for)
+        try:
+            cc.launch(self.stream, cc.LaunchConfig(grid=grid, block=block),
+                      kernel.core_kernel, *values)
+        except Exception as exc:
+            raise _wrap(exc, f"cuLaunchKernel({kernel.name})") from exc
+        return self._end(start)
+
+    def fill(self, dst: base.DeviceBuffer, byte: int, nbytes: int, *, offset: int = 0,
+             wait_for: Sequence[base.Event] = ()) -> Event:
+        dptr = _device_pointer(dst, offset, nbytes, "fill")
+        start = self._begin(wait_for)
+        if nbytes:
+            _check(driver.cuMemsetD8Async(dptr, byte & 0xFF, nbytes, self._handle),
+                   "cuMemsetD8Async")
+        return self._end(start)
+
+    def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
+        start = self._begin(wait_for)
+        return Event(self.device, start, start)
+
+    def flush(self) -> None:
+        """Nothing to do: CUDA submits every command as it is enqueued."""
+
+    def finish(self) -> None:
+        if self.stream is None:
+            return
+        try:
+            self.stream.sync()
+        except Exception as exc:
+            raise _wrap(exc, "cuStreamSynchronize") from exc
+
+    def order_before(self, consumer_stream: int) -> None:
+        """Make stream ``consumer_stream`` (a handle; 1 legacy, 2 per-thread) wait for this
+        queue's work so far, without blocking the host."""
+        if self.stream is None or consumer_stream == self.handle:
+            return
+        self.device._current()
+        event = self.stream.record()
+        _check(driver.cuStreamWaitEvent(consumer_stream, event.handle, 0), "cuStreamWaitEvent")
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.device._current()
+            self.stream.sync()
+            self.stream.close()
+            self.stream = None
+
+
+# -- arrays for Python compute callables (DLPack and __cuda_array_interface__) -----------------
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64),
+    ]  # fmt: skip
+
+
+_DL_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", _DL_DELETER)]
+
+
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+_DL_NAME = b"dltensor"
+_dl_alive: dict[int, tuple[Any, ...]] = {}  # managed tensors not yet deleted, by address
+
+
+@_DL_DELETER
+def _dl_delete(address: int | None) -> None:
+    if address is not None:
+        _dl_alive.pop(address, None)
+
+
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_pyapi = ctypes.PyDLL(None)  # private handles, so argtypes set here touch no one else's
+_pyapi.PyCapsule_New.restype = ctypes.py_object
+_pyapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR]
+_pyapi.PyCapsule_IsValid.restype = ctypes.c_int
+_pyapi.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_pyapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_pyapi.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+
+@_CAPSULE_DESTRUCTOR
+def _capsule_destructor(capsule: int | None) -> None:
+    # A consumer renames the capsule to "used_dltensor" and deletes the tensor itself.
+    if capsule and _pyapi.PyCapsule_IsValid(capsule, _DL_NAME):
+        _dl_delete(_pyapi.PyCapsule_GetPointer(capsule, _DL_NAME))
+
+
+def _dlpack_capsule(pointer: int, shape: tuple[int, ...], dtype: np.dtype,
+                    device: tuple[int, int], owner: object) -> Any:
+    """A legacy (unversioned) DLPack capsule over ``pointer``; ``owner`` lives until the
+    consumer deletes the tensor."""
+    code = _DL_CODES.get(dtype.kind)
+    if code is None:
+        raise BufferError(f"DLPack cannot describe dtype {dtype}")
+    ndim = len(shape)
+    shape_array = (ctypes.c_int64 * max(ndim, 1))(*shape)
+    steps = [1] * ndim
+    for axis in range(ndim - 2, -1, -1):
+        steps[axis] = steps[axis + 1] * shape[axis + 1]
+    strides_array = (ctypes.c_int64 * max(ndim, 1))(*steps)
+    managed = _DLManagedTensor()
+    tensor = managed.dl_tensor
+    tensor.data = pointer
+    tensor.device = _DLDevice(*device)
+    tensor.ndim = ndim
+    tensor.dtype = _DLDataType(code, dtype.itemsize * 8, 1)
+    tensor.shape = shape_array
+    tensor.strides = strides_array
+    tensor.byte_offset = 0
+    managed.deleter = _dl_delete
+    address = ctypes.addressof(managed)
+    _dl_alive[address] = (managed, shape_array, strides_array, owner)
+    return _pyapi.PyCapsule_New(address, _DL_NAME, _capsule_destructor)
+
+
+class DeviceArray:
+    """A typed view of device memory for CuPy (``cupy.asarray``), PyTorch
+    (``torch.from_dlpack``) and Numba (``cuda.as_cuda_array``): no copy.
+
+    The interface names the queue's stream, so consumers order their work after it.
+    """
+
+    def __init__(self, pointer: int, shape: tuple[int, ...], dtype: np.dtype,
+                 dl_device: tuple[int, int], queue: Queue | None, owner: object) -> None:
+        self.ptr = pointer
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.queue = queue
+        self._dl_device = dl_device
+        self._owner = owner
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3 of the CUDA array interface, with the queue's stream."""
+        interface: dict[str, Any] = {
+            "shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+            "strides": None, "version": 3,
+        }
+        if self.queue is not None:
+            interface["stream"] = self.queue.handle
+        return interface
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(device type, device id): (2, ordinal) for CUDA memory."""
+        return self._dl_device
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule; first makes ``stream`` (None: the legacy default stream, -1: no
+        ordering) wait for the queue's work."""
+        if copy:
+            raise BufferError("conveyor device arrays are exported without a copy")
+        if dl_device is not None and tuple(dl_device) != self._dl_device:
+            raise BufferError(f"the array lives on DLPack device {self._dl_device}")
+        if self.queue is not None and stream != -1:
+            self.queue.order_before(1 if stream is None else int(stream))
+        return _dlpack_capsule(self.ptr, self.shape, self.dtype, self._dl_device, self)
+
+
+# -- devices ---------------------------------------------------------------------------------
+class Device(base.Device):
+    """One CUDA device, used through its primary context (shared with CuPy, PyTorch, Numba)."""
+
+    def __init__(self, index: int) -> None:
+        core = cc.Device(index)
+        core.set_current()
+        self.core = core
+        self.index = index
+        self.arch = str(core.arch)
+        self._context = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        self._context_address = int(self._context)
+        props = core.properties
+        total = int(_check(driver.cuDeviceTotalMem(driver.CUdevice(index)), "cuDeviceTotalMem"))
+        info = base.DeviceInfo(
+            backend="cuda",
+            spec=f"cuda:{index}",
+            name=str(core.name),
+            kind="gpu",
+            global_mem_bytes=total,
+            max_alloc_bytes=total,
+            compute_units=int(props.multiprocessor_count),
+            svm=False,
+            host_unified=bool(props.integrated),
+            driver_version=_driver_version(),
+            platform="CUDA",
+        )
+        super().__init__(info)
+        # The zero of every profile_ns timestamp on this device.
+        self._reference_stream = core.create_stream(options=cc.StreamOptions(nonblocking=True))
+        self._reference = self._reference_stream.record(options=_event_options()[0])
+        self._reference.sync()
+        self._gate_kernel: Kernel | None = None
+        self._wait_value_ok = True
+
+    def _current(self) -> None:
+        """Make this device's primary context current on the calling thread."""
+        ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(ctx) != self._context_address:
+            _check(driver.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+
+    def _is_pinned(self, host: int, nbytes: int) -> bool:
+        """True when the whole host range is page-locked (allocated or registered)."""
+        attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+        try:
+            for address in (host, host + nbytes - 1):
+                err, kind = driver.cuPointerGetAttribute(attribute, address)
+                if int(err) != 0 or int(kind) != _MEMORYTYPE_HOST:
+                    return False
+        except Exception:  # unknown to the driver: treat it as pageable (always correct)
+            return False
+        return True
+
+    def _since_reference(self, event: Any) -> int | None:
+        err, ms = driver.cuEventElapsedTime(self._reference.handle, event.handle)
+        if int(err) != 0:
+            return None
+        return int(round(ms * 1e6))
+
+    def _gate(self, stream: Any, flag_address: int) -> None:
+        """Hold ``stream`` until the 32-bit word at ``flag_address`` becomes nonzero."""
+        if self._wait_value_ok:
+            geq = int(driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+            err, = driver.cuStreamWaitValue32(stream.handle, flag_address, 1, geq)
+            if int(err) == 0:
+                return
+            self._wait_value_ok = False  # no stream memory operations: spin in a kernel
+        if self._gate_kernel is None:
+            binary = self.build_binary(_GATE_SOURCE, ())
+            flag = Param("flag", True, np.dtype(np.uint32), False, "volatile unsigned int* flag")
+            self._gate_kernel = self.load_kernel(binary, "conveyor_gate", (), [flag])
+        cc.launch(stream, cc.LaunchConfig(grid=1, block=1), self._gate_kernel.core_kernel,
+                  np.uint64(flag_address))
+
+    def create_queue(self) -> Queue:
+        return Queue(self)
+
+    def alloc_device(self, nbytes: int) -> DeviceBuffer:
+        self._current()
+        err, ptr = driver.cuMemAlloc(max(nbytes, 1))
+        if _code_name(err) == "CUDA_ERROR_OUT_OF_MEMORY":
+            raise OutOfMemoryError(nbytes, 0, None, where="device")
+        _check((err,), "cuMemAlloc")
+        return DeviceBuffer(self, int(ptr), nbytes)
+
+    def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
+        self._current()
+        err, ptr = driver.cuMemHostAlloc(max(nbytes, 1), _HOST_ALLOC_FLAGS)
+        if _code_name(err) == "CUDA_ERROR_OUT_OF_MEMORY":
+            raise OutOfMemoryError(nbytes, 0, None, where="pinned host")
+        _check((err,), "cuMemHostAlloc")
+        return PinnedBuffer(self, int(ptr), nbytes)
+
+    def register_host(self, array: np.ndarray) -> Registration:
+        ptr = _host_pointer(array, "register_host")
+        flags = _REGISTER_PORTABLE | (0 if array.flags.writeable else _REGISTER_READ_ONLY)
+        self._current()
+        (err,) = driver.cuMemHostRegister(ptr, max(array.nbytes, 1), flags)
+        name = _code_name(err)
+        if int(err) == 0:
+            return Registration(self, array, ptr, True)
+        if name in ("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "CUDA_ERROR_NOT_SUPPORTED",
+                    "CUDA_ERROR_NOT_PERMITTED", "CUDA_ERROR_INVALID_VALUE"):
+            return Registration(self, array, ptr, False, reason=name)
+        _check((err,), "cuMemHostRegister")
+        raise AssertionError("unreachable")
+
+    def user_event(self) -> UserEvent:
+        return UserEvent(self)
+
+    def compiler_identity(self) -> str:
+        try:
+            major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+            nvrtc_version = f"nvrtc {major}.{minor}"
+        except Exception:  # no NVRTC library: building will say so
+            nvrtc_version = "nvrtc unknown"
+        return "|".join([
+            "cuda", self.name, f"sm_{self.arch}", self.info.driver_version, nvrtc_version,
+            f"cuda.core {cc.__version__}",
+        ])
+
+    def build_binary(self, source: str, options: Sequence[str]) -> bytes:
+        program_options = _program_options(self.arch, options)
+        logs = io.StringIO()
+        try:
+            program = cc.Program(source, code_type="c++", options=program_options)
+            try:
+                code = program.compile("cubin", logs=logs)
+            finally:
+                program.close()
+        except Exception as exc:
+            log = "\n".join(t for t in (logs.getvalue().strip(), str(exc).strip()) if t)
+            raise CompileError(f"NVRTC build failed for {self.name} (sm_{self.arch})",
+                               log=log, source=source) from exc
+        return bytes(code.code)
+
+    def load_kernel(self, binary: bytes, name: str, options: Sequence[str],
+                    params: Sequence[Param]) -> Kernel:
+        self._current()
+        try:
+            code = cc.ObjectCode.from_cubin(binary)
+            core_kernel = code.get_kernel(name)
+        except Exception as exc:
+            raise CompileError(
+                f"could not load kernel {name!r} from its binary on {self.name} "
+                f"(is it declared extern \"C\" __global__?): {exc}"
+            ) from exc
+        return Kernel(self, code, core_kernel, name, params)
+
+    def device_array(self, buf: base.DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype,
+                     queue: base.Queue) -> DeviceArray:
+        assert isinstance(queue, Queue)
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        ptr = _device_pointer(buf, 0, nbytes, "device_array")
+        return DeviceArray(ptr, tuple(shape), dt, (2, self.index), queue, buf)
+
+    def _release(self) -> None:
+        self._current()
+        self._reference_stream.sync()
+        self._reference_stream.close()
+
+
+def _driver_version() -> str:
+    version = int(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
+    text = f"CUDA {version // 1000}.{version % 1000 // 10}"
+    try:
+        kernel_mode = cc.system.get_kernel_mode_driver_version()
+        text = ".".join(str(v) for v in kernel_mode) + f" ({text})"
+    except Exception:  # NVML absent: the CUDA version alone
+        pass
+    return text
+
+
+def discover() -> list[Device]:
+    """Every CUDA device, in ordinal order; [] where cuda.core, a driver or a GPU is missing."""
+    if _IMPORT_ERROR is not None:
+        return []
+    try:
+        count = len(cc.Device.get_all_devices())
+    except Exception:  # no driver library, or the driver found no device
+        return []
+    found: list[Device] = []
+    for index in range(count):
+        try:
+            found.append(Device(index))
+        except Exception:  # a device that cannot open (exclusive mode, fallen off the bus)
+            continue
+    return found

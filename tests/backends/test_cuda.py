@@ -1,0 +1,342 @@
+"""The CUDA backend on a real GPU (skipped where cuda.core or a CUDA device is absent).
+
+Run on the GPU machine with ``CONVEYOR_TEST_BACKENDS=cuda``. The DLPack capsule and option
+parsing are also checked on the CPU, through NumPy, wherever the module imports.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import conveyor as cv
+from conveyor.backends import cuda as cuda_backend
+from conveyor.errors import CompileError, InputError, OutOfMemoryError
+from conveyor.kernels.signature import parse_params
+
+AXPY = r"""
+extern "C" __global__ void axpy(float* c, const float* a, const float* b, float alpha,
+                                unsigned long long offset, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) c[i] = alpha * a[i] + b[i] + (float)offset;
+}
+"""
+
+
+@pytest.fixture
+def dev(gpu_device: cv.Device) -> cv.Device:
+    """Each CUDA GPU; skipped where the GPU devices are OpenCL ones or there are none."""
+    if gpu_device.backend != "cuda":
+        pytest.skip("not a CUDA device")
+    return gpu_device
+
+
+def _kernel(dev: cv.Device, source: str, name: str):
+    return dev.load_kernel(dev.build_binary(source, ()), name, (), parse_params(source, name))
+
+
+def _pinned(dev: cv.Device, values: np.ndarray):
+    """A pinned buffer holding ``values``, and the typed view of it."""
+    buf = dev.alloc_pinned(values.nbytes)
+    view = buf.array[: values.nbytes].view(values.dtype)
+    view[:] = values
+    return buf, view
+
+
+# -- CPU-side: no GPU needed ---------------------------------------------------------------
+def test_dlpack_capsule_round_trips_through_numpy():
+    host = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    view = cuda_backend.DeviceArray(host.ctypes.data, host.shape, host.dtype, (1, 0), None, host)
+    back = np.from_dlpack(view)
+    assert back.shape == host.shape and np.array_equal(back, host)
+    del back
+    gc.collect()
+    assert not cuda_backend._dl_alive
+
+
+def test_unconsumed_dlpack_capsule_frees_itself():
+    host = np.ones(4, np.int32)
+    view = cuda_backend.DeviceArray(host.ctypes.data, host.shape, host.dtype, (1, 0), None, host)
+    capsule = view.__dlpack__()
+    assert cuda_backend._dl_alive
+    del capsule
+    gc.collect()
+    assert not cuda_backend._dl_alive
+
+
+def test_unknown_compiler_option_is_an_input_error():
+    pytest.importorskip("cuda.core")
+    with pytest.raises(InputError, match="unsupported CUDA compiler option"):
+        cuda_backend._program_options("90", ["-cl-fast-relaxed-math"])
+
+
+# -- on a CUDA GPU -------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_device_info(dev):
+    assert dev.spec.startswith("cuda:")
+    assert dev.kind == "gpu" and dev.info.platform == "CUDA"
+    assert dev.global_mem_bytes > 0 and dev.max_alloc_bytes == dev.global_mem_bytes
+    assert dev.compute_units > 0
+    assert "cuda" in dev.compiler_identity()
+
+
+@pytest.mark.gpu
+def test_round_trip_with_offsets(dev):
+    data = np.arange(1000, dtype=np.float32)
+    device_buf = dev.alloc_device(1 << 20)
+    src, _ = _pinned(dev, data)
+    dst = dev.alloc_pinned(data.nbytes)
+    try:
+        q = dev.create_queue()
+        q.copy_in(device_buf, src.array[: data.nbytes], dst_offset=4096)
+        ev = q.copy_out(dst.array, device_buf, src_offset=4096)
+        ev.wait()
+        assert ev.is_done()
+        assert np.array_equal(dst.array.view(np.float32), data)
+        q.close()
+    finally:
+        for b in (device_buf, src, dst):
+            b.close()
+
+
+@pytest.mark.gpu
+def test_pageable_round_trip(dev):
+    data = np.random.default_rng(0).random(12345).astype(np.float64)
+    out = np.zeros_like(data)
+    device_buf = dev.alloc_device(data.nbytes + 8)
+    q = dev.create_queue()
+    q.copy_in(device_buf, data, dst_offset=8)
+    q.copy_out(out, device_buf, src_offset=8).wait()
+    assert np.array_equal(out, data)
+    q.close()
+    device_buf.close()
+
+
+@pytest.mark.gpu
+def test_pinned_memory_is_recognised(dev):
+    pinned = dev.alloc_pinned(1 << 16)
+    pageable = np.zeros(1 << 16, np.uint8)
+    assert dev._is_pinned(pinned.ptr, pinned.nbytes)
+    assert not dev._is_pinned(pageable.ctypes.data, pageable.nbytes)
+    with cv.pinned.register(pageable, device=dev):
+        assert dev._is_pinned(pageable.ctypes.data, pageable.nbytes)
+    pinned.close()
+
+
+@pytest.mark.gpu
+def test_pageable_copy_in_behind_a_user_event_does_not_block(dev):
+    data = np.arange(1 << 16, dtype=np.float32)
+    expected = data.copy()
+    back = np.zeros_like(data)
+    buf = dev.alloc_device(data.nbytes)
+    q = dev.create_queue()
+    gate = dev.user_event()
+    copied = q.copy_in(buf, data, wait_for=[gate])  # returns at once: staged through pinned
+    data[:] = -1  # the source may be reused as soon as copy_in returns
+    assert not copied.is_done()
+    gate.set_complete()
+    q.copy_out(back, buf, wait_for=[copied]).wait()
+    assert np.array_equal(back, expected)
+    q.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_copies_check_their_inputs(dev):
+    device_buf = dev.alloc_device(64)
+    q = dev.create_queue()
+    with pytest.raises(InputError):
+        q.copy_in(device_buf, np.zeros((4, 4), np.float32)[:, ::2])
+    with pytest.raises(InputError):
+        q.copy_in(device_buf, np.zeros(32, np.float32))
+    q.close()
+    device_buf.close()
+
+
+@pytest.mark.gpu
+def test_launch_vadd_with_scalar_casting(dev):
+    n = 1000
+    a = np.arange(n, dtype=np.float32)
+    b = np.full(n, 0.5, np.float32)
+    k = _kernel(dev, AXPY, "axpy")
+    bufs = [dev.alloc_device(n * 4) for _ in range(3)]
+    out = np.zeros(n, np.float32)
+    q = dev.create_queue()
+    q.copy_in(bufs[1], a)
+    q.copy_in(bufs[2], b)
+    q.launch(k, n, [bufs[0], bufs[1], bufs[2], 2, 7, n])  # Python ints cast to float/u64
+    q.copy_out(out, bufs[0]).wait()
+    assert np.allclose(out, 2 * a + b + 7)
+    q.close()
+    for buf in bufs:
+        buf.close()
+
+
+@pytest.mark.gpu
+def test_wait_for_across_queues_and_fill(dev):
+    n = 4096
+    buf = dev.alloc_device(n)
+    fill_q, copy_q = dev.create_queue(), dev.create_queue()
+    filled = fill_q.fill(buf, 7, n)
+    out = np.zeros(n, np.uint8)
+    copy_q.copy_out(out, buf, wait_for=[filled]).wait()
+    assert (out == 7).all()
+    done = copy_q.marker(wait_for=[filled])
+    done.wait()
+    for q in (fill_q, copy_q):
+        q.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_profile_ns_is_monotone(dev):
+    buf = dev.alloc_device(1 << 22)
+    src, _ = _pinned(dev, np.ones(1 << 20, np.float32))
+    q = dev.create_queue()
+    events = [q.copy_in(buf, src.array), q.fill(buf, 0, 1 << 22), q.copy_in(buf, src.array)]
+    q.finish()
+    stamps = [ev.profile_ns() for ev in events]
+    assert all(s is not None for s in stamps)
+    flat = [t for pair in stamps for t in pair]
+    assert flat == sorted(flat)
+    assert stamps[0][1] > stamps[0][0]  # 4 MiB takes more than a nanosecond
+    q.close()
+    src.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_user_event_gates_a_copy(dev):
+    data = np.arange(256, dtype=np.int32)
+    src, _ = _pinned(dev, data)
+    dst = dev.alloc_pinned(data.nbytes)
+    buf = dev.alloc_device(data.nbytes)
+    q = dev.create_queue()
+    gate = dev.user_event()
+    copied = q.copy_in(buf, src.array[: data.nbytes], wait_for=[gate])
+    back = q.copy_out(dst.array[: data.nbytes], buf)
+    time.sleep(0.05)
+    assert not gate.is_done() and not copied.is_done() and not back.is_done()
+    gate.set_complete()
+    back.wait()
+    assert gate.is_done()
+    assert np.array_equal(dst.array[: data.nbytes].view(np.int32), data)
+    q.close()
+    for b in (src, dst, buf):
+        b.close()
+
+
+@pytest.mark.gpu
+def test_dropped_user_event_opens_its_gate(dev):
+    buf = dev.alloc_device(64)
+    q = dev.create_queue()
+    gate = dev.user_event()
+    filled = q.fill(buf, 1, 64, wait_for=[gate])
+    del gate
+    gc.collect()
+    filled.wait()
+    q.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_register_host_page_locks_in_place(dev):
+    data = np.arange(1 << 18, dtype=np.float32)
+    out = np.zeros_like(data)
+    buf = dev.alloc_device(data.nbytes)
+    q = dev.create_queue()
+    with cv.pinned.register(data, device=dev) as reg, cv.pinned.register(out, device=dev):
+        assert reg.page_locked
+        q.copy_in(buf, data)
+        q.copy_out(out, buf).wait()
+    assert np.array_equal(out, data)
+    q.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_absurd_allocation_is_out_of_memory(dev):
+    with pytest.raises(OutOfMemoryError):
+        dev.alloc_device(4 * dev.global_mem_bytes)
+
+
+@pytest.mark.gpu
+def test_compile_error_carries_the_log(dev):
+    with pytest.raises(CompileError) as info:
+        dev.build_binary('extern "C" __global__ void broken(float* x) { x[0] = y; }', ())
+    assert "y" in info.value.log
+
+
+@pytest.mark.gpu
+def test_missing_kernel_is_a_compile_error(dev):
+    binary = dev.build_binary(AXPY, ("-DUNUSED=1",))
+    with pytest.raises(CompileError):
+        dev.load_kernel(binary, "nope", (), ())
+
+
+def _device_array(dev, values: np.ndarray):
+    buf = dev.alloc_device(values.nbytes)
+    q = dev.create_queue()
+    q.copy_in(buf, values).wait()
+    return buf, q, dev.device_array(buf, values.shape, values.dtype, q)
+
+
+@pytest.mark.gpu
+def test_device_array_interface(dev):
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    buf, q, view = _device_array(dev, values)
+    cai = view.__cuda_array_interface__
+    assert cai["version"] == 3 and cai["shape"] == (3, 4) and cai["typestr"] == "<f4"
+    assert cai["stream"] == q.handle and view.__dlpack_device__() == (2, int(dev.spec[5:]))
+    q.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_device_array_with_cupy(dev):
+    cp = pytest.importorskip("cupy")
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    buf, q, view = _device_array(dev, values)
+    arr = cp.asarray(view)
+    assert arr.shape == (3, 4)
+    assert np.array_equal(cp.asnumpy(arr * 2), values * 2)
+    via_dlpack = cp.from_dlpack(view)
+    assert np.array_equal(cp.asnumpy(via_dlpack), values)
+    del arr, via_dlpack
+    cp.cuda.Device().synchronize()
+    q.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_device_array_with_torch(dev):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    values = np.arange(10, dtype=np.int64)
+    buf, q, view = _device_array(dev, values)
+    tensor = torch.from_dlpack(view)
+    assert tensor.is_cuda and tuple(tensor.shape) == (10,)
+    tensor += 1  # writes land in conveyor's buffer
+    torch.cuda.synchronize()
+    out = np.zeros_like(values)
+    q.copy_out(out, buf).wait()
+    assert np.array_equal(out, values + 1)
+    del tensor
+    q.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_device_array_with_numba(dev):
+    numba_cuda = pytest.importorskip("numba.cuda")
+    values = np.linspace(0, 1, 64, dtype=np.float64)
+    buf, q, view = _device_array(dev, values)
+    arr = numba_cuda.as_cuda_array(view)
+    assert np.array_equal(arr.copy_to_host(), values)
+    del arr
+    q.close()
+    buf.close()
