@@ -41,6 +41,16 @@ __kernel void scale_{name}(__global const {t} *x, __global {t} *y, {t} k,
 }}
 """
 
+# The same kernels as CUDA C: the OpenCL spellings become CUDA's through macros, so one template
+# serves both backends (and the signature parser still reads the OpenCL-style parameter lists).
+_CUDA_PRELUDE = """
+#define __kernel extern "C" __global__
+#define __global
+#define ulong unsigned long long
+#define uchar unsigned char
+#define get_global_id(d) (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x)
+"""
+
 _cache: dict[tuple[str, str, str], cv.Kernel] = {}
 _unbuildable: dict[str, str] = {}
 
@@ -59,6 +69,8 @@ def kernel(device: cv.Device, kind: str, dtype: np.dtype | type = np.float32) ->
         pytest.skip(_unbuildable[device.spec])
     if key not in _cache:
         source = _TEMPLATE.format(name=name, t=C_TYPES[name])
+        if device.backend == "cuda":
+            source = _CUDA_PRELUDE + source
         try:
             _cache[key] = device.compile(source, f"{kind}_{name}")
         except cv.CompileError as exc:
@@ -106,3 +118,24 @@ def stage_threads() -> list[threading.Thread]:
 def in_use(device: cv.Device) -> tuple[int, int]:
     """Bytes in use in the device pool and the pinned pool."""
     return (device.memory_pool.stats().in_use_bytes, device.pinned_pool.stats().in_use_bytes)
+
+
+def to_host(x, queue) -> np.ndarray:
+    """A compute callable's device array as a NumPy array (after the queue's work on it)."""
+    if hasattr(x, "get"):  # a PyOpenCL array, bound to the compute queue
+        return x.get()
+    import cupy
+
+    with cupy.cuda.ExternalStream(int(queue.handle)):
+        return cupy.asnumpy(cupy.asarray(x), stream=cupy.cuda.get_current_stream())
+
+
+def store(y, values: np.ndarray, queue) -> None:
+    """Write ``values`` into a compute callable's device array, on its queue."""
+    if hasattr(y, "set"):
+        y.set(np.ascontiguousarray(values, dtype=y.dtype))
+        return
+    import cupy
+
+    with cupy.cuda.ExternalStream(int(queue.handle)):
+        cupy.asarray(y).set(np.ascontiguousarray(values, dtype=y.dtype))

@@ -8,7 +8,16 @@ import contextlib
 
 import numpy as np
 import pytest
-from streamkit import add_reference, data, in_use, kernel, stage_threads, stencil_reference
+from streamkit import (
+    add_reference,
+    data,
+    in_use,
+    kernel,
+    stage_threads,
+    stencil_reference,
+    store,
+    to_host,
+)
 
 import conveyor as cv
 from conveyor.pipeline import stream as stream_module
@@ -167,7 +176,7 @@ def test_callable_raising_mid_stream_surfaces_as_is(device, zero_copy):
         seen.append(offset)
         if len(seen) == 4:
             raise boom
-        c.setitem(slice(None), a + b)
+        store(c, to_host(a, queue) + to_host(b, queue), queue)
 
     a, b, c = _vadd_arrays(10 * 100)
     with pytest.raises(Boom) as caught:
@@ -248,7 +257,7 @@ def test_callable_gets_the_drivers_own_queue(device):
 
     def compute(x, y, *, queue, offset, n):
         seen.append(queue)
-        y[...] = x * 2  # PyOpenCL arrays, on the compute queue
+        store(y, to_host(x, queue) * 2, queue)
 
     x = data((N,), np.float32, 4)
     y = np.zeros_like(x)

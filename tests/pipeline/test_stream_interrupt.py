@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+HERE = str(Path(__file__).resolve().parent)  # streamkit, for the child
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, threading
     import numpy as np
     import conveyor as cv
+    from streamkit import store, to_host
 
     dev = cv.device({spec!r})
     ZERO_COPY = {zero_copy!r}
@@ -26,7 +28,7 @@ SCRIPT = textwrap.dedent("""
         blocks.append(offset)
         if len(blocks) == 5:
             os.kill(os.getpid(), signal.SIGINT)
-        y.setitem(slice(None), x * 2)
+        store(y, to_host(x, queue) * 2, queue)
 
     x = np.arange(400_000, dtype=np.float32)
     y = np.zeros_like(x)
@@ -45,7 +47,7 @@ SCRIPT = textwrap.dedent("""
 
     src = cv.pinned.asarray(np.arange(100_000, dtype=np.float32) % 1000, device=dev)
     out = np.zeros(100_000, np.float32)
-    cv.stream(lambda a, b, queue, offset, n: b.setitem(slice(None), a + a),
+    cv.stream(lambda a, b, queue, offset, n: store(b, to_host(a, queue) * 2, queue),
               [src], [out], device=dev, block_bytes=8000, zero_copy=ZERO_COPY)
     assert np.array_equal(out, src + src)
     print("OK")
@@ -54,7 +56,9 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("zero_copy", [False, None], ids=["copying", "auto"])
 def test_sigint_mid_stream_cleans_up_and_the_next_stream_is_right(device, zero_copy):
-    env = dict(os.environ, PYTHONPATH=SRC)
+    # Prepend: the GPU machine's carried wheels are on the inherited PYTHONPATH.
+    path = os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = dict(os.environ, PYTHONPATH=path)
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(spec=device.spec, zero_copy=zero_copy)],
         env=env, capture_output=True, text=True, timeout=120,

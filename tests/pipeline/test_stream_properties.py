@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streamkit import DTYPES, add_reference, data, kernel, stencil_reference
+from streamkit import DTYPES, add_reference, data, kernel, stencil_reference, to_host
 
 import conveyor as cv
 
@@ -146,7 +146,7 @@ def test_kernel_reduction_equals_numpy(device, zero_copy, case):
 
 
 def _min_max(x, queue, offset, n):
-    host = x.get()
+    host = to_host(x, queue)
     return (host.min(), host.max())
 
 
@@ -172,7 +172,7 @@ def test_callable_builtin_sum_equals_numpy(device, zero_copy, case):
     x = data(case["shape"], case["dtype"], case["seed"])
 
     def block_sum(x, queue, offset, n):
-        return x.get().astype(np.int64).sum()
+        return to_host(x, queue).astype(np.int64).sum()
 
     report = cv.stream(block_sum, [x], reduce="sum", device=device, depth=case["depth"],
                        block_bytes=case["block_bytes"], zero_copy=zero_copy)
