@@ -14,6 +14,7 @@ for backend in cuda opencl; do
         *) echo "== $backend: no device, skipped"; continue ;;
     esac
     echo "== CONVEYOR_TEST_BACKENDS=$backend"
-    CONVEYOR_TEST_BACKENDS=$backend python3 -m pytest -q tests "$@" || status=1
+    CONVEYOR_TEST_BACKENDS=$backend CONVEYOR_TEST_KIND=${CONVEYOR_TEST_KIND:-gpu} \
+        python3 -m pytest tests "$@" || status=1
 done
 exit $status

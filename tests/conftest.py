@@ -1,7 +1,7 @@
 """Shared fixtures: every test that takes ``device`` runs once per usable device.
 
 ``CONVEYOR_TEST_BACKENDS`` (comma list: opencl, cuda) restricts the devices, so the GPU
-workflow can run the suite once per backend. After every test, every pool of every device must
+workflow can run the suite once per backend; ``CONVEYOR_TEST_KIND=gpu`` keeps only GPUs. After every test, every pool of every device must
 be back to zero bytes in use.
 """
 
@@ -38,6 +38,9 @@ def _selected_devices() -> list[cv.Device]:
     if wanted:
         names = {w.strip() for w in wanted.split(",") if w.strip()}
         found = [d for d in found if d.backend in names]
+    kind = os.environ.get("CONVEYOR_TEST_KIND")  # "gpu" on the GPU machine: skip its CPU PoCL
+    if kind:
+        found = [d for d in found if d.kind == kind]
     return [d for d in found if _can_compile(d)]
 
 
