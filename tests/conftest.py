@@ -1,8 +1,8 @@
 """Shared fixtures: every test that takes ``device`` runs once per usable device.
 
 ``CONVEYOR_TEST_BACKENDS`` (comma list: opencl, cuda) restricts the devices, so the GPU
-workflow can run the suite once per backend; ``CONVEYOR_TEST_KIND=gpu`` keeps only GPUs. After every test, every pool of every device must
-be back to zero bytes in use.
+workflow can run the suite once per backend; ``CONVEYOR_TEST_KIND=gpu`` keeps only GPUs.
+After every test, every pool of every device must be back to zero bytes in use.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pytest
 
 import conveyor as cv
 from conveyor.backends import cuda as cuda_backend
+from conveyor.backends import cuda_array
 from conveyor.errors import CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import parse_params
 
@@ -49,22 +50,22 @@ def _pinned(dev: cv.Device, values: np.ndarray):
 # -- CPU-side: no GPU needed ---------------------------------------------------------------
 def test_dlpack_capsule_round_trips_through_numpy():
     host = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-    view = cuda_backend.DeviceArray(host.ctypes.data, host.shape, host.dtype, (1, 0), None, host)
+    view = cuda_array.DeviceArray(host.ctypes.data, host.shape, host.dtype, (1, 0), None, host)
     back = np.from_dlpack(view)
     assert back.shape == host.shape and np.array_equal(back, host)
     del back
     gc.collect()
-    assert not cuda_backend._dl_alive
+    assert not cuda_array._dl_alive
 
 
 def test_unconsumed_dlpack_capsule_frees_itself():
     host = np.ones(4, np.int32)
-    view = cuda_backend.DeviceArray(host.ctypes.data, host.shape, host.dtype, (1, 0), None, host)
+    view = cuda_array.DeviceArray(host.ctypes.data, host.shape, host.dtype, (1, 0), None, host)
     capsule = view.__dlpack__()
-    assert cuda_backend._dl_alive
+    assert cuda_array._dl_alive
     del capsule
     gc.collect()
-    assert not cuda_backend._dl_alive
+    assert not cuda_array._dl_alive
 
 
 def test_unknown_compiler_option_is_an_input_error():
