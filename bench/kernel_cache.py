@@ -21,8 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from conveyor.kernels.portable import PRELUDE
+
 # Enough work for the compiler to matter: a few loops and math built-ins, like a real kernel.
-SOURCE = """
+SOURCE = PRELUDE + """
 __kernel void blur(__global float* out, __global const float* a, ulong offset, ulong n)
 {
     size_t i = get_global_id(0);

@@ -28,8 +28,9 @@ from conveyor.kernels.cache import (
     decode_entry,
     encode_entry,
 )
+from conveyor.kernels.portable import PRELUDE
 
-SOURCE = """
+SOURCE = PRELUDE + """
 __kernel void scale(__global float* out, __global const float* a, ulong offset, ulong n)
 {
     size_t i = get_global_id(0);
@@ -45,7 +46,7 @@ def built_device(device: cv.Device) -> cv.Device:
     """``device``, skipped (loudly) where its compiler cannot build a trivial kernel here."""
     if device.spec not in _PROBLEMS:
         try:
-            device.build_binary("__kernel void probe(__global int* x) { x[0] = 1; }", ())
+            device.build_binary(PRELUDE + "__kernel void probe(__global int* x) { x[0] = 1; }", ())
             _PROBLEMS[device.spec] = None
         except CompileError as exc:
             _PROBLEMS[device.spec] = exc.log.strip().splitlines()[0] if exc.log else str(exc)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import conveyor as cv
+from conveyor.kernels.portable import portable
 
 C_TYPES = {
     "float32": "float", "int32": "int", "uint8": "uchar", "float64": "double", "int64": "long",
@@ -41,16 +42,6 @@ __kernel void scale_{name}(__global const {t} *x, __global {t} *y, {t} k,
 }}
 """
 
-# The same kernels as CUDA C: the OpenCL spellings become CUDA's through macros, so one template
-# serves both backends (and the signature parser still reads the OpenCL-style parameter lists).
-_CUDA_PRELUDE = """
-#define __kernel extern "C" __global__
-#define __global
-#define ulong unsigned long long
-#define uchar unsigned char
-#define get_global_id(d) (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x)
-"""
-
 _cache: dict[tuple[str, str, str], cv.Kernel] = {}
 _unbuildable: dict[str, str] = {}
 
@@ -68,9 +59,7 @@ def kernel(device: cv.Device, kind: str, dtype: np.dtype | type = np.float32) ->
     if device.spec in _unbuildable:
         pytest.skip(_unbuildable[device.spec])
     if key not in _cache:
-        source = _TEMPLATE.format(name=name, t=C_TYPES[name])
-        if device.backend == "cuda":
-            source = _CUDA_PRELUDE + source
+        source = portable(_TEMPLATE.format(name=name, t=C_TYPES[name]))
         try:
             _cache[key] = device.compile(source, f"{kind}_{name}")
         except cv.CompileError as exc:
@@ -126,7 +115,7 @@ def to_host(x, queue) -> np.ndarray:
         return x.get()
     import cupy
 
-    with cupy.cuda.ExternalStream(int(queue.handle)):
+    with _cupy_stream(queue):
         return cupy.asnumpy(cupy.asarray(x), stream=cupy.cuda.get_current_stream())
 
 
@@ -137,5 +126,14 @@ def store(y, values: np.ndarray, queue) -> None:
         return
     import cupy
 
-    with cupy.cuda.ExternalStream(int(queue.handle)):
+    with _cupy_stream(queue):
         cupy.asarray(y).set(np.ascontiguousarray(values, dtype=y.dtype))
+
+
+def _cupy_stream(queue):
+    """CuPy's view of conveyor's CUDA stream (the stream protocol where CuPy has it)."""
+    import cupy
+
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(queue)
+    return cupy.cuda.ExternalStream(int(queue.handle))
