@@ -203,3 +203,29 @@ def test_concurrent_compiles_build_once(built_device):
         t.join()
     assert len(kernels) == 4 and all(k is kernels[0] for k in kernels)
     assert cache.stores == 1
+
+
+STREAM_SOURCE = PRELUDE + """
+__kernel void times(__global const float* a, __global float* out, ulong offset, ulong n)
+{
+    size_t i = get_global_id(0);
+    if (i < n) out[i] = a[i] * FACTOR;
+}
+"""
+
+
+def test_compile_without_waiting_gives_a_future_that_a_stream_accepts(built_device):
+    future = built_device.compile(STREAM_SOURCE, "times", ["-DFACTOR=6"], wait=False)
+    a = np.arange(1000, dtype=np.float32)
+    out = np.zeros_like(a)
+    cv.stream(future, [a], [out], device=built_device)
+    assert future.done()
+    np.testing.assert_array_equal(a, np.arange(1000, dtype=np.float32))
+    np.testing.assert_array_equal(out, a * 6)
+    assert future.result() is built_device.compile(STREAM_SOURCE, "times", ["-DFACTOR=6"])
+
+
+def test_compile_without_waiting_reports_build_errors_at_result(built_device):
+    future = built_device.compile(BROKEN_SOURCE, "broken", wait=False)
+    with pytest.raises(CompileError, match="undeclared_name"):
+        future.result()

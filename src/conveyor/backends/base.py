@@ -13,11 +13,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from conveyor.kernels.build import KernelFuture
     from conveyor.kernels.signature import Param
     from conveyor.memory.pinned import PinnedPool
     from conveyor.memory.pool import DevicePool
@@ -343,14 +344,32 @@ class Device(Closeable, ABC):
         """Free the backend's own objects (context, primary queue)."""
 
     # -- shared -------------------------------------------------------------------------------
-    def compile(self, source: str, name: str, options: Sequence[str] = ()) -> Kernel:
+    @overload
+    def compile(
+        self, source: str, name: str, options: Sequence[str] = (), *, wait: Literal[True] = True
+    ) -> Kernel: ...
+
+    @overload
+    def compile(
+        self, source: str, name: str, options: Sequence[str] = (), *, wait: Literal[False]
+    ) -> KernelFuture: ...
+
+    def compile(
+        self, source: str, name: str, options: Sequence[str] = (), *, wait: bool = True
+    ) -> Kernel | KernelFuture:
         """Build and load kernel ``name`` from ``source`` now, through the disk cache.
+
+        With ``wait=False`` the compiler runs on a host thread and a KernelFuture comes back at
+        once; its ``result()`` loads the module (``cv.stream`` accepts the future and loads it
+        before its first block, so no load stalls a running stream).
 
         Raises CompileError (with the build log) when the source does not build, and
         InputError when ``name`` is not a kernel in ``source``.
         """
-        from conveyor.kernels.build import compile_kernel
+        from conveyor.kernels.build import KernelFuture, compile_kernel
 
+        if not wait:
+            return KernelFuture(self, source, name, tuple(options))
         return compile_kernel(self, source, name, tuple(options))
 
     @property

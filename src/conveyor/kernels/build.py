@@ -99,6 +99,55 @@ def compile_kernel(
     return kernel
 
 
+class KernelFuture:
+    """A kernel whose compiler runs on a host thread; :meth:`result` loads it.
+
+    Building (NVRTC, the OpenCL compiler) happens on a compiler thread while the device keeps
+    streaming; loading the module waits for the device to go idle on CUDA, so it happens only
+    when the caller asks for the kernel, on the caller's thread: ``cv.stream`` does it before
+    its first block, never while its own blocks are in flight.
+    """
+
+    def __init__(self, device: Device, source: str, name: str, options: tuple[str, ...]) -> None:
+        self.device = device
+        self.source = source
+        self.name = name
+        self.options = options
+        self.params = parse_params(source, name)  # a wrong name fails now, not later
+        self._disk = default_cache()
+        self._key = cache_key(device.compiler_identity(), options, source)
+        self._binary = _compiler_pool().submit(
+            _fetch_or_build, device, source, options, self._key, self._disk
+        )
+
+    def done(self) -> bool:
+        """True once the compiler has finished (successfully or not)."""
+        return self._binary.done()
+
+    def result(self, timeout: float | None = None) -> Kernel:
+        """The loaded kernel; waits for the build. Raises CompileError if it failed."""
+        memo_key: _MemoKey = (id(self.device), self._key, self.name)
+        with _lock:
+            kernel = _memo.get(memo_key)
+        if kernel is not None:
+            return kernel
+        binary = self._binary.result(timeout)
+        kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
+        with _lock:
+            return _memo.setdefault(memo_key, kernel)
+
+
+def _fetch_or_build(
+    device: Device, source: str, options: tuple[str, ...], key: str, disk: KernelCache | None
+) -> bytes:
+    binary = disk.load(key) if disk is not None else None
+    if binary is None:
+        binary = device.build_binary(source, options)
+        if disk is not None:
+            disk.store(key, binary)
+    return binary
+
+
 def compile_async(
     device: Device, source: str, name: str, options: Sequence[str] = ()
 ) -> Future[Kernel]:

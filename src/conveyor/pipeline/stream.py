@@ -34,10 +34,12 @@ def stream(
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
-    ``compute`` is a Kernel from ``device.compile`` or a Python callable. A kernel receives the
-    block's buffers (inputs, then outputs), then ``args``, then ``ulong offset, ulong n``: the
-    index of the block's first element in the whole array and the block's element count (for
-    N-D arrays, elements of input 0: rows times elements per row). A callable is called once
+    ``compute`` is a Kernel from ``device.compile`` (or the KernelFuture of
+    ``compile(..., wait=False)``, loaded here before the first block) or a Python callable.
+    A kernel receives the block's buffers (inputs, then outputs), then ``args``, then
+    ``ulong offset, ulong n``: the index of the block's first element in the whole array and
+    the block's element count (for N-D arrays, elements of input 0: rows times elements per
+    row). A callable is called once
     per block as ``compute(*input_arrays, *output_arrays, queue=, offset=, n=)`` with device
     arrays (PyOpenCL arrays on OpenCL; DLPack / CUDA-array-interface objects on CUDA) and must
     enqueue its work on ``queue``, the driver's own queue (a ``pyopencl.CommandQueue``, or a
@@ -64,7 +66,10 @@ def stream(
     and every buffer has gone back to its pool.
     """
     from conveyor.backends import device as default_device
+    from conveyor.kernels.build import KernelFuture
 
+    if isinstance(compute, KernelFuture):
+        compute = compute.result()  # load now, before any block is in flight
     dev = device if device is not None else default_device()
     if trace is not None and not isinstance(trace, str):
         raise InputError("trace= takes a file path (str)")
