@@ -4,8 +4,8 @@ Prepend :data:`PRELUDE` (or call :func:`portable`) to an OpenCL C kernel written
 ``__kernel``, ``__global``, ``ulong``/``uchar`` and ``get_global_id(0)``, and NVRTC compiles it
 as CUDA C too: under ``__CUDACC__`` those names become their CUDA equivalents, and OpenCL
 compilers never see the definitions. ``#line 1`` keeps the compiler's line numbers those of
-your source (NVIDIA's OpenCL compiler ignores it and counts the prelude's lines too). 1-D kernels only (``get_global_id(0)``); no local memory, barriers or vector
-types.
+your source (NVIDIA's OpenCL compiler ignores it and counts the prelude's lines too). 1-D
+kernels only (``get_global_id(0)``); no local memory, barriers or vector types.
 """
 
 from __future__ import annotations
