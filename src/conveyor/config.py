@@ -15,6 +15,7 @@ from conveyor.errors import InputError
 DEVICE_VAR = "CONVEYOR_DEVICE"
 CACHE_DIR_VAR = "CONVEYOR_CACHE_DIR"
 NO_CACHE_VAR = "CONVEYOR_NO_CACHE"
+ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 
 
 def _get(name: str) -> str | None:
@@ -58,3 +59,13 @@ def cache_dir() -> Path:
     xdg = _get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
     return base / "conveyor"
+
+
+def icd_vendor_dirs() -> list[Path]:
+    """Where the OpenCL ICD loader looks for ``*.icd`` files: ``OCL_ICD_VENDORS`` (a folder,
+    or one .icd file) when set, and always /etc/OpenCL/vendors."""
+    dirs = [Path("/etc/OpenCL/vendors")]
+    override = _get(ICD_VENDORS_VAR)
+    if override is not None:
+        dirs.insert(0, Path(override))
+    return dirs

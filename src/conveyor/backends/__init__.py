@@ -72,8 +72,11 @@ def device(spec: str | None = None) -> Device:
         return min(found, key=_rank)
     chosen = _match(spec.strip().lower(), found)
     if chosen is None:
+        from conveyor.backends.diagnose import problems
+
         listing = "; ".join(f"{d.spec} ({d.name}, {d.kind})" for d in found)
-        raise InputError(f"no device matches {spec!r}; devices here: {listing}")
+        hints = "".join(f"\n{problem}" for problem in problems())
+        raise InputError(f"no device matches {spec!r}; devices here: {listing}{hints}")
     return chosen
 
 
