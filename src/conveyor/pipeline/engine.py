@@ -95,10 +95,9 @@ class Engine(Closeable):
         self.progress = Progress(progress, plan)
         self.direct_in = [self._direct(a) for a in self.inputs]
         self.direct_out = [self._direct(a) for a in self.outputs]
-        # Per-array constants, looked up once: the per-block path runs thousands of times.
-        # No pinned.record_use fences on the caller's pinned arrays: the engine finishes every
-        # queue before it returns (on failure too), and a fence held a PyOpenCL event that
-        # holds the array, so the block's finalizer kept its own array alive: a pinned leak.
+        # The caller's pinned arrays need no pinned.record_use fence: the engine finishes every
+        # queue before it returns, on failure too. Per-array constants are looked up once: the
+        # per-block path runs thousands of times.
         self.in_row_bytes = [spec.row_bytes for spec in plan.inputs]
         self.row_items = plan.inputs[0].row_items
         self.slots: list[Slot] = []
