@@ -68,7 +68,6 @@ class PinnedOwner:
         self.device = pool.device
         self.block = block
         self.nbytes = nbytes
-        self.last_use: Event | None = None
         pointer = int(block.array.__array_interface__["data"][0])
         self.__array_interface__ = {
             "shape": (nbytes,),
@@ -76,20 +75,20 @@ class PinnedOwner:
             "data": (pointer, False),
             "version": 3,
         }
-        self._finalizer = weakref.finalize(self, _give_back, pool, block, self._last_use_ref())
+        # The finalizer may not hold self, so the fence lives in a one-item list both share.
+        self._fence: list[Event | None] = [None]
+        self._finalizer = weakref.finalize(self, _give_back, pool, block, self._fence)
 
-    def _last_use_ref(self) -> list[Event | None]:
-        # The finalizer may not hold self; it holds this one-item list instead.
-        self._last: list[Event | None] = [None]
-        return self._last
+    @property
+    def last_use(self) -> Event | None:
+        """The event the block's return to the pool waits for, if any."""
+        return self._fence[0]
 
     def record_use(self, event: Event) -> None:
         """Fence the block's return to the pool on ``event``."""
         # Detached: the copy's own event may hold this very array, and the finalizer holds the
         # fence, so keeping the copy's event would keep the array alive for ever.
-        fence = event.detached()
-        self.last_use = fence
-        self._last[0] = fence
+        self._fence[0] = event.detached()
 
 
 def _give_back(pool: PinnedPool, block: PinnedBuffer, last: list[Event | None]) -> None:
