@@ -11,10 +11,12 @@ from conveyor.errors import (
     BackendError,
     CompileError,
     ConveyorError,
+    HazardError,
     InputError,
     OutOfMemoryError,
 )
 from conveyor.memory import pinned
+from conveyor.pipeline.io import arrow, iterate, npy, npy_out, parquet, raw, raw_out
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.stream import stream
 
@@ -25,13 +27,21 @@ __all__ = [
     "CompileError",
     "ConveyorError",
     "Device",
+    "HazardError",
     "InputError",
     "Kernel",
     "OutOfMemoryError",
     "Report",
     "__version__",
+    "arrow",
     "device",
     "devices",
+    "iterate",
+    "npy",
+    "npy_out",
+    "parquet",
     "pinned",
+    "raw",
+    "raw_out",
     "stream",
 ]

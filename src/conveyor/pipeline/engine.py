@@ -28,10 +28,11 @@ from conveyor.backends.base import (
 from conveyor.backends.base import Queue as BaseQueue
 from conveyor.memory import pinned
 from conveyor.pipeline import reduce as reducing
+from conveyor.pipeline.io import ArraySink, ArraySource, Sink, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.report import Report
-from conveyor.pipeline.stage import Stager, StageTask
+from conveyor.pipeline.stage import Stager, StageTask, copy_rows
 from conveyor.trace.timeline import Span
 
 Compute = Kernel | Callable[..., Any]
@@ -72,8 +73,8 @@ class Engine(Closeable):
         device: Device,
         plan: Plan,
         compute: Compute,
-        inputs: Sequence[np.ndarray],
-        outputs: Sequence[np.ndarray],
+        inputs: Sequence[np.ndarray | Source],
+        outputs: Sequence[np.ndarray | Sink],
         *,
         args: Sequence[Any],
         reduce: str | Callable[[Any, Any], Any] | None,
@@ -85,8 +86,12 @@ class Engine(Closeable):
         self.device = device
         self.plan = plan
         self.compute = compute
-        self.inputs = list(inputs)
-        self.outputs = list(outputs)
+        # Sources and sinks (pipeline/io.py): rows come from and go to arrays or files. The
+        # zero-copy and pinned-direct paths use the arrays of ArraySource/ArraySink.
+        self.sources = [a if isinstance(a, Source) else ArraySource(a) for a in inputs]
+        self.sinks = [a if isinstance(a, Sink) else ArraySink(a) for a in outputs]
+        self.inputs = [s.array if isinstance(s, ArraySource) else None for s in self.sources]
+        self.outputs = [s.array if isinstance(s, ArraySink) else None for s in self.sinks]
         self.args = tuple(args)
         self.reduce = reduce
         self.reduce_dtype = reduce_dtype
@@ -109,8 +114,10 @@ class Engine(Closeable):
         self.reduce_kernel: Kernel | None = None
 
     # -- set-up ---------------------------------------------------------------------------
-    def _direct(self, array: np.ndarray) -> bool:
-        """True when the device can copy this array without staging."""
+    def _direct(self, array: np.ndarray | None) -> bool:
+        """True when the device can copy this array without staging (never for files)."""
+        if array is None:
+            return False
         return pinned.is_pinned(array, self.device) and array.flags.c_contiguous
 
     def _build(self) -> None:
@@ -213,11 +220,11 @@ class Engine(Closeable):
         slot.registrations = []
         tasks: list[StageTask] = []
         if not self.zero_copy:
-            for i, out in enumerate(self.outputs):
+            for i, sink in enumerate(self.sinks):
                 pin = slot.pin_out[i]
                 if pin is not None:
-                    view = _view(pin, block.rows, out.shape[1:], out.dtype)
-                    tasks.append(StageTask(out[block.start : block.stop], view,
+                    view = _view(pin, block.rows, sink.shape[1:], sink.dtype)
+                    tasks.append(StageTask(sink.rows(block.start, block.stop), view,
                                            f"output {i} of block {block.index}"))
         self._collect_partial(slot, block)
         slot.block = None
@@ -244,19 +251,19 @@ class Engine(Closeable):
             return []
         tasks: list[StageTask] = []
         h = self.plan.halo
-        for i, src in enumerate(self.inputs):
+        for i, source in enumerate(self.sources):
             pin = slot.pin_in[i]
             if pin is None:
                 continue
-            view = _view(pin, block.rows + 2 * h, src.shape[1:], src.dtype)
+            view = _view(pin, block.rows + 2 * h, source.shape[1:], source.dtype)
             lo, hi, before = self._halo_range(block)
-            if before:
-                view[:before] = src[0]
-            after = block.rows + 2 * h - before - (hi - lo)
-            if after:
-                view[before + hi - lo :] = src[-1]
-            tasks.append(StageTask(view[before : before + hi - lo], src[lo:hi],
+            tasks.append(StageTask(view[before : before + hi - lo], source.rows(lo, hi),
                                    f"input {i} of block {block.index}"))
+            after = block.rows + 2 * h - before - (hi - lo)
+            # Pad rows repeat the edge row; a few rows, copied here on the engine's thread.
+            for pad in [*range(before), *range(before + hi - lo, before + hi - lo + after)]:
+                edge = 0 if pad < before else self.plan.rows - 1
+                copy_rows(view[pad : pad + 1], source.rows(edge, edge + 1))
         return tasks
 
     def _halo_range(self, block: Block) -> tuple[int, int, int]:
@@ -273,11 +280,13 @@ class Engine(Closeable):
             in_events: list[Event] = []
             in_bufs: list[Any] = []
             for src in self.inputs:
+                assert src is not None  # stream() allows zero-copy for arrays only
                 registration = self.device.register_host(src[block.start : block.stop])
                 slot.registrations.append(registration)
                 in_bufs.append(registration)
             out_bufs: list[Any] = []
             for out in self.outputs:
+                assert out is not None
                 registration = self.device.register_host(out[block.start : block.stop])
                 slot.registrations.append(registration)
                 out_bufs.append(registration)
@@ -305,6 +314,7 @@ class Engine(Closeable):
                 events.append(event)
                 self.records.append(("copy-in", block.index, event, view.nbytes))
                 continue
+            assert src is not None  # only pinned arrays are copied from directly
             if h:
                 lo, hi, before = self._halo_range(block)
                 pieces = [(before * row_bytes, src[lo:hi])]
@@ -365,9 +375,11 @@ class Engine(Closeable):
                 assert dev is not None
                 pin = slot.pin_out[i]
                 if pin is None:
+                    assert out is not None  # only pinned arrays are copied into directly
                     dst = out[block.start : block.stop]
                 else:
-                    dst = _view(pin, block.rows, out.shape[1:], out.dtype)
+                    sink = self.sinks[i]
+                    dst = _view(pin, block.rows, sink.shape[1:], sink.dtype)
                 event = self.copy_out_q.copy_out(dst, dev, wait_for=[compute_event])
                 events.append(event)
                 self.records.append(("copy-out", block.index, event, dst.nbytes))
@@ -432,15 +444,15 @@ class Engine(Closeable):
         return Report(
             device=self.device.spec,
             seconds=seconds,
-            bytes_in=sum(a.nbytes for a in self.inputs),
-            bytes_out=sum(a.nbytes for a in self.outputs),
+            bytes_in=sum(s.nbytes for s in self.sources),
+            bytes_out=sum(s.nbytes for s in self.sinks),
             blocks=self.plan.block_count,
             block_rows=self.plan.block_rows,
             depth=self.plan.depth,
             peak_device_bytes=self.peak_device_bytes,
             zero_copy=self.zero_copy,
             result=reducing.combine(self.reduce, self.partials) if self.reduce else None,
-            outputs=self.outputs,
+            outputs=[s.result for s in self.sinks],
             spans_source=spans,
         )
 

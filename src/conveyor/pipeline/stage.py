@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -26,11 +27,15 @@ def default_workers() -> int:
 
 
 class StageTask:
-    """One staging copy: ``dst[...] = src`` cut into row pieces; ``where`` names it for errors."""
+    """One staging copy: ``dst[...] = src`` cut into row pieces; ``where`` names it for errors.
+
+    Either side may instead be rows of a file (``pipeline.io.FileRows`` / ``SinkRows``): those
+    are read or written straight from and into the pinned slot, piece by piece.
+    """
 
     __slots__ = ("dst", "src", "where")
 
-    def __init__(self, dst: np.ndarray, src: np.ndarray, where: str) -> None:
+    def __init__(self, dst: Any, src: Any, where: str) -> None:
         self.dst = dst
         self.src = src
         self.where = where
@@ -47,7 +52,7 @@ class Stager(Closeable):
         self._closed = False
         self._lock = threading.Lock()
         #: Wraps every piece copy; tests inject faults here by wrapping the real copy.
-        self.copy: Callable[[np.ndarray, np.ndarray], None] = _copy
+        self.copy: Callable[[Any, Any], None] = copy_rows
 
     def run(self, tasks: Sequence[StageTask]) -> None:
         """Copy every task, split into pieces across the workers; wait for all of them."""
@@ -98,5 +103,11 @@ class Stager(Closeable):
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    np.copyto(dst, src, casting="no")
+def copy_rows(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` for arrays; a file's rows read into, or written from, an array."""
+    if isinstance(dst, np.ndarray) and not isinstance(src, np.ndarray):
+        src.read_into(dst)  # a file's rows, read into the pinned slot
+    elif not isinstance(dst, np.ndarray):
+        dst.write_from(src)  # the pinned slot's rows, written into a file
+    else:
+        np.copyto(dst, src, casting="no")

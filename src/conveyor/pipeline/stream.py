@@ -11,6 +11,7 @@ from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
 from conveyor.pipeline import validate
 from conveyor.pipeline.engine import Compute, Engine
+from conveyor.pipeline.io import ArraySink, ArraySource, Sink, Source, as_sink, as_source
 from conveyor.pipeline.plan import make_plan
 from conveyor.pipeline.report import Report
 
@@ -47,9 +48,20 @@ def stream(
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,
-    found in ``report.outputs``. ``halo=h`` gives each input block ``h`` extra rows before and
-    after, the rows past either end repeating the edge row, so element ``i`` of the block is at
-    index ``i + h * row`` of the input buffer; outputs are exactly the block. ``reduce`` is
+    found in ``report.outputs``.
+
+    Inputs may also be files: a path to a ``.npy`` file, ``cv.npy(path)``, ``cv.raw(path,
+    dtype, shape)``, ``cv.parquet(path, column)``, ``cv.arrow(path, column)``, or
+    ``cv.iterate(chunks, length=rows)`` for any iterable of arrays; files are read block by
+    block straight into the pinned staging buffers. Outputs may be a ``.npy`` path,
+    ``cv.npy_out(path, dtype=None)`` or ``cv.raw_out(path, dtype)``: written block by block to a
+    temporary file beside the target and renamed over it only when the whole stream succeeded
+    (a file output's dtype defaults to the kernel's output parameter type, else input 0's);
+    ``report.outputs`` then holds the path. See ``conveyor.pipeline.io``.
+
+    ``halo=h`` gives each input block ``h`` extra rows before and after, the rows past either
+    end repeating the edge row, so element ``i`` of the block is at index ``i + h * row`` of
+    the input buffer; outputs are exactly the block. ``reduce`` is
     "sum", "min", "max" (with a kernel: the kernel writes per-element values into its one output
     buffer and conveyor folds them on the device) or, with a callable that returns each block's
     partial, also any function ``f(a, b)``; the result is ``report.result``.
@@ -73,24 +85,49 @@ def stream(
     dev = device if device is not None else default_device()
     if trace is not None and not isinstance(trace, str):
         raise InputError("trace= takes a file path (str)")
-    in_arrays = [validate.as_input(a, i) for i, a in enumerate(inputs)]
-    if not in_arrays:
-        raise InputError("a stream needs at least one input array")
-    rows = in_arrays[0].shape[0]
-    out_arrays = [
-        validate.as_output(o, i, rows, in_arrays[0].shape[1:])
-        for i, o in enumerate(outputs or ())
-    ]
+    sources: list[Source] = []
+    sinks: list[Sink] = []
+    try:
+        sources = [as_source(a, i) for i, a in enumerate(inputs)]
+        if not sources:
+            raise InputError("a stream needs at least one input array")
+        rows = sources[0].shape[0]
+        sinks = [
+            as_sink(o, i, rows, sources[0].shape[1:],
+                    _file_dtype(compute, len(sources), i, sources[0].dtype))
+            for i, o in enumerate(outputs or ())
+        ]
+        report = _run(compute, sources, sinks, dev, depth, block_bytes, memory_limit, halo,
+                      reduce, args, progress, zero_copy, workers)
+    except BaseException:
+        for sink in sinks:
+            sink.abort()
+        raise
+    finally:
+        for source in sources:
+            source.close()
+    if trace is not None:
+        from conveyor.trace.export import save_chrome_trace
+
+        save_chrome_trace(report.timeline, trace)
+    return report
+
+
+def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device, depth: int,
+         block_bytes: int | None, memory_limit: int | None, halo: int,
+         reduce: str | Callable[[Any, Any], Any] | None, args: Sequence[Any], progress: bool,
+         zero_copy: bool | None, workers: int | None) -> Report:
+    """Check, plan and run a stream of sources into sinks; commit the sinks."""
     reduce_dtype: np.dtype | None = None
     if isinstance(compute, Kernel):
         # Checked before check_kernel: with outputs, its parameter-count message would
         # count a "partial buffer" and not say that the outputs are what to drop.
-        if reduce is not None and out_arrays:
+        if reduce is not None and sinks:
             raise InputError(
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device"
             )
-        reduce_dtype = validate.check_kernel(compute, dev, in_arrays, out_arrays, args, reduce)
+        reduce_dtype = validate.check_kernel(compute, dev, sources, sinks, args, reduce)
     elif not callable(compute):
         raise InputError(
             f"compute must be a Kernel (device.compile) or a callable, "
@@ -99,48 +136,64 @@ def stream(
     elif reduce is not None and not callable(reduce) and reduce not in ("sum", "min", "max"):
         raise InputError(f"reduce={reduce!r}: use 'sum', 'min', 'max' or a function f(a, b)")
     plan = make_plan(
-        tuple(validate.spec(a) for a in in_arrays),
-        tuple(validate.spec(a) for a in out_arrays),
+        tuple(validate.spec(a) for a in sources),
+        tuple(validate.spec(a) for a in sinks),
         depth=depth,
         block_bytes=block_bytes,
         memory_limit=memory_limit,
         halo=halo,
         global_mem_bytes=dev.global_mem_bytes,
         max_alloc_bytes=dev.max_alloc_bytes,
-        **_reduce_scratch(reduce_dtype, reduce, in_arrays[0]),
+        **_reduce_scratch(reduce_dtype, reduce, sources[0]),
     )
+    for sink in sinks:
+        sink.open()
     if plan.block_count == 0:
-        return Report(device=dev.spec, depth=depth, outputs=out_arrays)
-    use_zero_copy = _zero_copy(zero_copy, dev, halo, in_arrays, out_arrays)
+        for sink in sinks:
+            sink.commit()
+        return Report(device=dev.spec, depth=depth, outputs=[s.result for s in sinks])
+    use_zero_copy = _zero_copy(zero_copy, dev, halo, sources, sinks)
     engine = Engine(
-        dev, plan, compute, in_arrays, out_arrays,
+        dev, plan, compute, sources, sinks,
         args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
         workers=workers, progress=progress,
     )
     report = engine.run()
-    if trace is not None:
-        from conveyor.trace.export import save_chrome_trace
-
-        save_chrome_trace(report.timeline, trace)
+    for sink in sinks:
+        sink.commit()
     return report
 
 
-def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[np.ndarray],
-               outputs: list[np.ndarray]) -> bool:
+def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],
+               outputs: list[Sink]) -> bool:
+    arrays = [s.array for s in inputs if isinstance(s, ArraySource)]
+    arrays += [s.array for s in outputs if isinstance(s, ArraySink)]
     possible = (
         dev.host_unified
         and halo == 0
-        and all(a.flags.c_contiguous for a in inputs + outputs)
+        and len(arrays) == len(inputs) + len(outputs)  # files always stage
+        and all(a.flags.c_contiguous for a in arrays)
     )
     if wanted and not possible:
         raise InputError(
             f"zero_copy=True needs a device that shares memory with the host ({dev.spec} "
-            f"{'does' if dev.host_unified else 'does not'}), halo=0 and C-contiguous arrays"
+            f"{'does' if dev.host_unified else 'does not'}), halo=0 and C-contiguous arrays "
+            f"(not files)"
         )
     return possible if wanted is None else wanted
 
 
-def _reduce_scratch(element: np.dtype | None, op: Any, first: np.ndarray) -> dict[str, Any]:
+def _file_dtype(compute: Compute, inputs: int, index: int, fallback: np.dtype) -> np.dtype:
+    """The element type of a file output whose dtype is not given: the kernel's output
+    parameter type where it declares one, else input 0's dtype."""
+    if isinstance(compute, Kernel) and inputs + index < len(compute.params):
+        param = compute.params[inputs + index]
+        if param.is_pointer and param.dtype is not None:
+            return param.dtype
+    return fallback
+
+
+def _reduce_scratch(element: np.dtype | None, op: Any, first: Source) -> dict[str, Any]:
     """The device buffers a kernel reduction adds to each slot (the engine allocates exactly
     these), so the plan counts them against the memory limit."""
     if element is None:

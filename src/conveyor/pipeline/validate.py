@@ -57,16 +57,17 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
     return value
 
 
-def spec(array: np.ndarray) -> ArraySpec:
-    """The ArraySpec of an array."""
+def spec(array: Any) -> ArraySpec:
+    """The ArraySpec of an array, or of anything with ``shape`` and ``dtype`` (a source or
+    sink of pipeline/io.py)."""
     return ArraySpec(tuple(int(s) for s in array.shape), array.dtype)
 
 
 def check_kernel(
     kernel: Kernel,
     device: Device,
-    inputs: Sequence[np.ndarray],
-    outputs: Sequence[np.ndarray],
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
     args: Sequence[Any],
     reduce: str | Callable[[Any, Any], Any] | None,
 ) -> np.dtype | None:

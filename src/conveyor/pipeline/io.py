@@ -1,0 +1,639 @@
+"""Sources and sinks: where a stream's rows come from and where they go.
+
+A *source* hands the engine rows ``lo:hi`` of one input; a *sink* takes rows of one output.
+``cv.stream`` turns whatever it is given into one of them before anything is allocated:
+
+- an ndarray (or memmap) becomes an :class:`ArraySource` / :class:`ArraySink`: the engine's
+  zero-copy and pinned-direct paths use the array itself;
+- ``"x.npy"`` or :func:`npy` reads a ``.npy`` file; :func:`raw` a headerless binary file.
+  Both are read block by block with ``os.preadv`` straight into the pinned slot (no
+  intermediate array), in parallel pieces on the staging threads;
+- :func:`parquet` and :func:`arrow` read numeric columns of a Parquet or Arrow IPC file one
+  row group / record batch at a time (PyArrow, extra ``parquet``);
+- :func:`iterate` takes any iterable of arrays (chunks along axis 0), read once, in order;
+- ``"y.npy"`` or :func:`npy_out` as an output, and :func:`raw_out`, write block by block into a
+  temporary file in the target's folder that is renamed over the target only once the whole
+  stream has succeeded: a failed or interrupted run leaves no partial or corrupt output.
+
+Every check that can fail (a file whose size does not match its header, a missing column, an
+output folder that cannot be written) runs when the source or sink is made, so a stream fails
+before any memory is allocated, with an :class:`InputError` that says what to change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+
+PathLike = str | os.PathLike[str]
+
+
+# -- sources ---------------------------------------------------------------------------------
+class Source:
+    """One input: ``shape`` (rows first) and ``dtype``, and rows on request.
+
+    The engine calls :meth:`rows` from its own thread in block order (``lo`` never goes back by
+    more than the halo); the result is an ndarray or a :class:`FileRows`, which the staging
+    threads copy into the pinned slot in pieces.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole input."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def rows(self, lo: int, hi: int) -> np.ndarray | FileRows:
+        """Rows ``lo:hi``, for a staging copy."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release open files (a stream calls it when it ends)."""
+
+
+class ArraySource(Source):
+    """An ndarray (or memmap) input; ``array`` is used as is by the zero-copy paths."""
+
+    def __init__(self, array: np.ndarray, name: str = "array") -> None:
+        self.array = array
+        self.shape = tuple(int(s) for s in array.shape)
+        self.dtype = array.dtype
+        self.name = name
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """A view of rows ``lo:hi``."""
+        return self.array[lo:hi]
+
+
+class FileSource(Source):
+    """A C-ordered array stored at byte ``offset`` of a file (``.npy`` or raw binary)."""
+
+    def __init__(self, path: PathLike, dtype: Any, shape: Sequence[int], offset: int) -> None:
+        self.path = Path(path)
+        self.name = str(path)
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(s) for s in shape)
+        self.offset = offset
+        self.row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def rows(self, lo: int, hi: int) -> FileRows:
+        """Rows ``lo:hi``, read when a staging thread copies them."""
+        return FileRows(self, lo, hi)
+
+    def read_into(self, dst: np.ndarray, lo: int) -> None:
+        """Read ``len(dst)`` rows from row ``lo`` straight into ``dst`` (C-contiguous)."""
+        view = memoryview(dst.data).cast("B")
+        position = self.offset + lo * self.row_bytes
+        done = 0
+        while done < len(view):
+            got = os.preadv(self._file(), [view[done:]], position + done)
+            if got == 0:
+                raise InputError(f"{self.name} got shorter while it was read: rerun on a "
+                                 f"complete file")
+            done += got
+
+    def _file(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            return self._fd
+
+    def close(self) -> None:
+        """Close the file."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class FileRows:
+    """Rows ``lo:hi`` of a file source; slicing gives sub-ranges (the staging pieces)."""
+
+    __slots__ = ("source", "lo", "hi")
+
+    def __init__(self, source: FileSource, lo: int, hi: int) -> None:
+        self.source = source
+        self.lo = lo
+        self.hi = hi
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of these rows."""
+        return (self.hi - self.lo, *self.source.shape[1:])
+
+    def __getitem__(self, rows: slice) -> FileRows:
+        start, stop, _ = rows.indices(self.hi - self.lo)
+        return FileRows(self.source, self.lo + start, self.lo + stop)
+
+    def read_into(self, dst: np.ndarray) -> None:
+        """Read these rows into ``dst``."""
+        if dst.shape != self.shape:
+            raise ValueError(f"rows of shape {self.shape} do not fit into {dst.shape}")
+        self.source.read_into(dst, self.lo)
+
+
+class ChunkedSource(Source):
+    """A column stored in chunks (Parquet row groups, Arrow record batches), decoded one chunk
+    at a time; the last chunks used are kept, since consecutive blocks share them."""
+
+    def __init__(self, name: str, dtype: np.dtype, row_shape: tuple[int, ...],
+                 chunk_rows: Sequence[int], load: Callable[[int], np.ndarray]) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.starts = np.concatenate([[0], np.cumsum(chunk_rows, dtype=np.int64)])
+        self.shape = (int(self.starts[-1]), *row_shape)
+        self._load = load
+        self._kept: dict[int, np.ndarray] = {}
+
+    def _chunk(self, index: int) -> np.ndarray:
+        chunk = self._kept.get(index)
+        if chunk is None:
+            chunk = self._load(index)
+            self._kept = {k: v for k, v in self._kept.items() if k >= index - 1}
+            self._kept[index] = chunk
+        return chunk
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` (a view of one chunk, or the chunks joined)."""
+        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        parts = []
+        index = first
+        while index < len(self.starts) - 1 and self.starts[index] < hi:
+            start = int(self.starts[index])
+            chunk = self._chunk(index)
+            parts.append(chunk[max(lo - start, 0) : hi - start])
+            index += 1
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty((0, *self.shape[1:]), self.dtype)
+
+
+class IterSource(Source):
+    """Chunks of an iterable along axis 0, read once, in order. ``length`` (total rows) is
+    required up front, because the plan is made before the first block; the first chunk gives
+    the dtype and row shape. Rows are held only while a block (with its halo) needs them."""
+
+    def __init__(self, chunks: Iterable[Any], length: int) -> None:
+        if length < 0:
+            raise InputError(f"iterate(length={length}): give the total rows, 0 or more")
+        self.name = f"iterable of {type(chunks).__name__}"
+        self._chunks: Iterator[Any] = iter(chunks)
+        first = self._next() if length else None
+        if first is None and length:
+            raise InputError(f"{self.name} is empty but length={length}: pass the real length")
+        template = first if first is not None else np.empty(0, np.float32)
+        self.dtype = template.dtype
+        self.shape = (length, *template.shape[1:])
+        self._held = template if first is not None else template[:0]
+        self._held_start = 0
+
+    def _next(self) -> np.ndarray | None:
+        try:
+            chunk = next(self._chunks)
+        except StopIteration:
+            return None
+        array = np.asarray(chunk)
+        if array.ndim == 0 or array.dtype.hasobject:
+            raise InputError(f"{self.name} yielded {array.dtype} of shape {array.shape}: yield "
+                             f"numeric arrays, cut along axis 0")
+        if hasattr(self, "shape") and (array.dtype != self.dtype
+                                       or array.shape[1:] != self.shape[1:]):
+            raise InputError(
+                f"{self.name} yielded a chunk of {array.dtype} rows {array.shape[1:]} after "
+                f"{self.dtype} rows {self.shape[1:]}: every chunk must match the first"
+            )
+        return array
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi``; ``lo`` must not go back before rows already let go of."""
+        start = self._held_start
+        if lo < start:
+            raise InputError(f"{self.name} is read once, in order: rows {lo}: are gone")
+        if hi <= start + len(self._held):
+            return self._held[lo - start : hi - start]
+        # Let go of the rows before lo, then take chunks until hi is covered.
+        pieces = [self._held[lo - start :]]
+        have = len(pieces[0])
+        while lo + have < hi:
+            chunk = self._next()
+            if chunk is None:
+                raise InputError(f"{self.name} ended after {lo + have} rows but length="
+                                 f"{self.shape[0]}: pass the real length")
+            pieces.append(chunk)
+            have += len(chunk)
+        self._held = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        self._held_start = lo
+        return self._held[: hi - lo]
+
+
+# -- sinks -----------------------------------------------------------------------------------
+class Sink:
+    """One output: ``shape`` and ``dtype``; rows to write into; committed at the end."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole output."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def result(self) -> Any:
+        """What ``report.outputs`` holds for this output."""
+        raise NotImplementedError
+
+    def rows(self, lo: int, hi: int) -> np.ndarray | SinkRows:
+        """Where rows ``lo:hi`` go."""
+        raise NotImplementedError
+
+    def open(self) -> None:
+        """Prepare to receive rows (a file sink creates its temporary file)."""
+
+    def commit(self) -> None:
+        """Every row is written: make the output visible."""
+
+    def abort(self) -> None:
+        """The stream failed: leave nothing behind."""
+
+
+class ArraySink(Sink):
+    """An ndarray output (the caller's, or a new one for a dtype)."""
+
+    def __init__(self, array: np.ndarray, name: str = "array") -> None:
+        self.array = array
+        self.shape = tuple(int(s) for s in array.shape)
+        self.dtype = array.dtype
+        self.name = name
+
+    @property
+    def result(self) -> np.ndarray:
+        """The array."""
+        return self.array
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """A view of rows ``lo:hi``."""
+        return self.array[lo:hi]
+
+
+class FileSink(Sink):
+    """A ``.npy`` (``header=True``) or raw output file, written into a temporary file in the
+    same folder and renamed over ``path`` by :meth:`commit`. ``shape``/``dtype`` may be left
+    None and are then filled in by the stream (rows of input 0; the kernel's output type)."""
+
+    def __init__(self, path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None,
+                 *, header: bool = True, durable: bool = True) -> None:
+        self.path = Path(path)
+        self.name = str(path)
+        self.header = header
+        self.durable = durable
+        self.dtype = np.dtype(dtype) if dtype is not None else None  # type: ignore[assignment]
+        self.shape = tuple(int(s) for s in shape) if shape is not None else ()
+        self._given_shape = shape is not None
+        self.offset = 0
+        self._fd: int | None = None
+        self._tmp: Path | None = None
+        folder = self.path.parent
+        if not folder.is_dir():
+            raise InputError(f"output {self.name}: folder {folder} does not exist: create it "
+                             f"or write elsewhere")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"output {self.name}: folder {folder} is not writable: write "
+                             f"elsewhere or fix its permissions")
+        if self.path.is_dir():
+            raise InputError(f"output {self.name} is a folder: name a file")
+
+    def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Fill in the shape and dtype the stream decides; InputError if they disagree."""
+        if self.dtype is None:
+            self.dtype = np.dtype(dtype)
+        if self.dtype.hasobject:
+            raise InputError(f"output {self.name} has dtype {self.dtype}: use a numeric dtype")
+        if not self._given_shape:
+            self.shape = (rows, *row_shape)
+
+    @property
+    def result(self) -> str:
+        """The output's path."""
+        return self.name
+
+    def rows(self, lo: int, hi: int) -> SinkRows:
+        """Where rows ``lo:hi`` go."""
+        return SinkRows(self, lo, hi)
+
+    def open(self) -> None:
+        """Create the temporary file, with its header, at the output's full size."""
+        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
+                                    suffix=".part")
+        self._fd, self._tmp = fd, Path(name)
+        if self.header:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                header = {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                          "fortran_order": False, "shape": self.shape}
+                try:
+                    np.lib.format.write_array_header_1_0(f, header)
+                except ValueError:  # a header too long for format 1.0
+                    np.lib.format.write_array_header_2_0(f, header)
+                self.offset = f.tell()
+        os.ftruncate(fd, self.offset + self.nbytes)
+
+    def write_from(self, src: np.ndarray, lo: int) -> None:
+        """Write ``src`` (C-contiguous rows) at row ``lo``."""
+        assert self._fd is not None, "open() first"
+        view = memoryview(np.ascontiguousarray(src).data).cast("B")
+        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        position = self.offset + lo * row_bytes
+        done = 0
+        while done < len(view):
+            done += os.pwritev(self._fd, [view[done:]], position + done)
+
+    def commit(self) -> None:
+        """Flush to disk and rename over the target."""
+        assert self._fd is not None and self._tmp is not None
+        if self.durable:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        os.chmod(self._tmp, 0o666 & ~_umask())
+        os.replace(self._tmp, self.path)
+        self._tmp = None
+
+    def abort(self) -> None:
+        """Close and delete the temporary file."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                self._tmp.unlink()
+            self._tmp = None
+
+
+class SinkRows:
+    """Rows ``lo:hi`` of a file sink; slicing gives sub-ranges (the staging pieces)."""
+
+    __slots__ = ("sink", "lo", "hi")
+
+    def __init__(self, sink: FileSink, lo: int, hi: int) -> None:
+        self.sink = sink
+        self.lo = lo
+        self.hi = hi
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of these rows."""
+        return (self.hi - self.lo, *self.sink.shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions of these rows."""
+        return len(self.sink.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of these rows."""
+        return math.prod(self.shape) * self.sink.dtype.itemsize
+
+    def __getitem__(self, rows: slice) -> SinkRows:
+        start, stop, _ = rows.indices(self.hi - self.lo)
+        return SinkRows(self.sink, self.lo + start, self.lo + stop)
+
+    def write_from(self, src: np.ndarray) -> None:
+        """Write ``src`` into these rows."""
+        if src.shape != self.shape:
+            raise ValueError(f"rows of shape {src.shape} do not fit into {self.shape}")
+        self.sink.write_from(src, self.lo)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- the public constructors ------------------------------------------------------------------
+def npy(path: PathLike) -> FileSource:
+    """A ``.npy`` file as an input, read block by block; InputError if its size does not match
+    its header, it is Fortran-ordered, or it holds Python objects."""
+    target = _existing(path)
+    try:
+        with open(target, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise InputError(f"{path} is not a .npy file ({exc}): write it with np.save") from exc
+    if dtype.hasobject:
+        raise InputError(f"{path} holds Python objects ({dtype}): save a numeric array")
+    if fortran and len(shape) > 1:
+        raise InputError(f"{path} is Fortran-ordered: save np.ascontiguousarray(a) instead")
+    if not shape:
+        raise InputError(f"{path} holds a scalar: inputs must be arrays")
+    _check_size(target, offset, shape, dtype, "its header says")
+    return FileSource(target, dtype, shape, offset)
+
+
+def raw(path: PathLike, dtype: Any, shape: Sequence[int] | None = None,
+        offset: int = 0) -> FileSource:
+    """A headerless binary file of C-ordered ``dtype`` values as an input. ``shape`` may give
+    -1 for axis 0 (or be None for 1-D): the rows then follow from the file's size."""
+    target = _existing(path)
+    dt = np.dtype(dtype)
+    if dt.hasobject or dt.itemsize == 0:
+        raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype")
+    size = target.stat().st_size - offset
+    dims = list(shape) if shape is not None else [-1]
+    if any(d < 0 for d in dims[1:]) or not dims:
+        raise InputError(f"raw input {path}: shape {shape} may have -1 only for axis 0")
+    row_bytes = math.prod(dims[1:]) * dt.itemsize
+    if dims[0] < 0:
+        if row_bytes == 0 or size % row_bytes:
+            raise InputError(f"raw input {path}: {size} bytes is not a whole number of "
+                             f"{row_bytes}-byte rows ({dt}, rows {tuple(dims[1:])}): check "
+                             f"--dtype and --shape")
+        dims[0] = size // row_bytes
+    _check_size(target, offset, tuple(dims), dt, "--dtype/--shape say")
+    return FileSource(target, dt, dims, offset)
+
+
+def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
+    """Numeric column(s) of a Parquet file as an input, decoded one row group at a time.
+    Several columns (of one dtype) make a 2-D input, one column per row element."""
+    pq = _pyarrow("parquet")
+    target = _existing(path)
+    try:
+        file = pq.ParquetFile(target)
+    except Exception as exc:
+        raise InputError(f"{path} is not a Parquet file ({exc})") from exc
+    names = [columns] if isinstance(columns, str) else list(columns)
+    schema = file.schema_arrow
+    dtype = _column_dtype(str(path), schema, names)
+    groups = [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)]
+
+    def load(index: int) -> np.ndarray:
+        table = file.read_row_group(index, columns=names)
+        return _table_rows(str(path), table, names, dtype)
+
+    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load)
+
+
+def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
+    """Numeric column(s) of an Arrow IPC (Feather v2) file as an input, one record batch at a
+    time, memory-mapped."""
+    pa = _pyarrow("ipc")
+    import pyarrow
+
+    target = _existing(path)
+    try:
+        reader = pa.open_file(pyarrow.memory_map(str(target), "r"))
+    except Exception as exc:
+        raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
+    names = [columns] if isinstance(columns, str) else list(columns)
+    dtype = _column_dtype(str(path), reader.schema, names)
+    batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+
+    def load(index: int) -> np.ndarray:
+        return _table_rows(str(path), pyarrow.Table.from_batches([batches[index]]), names,
+                           dtype)
+
+    return ChunkedSource(str(path), dtype, _row_shape(columns, names),
+                         [b.num_rows for b in batches], load)
+
+
+def iterate(chunks: Iterable[Any], length: int) -> IterSource:
+    """Any iterable of arrays (chunks along axis 0, any sizes) as an input of ``length`` rows
+    in all. It is read once, in order; the first chunk is read now for the dtype."""
+    return IterSource(chunks, length)
+
+
+def npy_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None) -> FileSink:
+    """A ``.npy`` output file, renamed into place only when the stream succeeds. ``dtype``
+    defaults to the kernel's output parameter type (else input 0's); ``shape`` to input 0's
+    rows."""
+    return FileSink(path, dtype, shape, header=True)
+
+
+def raw_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None) -> FileSink:
+    """A headerless binary output file (C order), like :func:`npy_out` otherwise."""
+    return FileSink(path, dtype, shape, header=False)
+
+
+def as_source(value: Any, index: int) -> Source:
+    """Input ``index`` as a Source: a path (``.npy``), a Source, or an array."""
+    if isinstance(value, Source):
+        return value
+    if isinstance(value, str | os.PathLike):
+        if Path(value).suffix.lower() != ".npy":
+            raise InputError(f"input {index} {value}: a path must name a .npy file; use "
+                             f"cv.raw(), cv.parquet() or cv.arrow() for other files")
+        return npy(value)
+    from conveyor.pipeline import validate
+
+    return ArraySource(validate.as_input(value, index), f"input {index}")
+
+
+def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
+            dtype: np.dtype) -> Sink:
+    """Output ``index`` as a Sink: a path (``.npy``), a Sink, an array, or a dtype (``dtype``
+    is the default element type of a file sink)."""
+    if isinstance(value, str | os.PathLike):
+        if Path(value).suffix.lower() != ".npy":
+            raise InputError(f"output {index} {value}: a path must name a .npy file; use "
+                             f"cv.raw_out() for a raw binary file")
+        value = npy_out(value)
+    if isinstance(value, FileSink):
+        value.resolve(rows, row_shape, dtype)
+        return value
+    if isinstance(value, Sink):
+        return value
+    from conveyor.pipeline import validate
+
+    return ArraySink(validate.as_output(value, index, rows, row_shape), f"output {index}")
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _existing(path: PathLike) -> Path:
+    target = Path(path)
+    if not target.is_file():
+        raise InputError(f"input file {path} does not exist or is not a file: check the path")
+    return target
+
+
+def _check_size(path: Path, offset: int, shape: Sequence[int], dtype: np.dtype,
+                says: str) -> None:
+    expected = offset + math.prod(shape) * dtype.itemsize
+    size = path.stat().st_size
+    if size != expected:
+        what = "truncated" if size < expected else "longer than it should be"
+        raise InputError(
+            f"{path} is {what}: {says} {tuple(shape)} {dtype} ({expected} bytes with the "
+            f"header) but it has {size} bytes: rewrite the file or fix its shape"
+        )
+
+
+def _pyarrow(module: str) -> Any:
+    try:
+        import importlib
+
+        return importlib.import_module(f"pyarrow.{module}")
+    except ImportError as exc:
+        raise InputError("Parquet and Arrow files need PyArrow: pip install "
+                         "'conveyor[parquet]'") from exc
+
+
+def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
+    dtypes = []
+    for name in names:
+        if name not in schema.names:
+            raise InputError(f"{path} has no column {name!r}; columns: "
+                             f"{', '.join(schema.names)}")
+        try:
+            dtype = np.dtype(schema.field(name).type.to_pandas_dtype())
+        except (NotImplementedError, TypeError) as exc:
+            raise InputError(f"column {name!r} of {path} is {schema.field(name).type}, not "
+                             f"numeric: pick a numeric column") from exc
+        if dtype.hasobject or dtype.kind not in "biuf":
+            raise InputError(f"column {name!r} of {path} is {schema.field(name).type}, not "
+                             f"numeric: pick a numeric column")
+        dtypes.append(dtype)
+    if len(set(dtypes)) != 1:
+        raise InputError(f"columns {names} of {path} have different types {dtypes}: stream "
+                         f"them as separate inputs")
+    return dtypes[0]
+
+
+def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...]:
+    return () if isinstance(columns, str) else (len(names),)
+
+
+def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype) -> np.ndarray:
+    arrays = []
+    for name in names:
+        column = table.column(name)
+        if column.null_count:
+            raise InputError(f"column {name!r} of {path} has {column.null_count} nulls: fill "
+                             f"them (pyarrow.compute.fill_null) before streaming")
+        arrays.append(column.to_numpy())
+    if len(arrays) == 1:
+        return np.ascontiguousarray(arrays[0], dtype=dtype)
+    return np.ascontiguousarray(np.stack(arrays, axis=1), dtype=dtype)
