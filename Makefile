@@ -23,7 +23,7 @@ test: lint typecheck
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
-	$(PY) -m conveyor.demo
+	$(VENV)/bin/conveyor demo
 
 bench: $(STAMP)
 	$(PY) bench/pools.py

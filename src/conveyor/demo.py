@@ -1,5 +1,6 @@
-"""``python -m conveyor.demo`` (what ``make demo`` runs): stream a dataset 8× larger than the
-memory limit it sets through a kernel on the default device, check it, say how fast it went.
+"""``conveyor demo`` (what ``make demo`` runs; also ``python -m conveyor.demo``): stream a
+dataset 8× larger than the memory limit it sets through a kernel on the default device, check
+it, say how fast it went, write a Chrome trace and a timeline PNG (with matplotlib).
 
 Runs on the default device: a CUDA or OpenCL GPU where there is one, PoCL's CPU device
 elsewhere. ``--device SPEC`` picks another; ``--mib`` sets the size of each input.
@@ -8,6 +9,7 @@ elsewhere. ``--device SPEC`` picks another; ``--mib`` sets the size of each inpu
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 
@@ -33,19 +35,34 @@ extern "C" __global__ void saxpy(const float *x, const float *y, float *out, flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; return the exit code (0 when the result checks out)."""
+    """``python -m conveyor.demo``: parse the options and run the demo (``conveyor demo`` is
+    the same); return the exit code (0 when the result checks out)."""
     parser = argparse.ArgumentParser(prog="python -m conveyor.demo", description=__doc__)
+    add_options(parser)
+    options = parser.parse_args(argv)
+    return run(options.device, options.mib, options.trace, options.plot)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The demo's command-line options (shared with ``conveyor demo``)."""
     parser.add_argument("--device", default=None, help="device spec (default: the best)")
     parser.add_argument("--mib", type=int, default=256, help="MiB per input (default 256)")
     parser.add_argument("--trace", default="conveyor-demo.json", help="Chrome trace to write")
-    options = parser.parse_args(argv)
+    parser.add_argument("--plot", default="conveyor-demo.png",
+                        help="timeline PNG to write (needs matplotlib: conveyor[plot])")
 
-    dev = cv.device(options.device)
-    rows = options.mib * 2**20 // 4
+
+def run(device_spec: str | None, mib: int, trace: str, plot: str | None) -> int:
+    """Stream 2 x ``mib`` MiB through saxpy with a memory limit of 1/8 of the data; check the
+    result against NumPy; write the Chrome trace and (with matplotlib) the timeline PNG."""
+    if mib < 1:
+        raise cv.InputError(f"--mib {mib}: give at least 1 MiB per input")
+    dev = cv.device(device_spec)
+    rows = mib * 2**20 // 4
     in_bytes = 2 * rows * 4
     memory_limit = in_bytes // 8  # the data is 8x the device memory conveyor may use
     print(f"device: {dev.spec} {dev.name} ({dev.kind}, {dev.backend})")
-    print(f"data: 2 inputs x {options.mib} MiB float32 in, {options.mib} MiB out; "
+    print(f"data: 2 inputs x {mib} MiB float32 in, {mib} MiB out; "
           f"memory limit {memory_limit / 2**20:.0f} MiB")
     rng = np.random.default_rng(0)
     x = rng.random(rows, dtype=np.float32)
@@ -57,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     kernel = dev.compile(source, "saxpy")
     print(f"kernel built and loaded in {time.perf_counter() - started:.3f} s")
     report = cv.stream(kernel, [x, y], [out], device=dev, args=(2.0,),
-                       memory_limit=memory_limit, trace=options.trace)
+                       memory_limit=memory_limit, trace=trace)
     expected = np.float32(2.0) * x + y
     if not np.array_equal(out, expected):
         bad = int(np.count_nonzero(out != expected))
@@ -66,7 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     print(f"result checked against NumPy: all {rows} elements equal")
     print(f"peak device memory {report.peak_device_bytes / 2**20:.1f} MiB "
-          f"<= limit {memory_limit / 2**20:.0f} MiB; trace written to {options.trace}")
+          f"<= limit {memory_limit / 2**20:.0f} MiB; trace written to {trace}")
+    if plot:
+        if importlib.util.find_spec("matplotlib") is None:
+            print("no timeline PNG: matplotlib is not installed (pip install 'conveyor[plot]')")
+        else:
+            from conveyor.trace.plot import plot_timeline
+
+            plot_timeline(report.timeline, plot, title=f"conveyor demo on {dev.spec}")
+            print(f"timeline written to {plot}")
     return 0
 
 
