@@ -15,6 +15,7 @@ from conveyor.errors import InputError
 DEVICE_VAR = "CONVEYOR_DEVICE"
 CACHE_DIR_VAR = "CONVEYOR_CACHE_DIR"
 NO_CACHE_VAR = "CONVEYOR_NO_CACHE"
+STRICT_VAR = "CONVEYOR_STRICT"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 
 
@@ -46,6 +47,12 @@ def parse_bool(name: str, value: str | None, default: bool) -> bool:
 def cache_disabled() -> bool:
     """True when ``CONVEYOR_NO_CACHE`` asks for no kernel cache."""
     return parse_bool(NO_CACHE_VAR, _get(NO_CACHE_VAR), False)
+
+
+def strict_mode() -> bool:
+    """True when ``CONVEYOR_STRICT`` asks streams to raise on hot-path hazards (default off:
+    they warn once)."""
+    return parse_bool(STRICT_VAR, _get(STRICT_VAR), False)
 
 
 def cache_dir() -> Path:

@@ -60,6 +60,22 @@ class OutOfMemoryError(ConveyorError):
         )
 
 
+class HazardError(ConveyorError):
+    """Strict async mode: something on a running stream's hot path would silently block.
+
+    ``hazard`` is "pageable-copy", "pool-allocation" or "kernel-build"; the message says the
+    fix (see :mod:`conveyor.pipeline.hazards`). Survives pickling.
+    """
+
+    def __init__(self, hazard: str, message: str) -> None:
+        super().__init__(hazard, message)
+        self.hazard = hazard
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class InputError(ConveyorError, ValueError):
     """The caller's input cannot be used; the message says what to change."""
 

@@ -39,6 +39,7 @@ from conveyor.backends import base
 from conveyor.backends.cuda_array import DeviceArray
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import Param
+from conveyor.pipeline import hazards
 
 _IMPORT_ERROR: Exception | None = None
 try:
@@ -432,6 +433,7 @@ class Queue(base.Queue):
         """
         if not src.nbytes or self.device._is_pinned(host, src.nbytes):
             return None
+        hazards.pageable_copy(self.device, "copy_in", src.nbytes)
         try:
             block = self.device.pinned_pool.acquire(src.nbytes)
         except OutOfMemoryError:  # no pinned memory to spare: let the driver stage it
@@ -446,6 +448,9 @@ class Queue(base.Queue):
         if not dst.flags.writeable:
             raise InputError("copy_out needs a writeable array")
         dptr = _device_pointer(src, src_offset, dst.nbytes, "copy_out")
+        if (dst.nbytes and hazards.armed(self.device)
+                and not self.device._is_pinned(host, dst.nbytes)):
+            hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
         start = self._begin(wait_for)
         if dst.nbytes:
             _check(driver.cuMemcpyDtoHAsync(host, dptr, dst.nbytes, self._handle),

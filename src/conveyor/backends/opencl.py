@@ -23,6 +23,7 @@ import pyopencl as cl
 from conveyor.backends import base
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import Param
+from conveyor.pipeline import hazards
 
 _COMPLETE = cl.command_execution_status.COMPLETE
 _PROFILE_START = cl.profiling_info.START
@@ -234,6 +235,8 @@ class Queue(base.Queue):
 
     def copy_in(self, dst: base.DeviceBuffer, src: np.ndarray, *, dst_offset: int = 0,
                 wait_for: Sequence[base.Event] = ()) -> Event:
+        if hazards.armed(self.device) and not _is_pinned(src):
+            hazards.pageable_copy(self.device, "copy_in", src.nbytes)
         try:
             ev = _write_buffer(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
                                wait_for=_events(wait_for), is_blocking=False)
@@ -243,6 +246,8 @@ class Queue(base.Queue):
 
     def copy_out(self, dst: np.ndarray, src: base.DeviceBuffer, *, src_offset: int = 0,
                  wait_for: Sequence[base.Event] = ()) -> Event:
+        if hazards.armed(self.device) and not _is_pinned(dst):
+            hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
         try:
             ev = _read_buffer(self._q, _cl_buf(src), dst, src_offset=src_offset,
                               wait_for=_events(wait_for), is_blocking=False)
@@ -314,6 +319,19 @@ class Queue(base.Queue):
         if self.cl_queue is not None:
             self.cl_queue.finish()
             self.cl_queue = None
+
+
+def _is_pinned(array: np.ndarray) -> bool:
+    """True when ``array`` views mapped or shared memory: a pinned buffer's mapping, an SVM
+    allocation, or an array of conveyor's pinned pool."""
+    from conveyor.memory.pinned import PinnedOwner
+
+    holder: Any = array
+    while holder is not None:
+        if isinstance(holder, cl.MemoryMap | cl.SVMAllocation | PinnedOwner):
+            return True
+        holder = getattr(holder, "base", None)
+    return False
 
 
 def _cl_buf(buf: base.DeviceBuffer) -> cl.Buffer:

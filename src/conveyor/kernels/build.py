@@ -18,6 +18,7 @@ from conveyor import config
 from conveyor.errors import CompileError
 from conveyor.kernels.cache import KernelCache, cache_key
 from conveyor.kernels.signature import Param, parse_params
+from conveyor.pipeline import hazards
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, Kernel
@@ -132,6 +133,7 @@ class KernelFuture:
         if kernel is not None:
             return kernel
         binary = self._binary.result(timeout)
+        hazards.kernel_build(self.device, self.name, "loaded")
         kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
         with _lock:
             return _memo.setdefault(memo_key, kernel)
@@ -180,6 +182,7 @@ def _build_and_load(
     disk: KernelCache | None,
 ) -> Kernel:
     binary = disk.load(key) if disk is not None else None
+    hazards.kernel_build(device, name, "built" if binary is None else "loaded")
     if binary is not None:
         try:
             return device.load_kernel(binary, name, options, params)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
+from conveyor.pipeline import hazards
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, DeviceBuffer, Event  # noqa: F401
@@ -118,6 +119,7 @@ class BlockPool(Generic[B]):
                 self._hits += 1
                 return self._mark_in_use(block, size)
             self._misses += 1
+        hazards.pool_allocation(getattr(self, "device", None), self._where, size)
         return self._allocate_with_ladder(size)
 
     def release(self, block: B, after: Event | None = None) -> None:

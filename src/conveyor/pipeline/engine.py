@@ -27,13 +27,16 @@ from conveyor.backends.base import (
 )
 from conveyor.backends.base import Queue as BaseQueue
 from conveyor.memory import pinned
+from conveyor.pipeline import hazards
 from conveyor.pipeline import reduce as reducing
 from conveyor.pipeline.io import ArraySink, ArraySource, Sink, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.stage import Stager, StageTask, copy_rows
-from conveyor.trace.timeline import Span
+from conveyor.trace import nvtx as trace_nvtx
+from conveyor.trace.clock import ClockAnchor
+from conveyor.trace.timeline import Span, Timeline
 
 Compute = Kernel | Callable[..., Any]
 
@@ -82,8 +85,12 @@ class Engine(Closeable):
         zero_copy: bool,
         workers: int | None,
         progress: bool,
+        strict: bool = False,
     ) -> None:
         self.device = device
+        self.strict = strict  # hot-path hazards raise (True) or warn once (pipeline/hazards)
+        self.clock: ClockAnchor | None = None
+        self.nvtx = trace_nvtx.annotator(device.backend)  # None unless CUDA and nvtx
         self.plan = plan
         self.compute = compute
         # Sources and sinks (pipeline/io.py): rows come from and go to arrays or files. The
@@ -164,7 +171,11 @@ class Engine(Closeable):
         started = time.perf_counter()
         try:
             self._build()
-            self._loop()
+            # One marker timed by host and device puts device spans on the host clock; taken
+            # while the queues are idle, before the first block (trace/clock.py).
+            self.clock = ClockAnchor.take(self.compute_q)
+            with hazards.hot_path(self.device, strict=self.strict):
+                self._loop()
             for queue in self.queues:
                 queue.finish()
         except BaseException:
@@ -201,8 +212,14 @@ class Engine(Closeable):
     def _run_stage(self, tasks: list[StageTask], lanes: list[tuple[str, Block]]) -> None:
         if not tasks:
             return
+        if self.nvtx is not None:
+            self.nvtx.push(" + ".join(f"{lane} {block.index}" for lane, block in lanes), "stage")
         start = time.perf_counter_ns()
-        self.stager.run(tasks)
+        try:
+            self.stager.run(tasks)
+        finally:
+            if self.nvtx is not None:
+                self.nvtx.pop()
         end = time.perf_counter_ns()
         for lane, block in lanes:
             self.host_spans.append(Span(lane, block.index, start, end))
@@ -211,9 +228,15 @@ class Engine(Closeable):
         """Wait for the slot's block to leave the device; return its stage-out copies."""
         block = slot.block
         assert block is not None
+        if self.nvtx is not None:
+            self.nvtx.push(f"host-wait {block.index}", "host-wait")
         start = time.perf_counter_ns()
-        for event in slot.done:
-            event.wait()
+        try:
+            for event in slot.done:
+                event.wait()
+        finally:
+            if self.nvtx is not None:
+                self.nvtx.pop()
         self.host_spans.append(Span("host-wait", block.index, start, time.perf_counter_ns()))
         for registration in slot.registrations:
             registration.close()
@@ -239,11 +262,13 @@ class Engine(Closeable):
             self.partials.append(slot.partial)
             slot.partial = None
             return
+        start = time.perf_counter_ns()
         assert slot.pin_partial is not None and slot.pin_has is not None
         acc = reducing.partial_dtype(self.reduce_dtype, str(self.reduce))
         values = slot.pin_partial.array[: reducing.PARTIALS * acc.itemsize].view(acc)
         has = slot.pin_has.array[: reducing.PARTIALS]
         self.partials.append(reducing.fold_partials(str(self.reduce), values, has))
+        self.host_spans.append(Span("combine", block.index, start, time.perf_counter_ns()))
 
     # -- issuing ----------------------------------------------------------------------------
     def _stage_in_tasks(self, slot: Slot, block: Block) -> list[StageTask]:
@@ -430,16 +455,11 @@ class Engine(Closeable):
         self.queues = []
 
     def _report(self, seconds: float) -> Report:
-        host_spans, records = self.host_spans, self.records
+        host_spans, records, clock = self.host_spans, self.records, self.clock
         self.host_spans, self.records = [], []
 
-        def spans() -> list[Span]:
-            found = list(host_spans)
-            for lane, block, event, nbytes in records:
-                times = event.profile_ns()
-                if times is not None:
-                    found.append(Span(lane, block, times[0], times[1], nbytes))
-            return found
+        def timeline() -> Timeline:
+            return Timeline.from_records(records, host_spans, clock)
 
         return Report(
             device=self.device.spec,
@@ -453,7 +473,8 @@ class Engine(Closeable):
             zero_copy=self.zero_copy,
             result=reducing.combine(self.reduce, self.partials) if self.reduce else None,
             outputs=[s.result for s in self.sinks],
-            spans_source=spans,
+            device_name=self.device.name,
+            timeline_source=timeline,
         )
 
 

@@ -6,13 +6,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.trace.timeline import Span, Timeline
+from conveyor.trace.ceiling import LinkCeiling, link_ceiling
+from conveyor.trace.timeline import LANES, Span, Timeline
+
+_UNREAD: Any = object()
 
 
 @dataclass
 class Report:
     """The figures of one stream. Bytes count the caller's data (not halo re-reads);
-    GB/s are 1e9 bytes per second of wall time."""
+    GB/s are 1e9 bytes per second of wall time (``seconds``, set-up included).
+
+    Figures drawn from the timeline (busy time per lane, overlap, exposed transfer time, host
+    stall time) read the device timestamps on first use; see :class:`Timeline` for each
+    definition.
+    """
 
     device: str
     seconds: float = 0.0
@@ -25,20 +33,30 @@ class Report:
     zero_copy: bool = False
     result: Any = None
     outputs: list[Any] = field(default_factory=list)
-    #: Makes the spans on first use of ``timeline``: reading device timestamps costs a few
+    #: The driver's name of the device (keys the cached link ceiling with ``device``).
+    device_name: str = ""
+    #: Makes the timeline on first use of ``timeline``: reading device timestamps costs a few
     #: microseconds per command, which a caller who never looks should not pay.
+    timeline_source: Callable[[], Timeline] | None = field(default=None, repr=False)
+    #: Older form of ``timeline_source``: the spans alone (one clock assumed).
     spans_source: Callable[[], list[Span]] | None = field(default=None, repr=False)
     _timeline: Timeline | None = field(default=None, repr=False)
+    _ceiling: Any = field(default=_UNREAD, repr=False)
 
     @property
     def timeline(self) -> Timeline:
-        """Every span of the stream (built on first access)."""
+        """Every span of the stream on one clock (built on first access)."""
         if self._timeline is None:
-            spans = self.spans_source() if self.spans_source is not None else []
-            self._timeline = Timeline(spans)
+            if self.timeline_source is not None:
+                self._timeline = self.timeline_source()
+            else:
+                spans = self.spans_source() if self.spans_source is not None else []
+                self._timeline = Timeline(spans)
+            self.timeline_source = None
             self.spans_source = None
         return self._timeline
 
+    # -- rates -------------------------------------------------------------------------------
     @property
     def gbps_in(self) -> float:
         """Input bytes per second of wall time, in GB/s."""
@@ -50,19 +68,96 @@ class Report:
         return self.bytes_out / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
     @property
+    def ceiling(self) -> LinkCeiling | None:
+        """The device's measured pinned copy bandwidth (``conveyor devices --measure`` caches
+        it), or None when it was never measured on this machine."""
+        if self._ceiling is _UNREAD:
+            self._ceiling = link_ceiling(self.device, self.device_name)
+        found: LinkCeiling | None = self._ceiling
+        return found
+
+    @property
+    def ceiling_ratio_in(self) -> float | None:
+        """``gbps_in`` as a share of the host-to-device ceiling; None when the ceiling is
+        unknown or no block crossed the link (zero-copy)."""
+        ceiling = self.ceiling
+        if ceiling is None or not ceiling.h2d_gbps or self.zero_copy or not self.bytes_in:
+            return None
+        return self.gbps_in / ceiling.h2d_gbps
+
+    @property
+    def ceiling_ratio_out(self) -> float | None:
+        """``gbps_out`` as a share of the device-to-host ceiling (None as for ``_in``)."""
+        ceiling = self.ceiling
+        if ceiling is None or not ceiling.d2h_gbps or self.zero_copy or not self.bytes_out:
+            return None
+        return self.gbps_out / ceiling.d2h_gbps
+
+    # -- figures from the timeline -------------------------------------------------------------
+    @property
     def overlap(self) -> float | None:
-        """Share of copy time hidden under compute (see Timeline.overlap)."""
+        """The share of copy time that ran while the compute lane was busy, in [0, 1]:
+        ``(|CI ∩ C| + |CO ∩ C|) / (|CI| + |CO|)`` over the time covered by the copy-in (CI),
+        copy-out (CO) and compute (C) lanes. None without copies or device timing."""
         return self.timeline.overlap
 
+    @property
+    def busy_seconds(self) -> dict[str, float]:
+        """Busy time of each lane that ran, in seconds (overlapping spans counted once)."""
+        timeline = self.timeline
+        return {lane: timeline.busy_ns(lane) / 1e9 for lane in timeline.lanes}
+
+    @property
+    def bound(self) -> str | None:
+        """The busiest work lane ("compute", "copy-in", "stage-in", ...): what limits it."""
+        return self.timeline.bound
+
+    @property
+    def exposed_transfer_seconds(self) -> float | None:
+        """Stream wall time minus compute busy time, in seconds: when compute is the bound,
+        the transfer time not hidden under compute (fill and drain included); None without a
+        compute span."""
+        exposed = self.timeline.exposed_transfer_ns
+        return None if exposed is None else exposed / 1e9
+
+    @property
+    def host_stall_seconds(self) -> float:
+        """Time the host blocked waiting for a free slot, in seconds."""
+        return self.timeline.host_stall_ns / 1e9
+
+    # -- the table -----------------------------------------------------------------------------
     def __str__(self) -> str:
         if self.blocks == 0:
             return f"conveyor stream on {self.device}: nothing to do (zero-length inputs)"
-        overlap = "n/a" if self.overlap is None else f"{self.overlap:.0%}"
+        timeline = self.timeline
         mode = "zero-copy" if self.zero_copy else f"depth {self.depth}"
-        return (
+        ceiling = self.ceiling
+        lines = [
             f"conveyor stream on {self.device}: {self.blocks} blocks of {self.block_rows} rows "
-            f"({mode}) in {self.seconds:.3f} s\n"
-            f"  in  {self.bytes_in / 1e9:8.3f} GB  {self.gbps_in:7.2f} GB/s\n"
-            f"  out {self.bytes_out / 1e9:8.3f} GB  {self.gbps_out:7.2f} GB/s\n"
-            f"  peak device memory {self.peak_device_bytes / 2**20:.1f} MiB, overlap {overlap}"
+            f"({mode}) in {self.seconds:.3f} s",
+            f"  in  {self.bytes_in / 1e9:8.3f} GB  {self.gbps_in:7.2f} GB/s"
+            + _ratio(self.ceiling_ratio_in, ceiling.h2d_gbps if ceiling else None),
+            f"  out {self.bytes_out / 1e9:8.3f} GB  {self.gbps_out:7.2f} GB/s"
+            + _ratio(self.ceiling_ratio_out, ceiling.d2h_gbps if ceiling else None),
+        ]
+        wall = timeline.wall_ns
+        busy = [(lane, timeline.busy_ns(lane)) for lane in LANES if timeline.lane(lane)]
+        if busy and wall > 0:
+            lines.append("  lane        busy ms  share of wall")
+            for lane, ns in busy:
+                lines.append(f"  {lane:<10} {ns / 1e6:8.2f}  {ns / wall:6.0%}")
+        overlap = "n/a" if self.overlap is None else f"{self.overlap:.0%}"
+        exposed = self.exposed_transfer_seconds
+        lines.append(
+            f"  overlap {overlap}, bound {self.bound or 'n/a'}, exposed transfer "
+            + ("n/a" if exposed is None else f"{exposed * 1e3:.2f} ms")
+            + f", host stall {self.host_stall_seconds * 1e3:.2f} ms"
         )
+        lines.append(f"  peak device memory {self.peak_device_bytes / 2**20:.1f} MiB")
+        return "\n".join(lines)
+
+
+def _ratio(ratio: float | None, ceiling: float | None) -> str:
+    if ratio is None or not ceiling:
+        return ""
+    return f" = {ratio:.2f} x ceiling ({ceiling:.1f})"

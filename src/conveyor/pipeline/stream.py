@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor import config
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
 from conveyor.pipeline import validate
@@ -32,6 +33,7 @@ def stream(
     trace: str | None = None,
     zero_copy: bool | None = None,
     workers: int | None = None,
+    strict: bool | None = None,
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
@@ -73,6 +75,11 @@ def stream(
     the staging threads. ``progress=True`` shows a progress bar. ``trace`` names a Chrome-trace
     JSON file to write.
 
+    ``strict=True`` (default: ``CONVEYOR_STRICT``, else off) raises HazardError when something
+    on the hot path would silently block: a pageable host array handed to an async copy, a
+    pool allocation after the ring was built, a kernel build or load after the first block.
+    Without it each such hazard warns once per process (``conveyor.pipeline.hazards``).
+
     Raises InputError (before any work) for arguments that cannot work; the first failure of a
     kernel, callable or staging copy is raised as is, after everything in flight has finished
     and every buffer has gone back to its pool.
@@ -83,6 +90,7 @@ def stream(
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
     dev = device if device is not None else default_device()
+    use_strict = config.strict_mode() if strict is None else bool(strict)
     if trace is not None and not isinstance(trace, str):
         raise InputError("trace= takes a file path (str)")
     sources: list[Source] = []
@@ -98,7 +106,7 @@ def stream(
             for i, o in enumerate(outputs or ())
         ]
         report = _run(compute, sources, sinks, dev, depth, block_bytes, memory_limit, halo,
-                      reduce, args, progress, zero_copy, workers)
+                      reduce, args, progress, zero_copy, workers, use_strict)
     except BaseException:
         for sink in sinks:
             sink.abort()
@@ -116,7 +124,7 @@ def stream(
 def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device, depth: int,
          block_bytes: int | None, memory_limit: int | None, halo: int,
          reduce: str | Callable[[Any, Any], Any] | None, args: Sequence[Any], progress: bool,
-         zero_copy: bool | None, workers: int | None) -> Report:
+         zero_copy: bool | None, workers: int | None, strict: bool = False) -> Report:
     """Check, plan and run a stream of sources into sinks; commit the sinks."""
     reduce_dtype: np.dtype | None = None
     if isinstance(compute, Kernel):
@@ -156,7 +164,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
     engine = Engine(
         dev, plan, compute, sources, sinks,
         args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
-        workers=workers, progress=progress,
+        workers=workers, progress=progress, strict=strict,
     )
     report = engine.run()
     for sink in sinks:

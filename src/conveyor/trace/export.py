@@ -6,35 +6,39 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from conveyor.trace.timeline import DEVICE_LANES, HOST_LANES, Timeline
-
-_LANES = HOST_LANES[:1] + DEVICE_LANES + HOST_LANES[1:]
+from conveyor.trace.timeline import LANES, Timeline
 
 
-def chrome_trace(timeline: Timeline) -> dict:
-    """The timeline as a Trace Event dict: one thread (track) per lane, one complete event
-    (``ph: "X"``) per block and stage, times in microseconds from the first span of its clock.
-    Device and host spans are on different clocks: each clock starts at zero."""
-    events: list[dict] = []
-    for tid, lane in enumerate(_LANES, start=1):
+def chrome_trace(timeline: Timeline, process: str = "conveyor") -> dict[str, Any]:
+    """The timeline as a Trace Event dict: one thread (track) per lane in journey order, one
+    complete event (``ph: "X"``) per block and stage with its block index and bytes in
+    ``args``; ``ts`` and ``dur`` in microseconds from the stream's start, on the one clock of
+    the timeline (host ``perf_counter``, device spans aligned to it)."""
+    lanes = list(LANES) + [lane for lane in timeline.lanes if lane not in LANES]
+    tids = {lane: tid for tid, lane in enumerate(lanes, start=1)}
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": process}},
+    ]
+    for lane in timeline.lanes:
+        tid = tids[lane]
         events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid,
                        "args": {"name": lane}})
-    origin = {
-        clock: min((s.start_ns for s in timeline.spans if s.lane in lanes), default=0)
-        for clock, lanes in (("device", DEVICE_LANES), ("host", HOST_LANES))
-    }
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": tid,
+                       "args": {"sort_index": tid}})
+    origin = timeline.origin_ns
     for span in timeline.spans:
-        if span.lane not in _LANES:
-            continue
-        base = origin["device" if span.lane in DEVICE_LANES else "host"]
         events.append({
             "name": f"{span.lane} {span.block}", "cat": span.lane, "ph": "X", "pid": 1,
-            "tid": _LANES.index(span.lane) + 1,
-            "ts": (span.start_ns - base) / 1000.0, "dur": span.duration_ns / 1000.0,
+            "tid": tids[span.lane],
+            "ts": (span.start_ns - origin) / 1000.0, "dur": span.duration_ns / 1000.0,
             "args": {"block": span.block, "bytes": span.nbytes},
         })
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    metadata: dict[str, Any] = {"clock": "host perf_counter, device spans aligned"}
+    if timeline.clock_error_ns is not None:
+        metadata["clock_error_us"] = timeline.clock_error_ns / 1000.0
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": metadata}
 
 
 def save_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None:

@@ -1,18 +1,31 @@
-"""The timeline of a stream: one span per block and stage, read after the fact.
+"""The timeline of a stream: one span per block and lane, on one clock, read after the fact.
 
 Device spans (copy-in, compute, copy-out) come from the queues' own timestamps, read once the
 stream is over, so recording adds no synchronisation to the hot path. Host spans (stage-in,
-stage-out, waits for a free slot) come from ``time.perf_counter_ns``. The two clocks differ;
-``overlap`` uses device spans only.
+stage-out, waits for a free slot, the host's fold of reduction partials) come from
+``time.perf_counter_ns``. Device times are moved onto the host clock through one
+:class:`~conveyor.trace.clock.ClockAnchor` taken before the first block, so every span of a
+timeline is in host ``perf_counter_ns`` nanoseconds and lanes can be compared with each other;
+``Timeline.clock_error_ns`` bounds the error of that alignment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.trace.clock import ClockAnchor
 
 DEVICE_LANES = ("copy-in", "compute", "copy-out")
-HOST_LANES = ("stage-in", "stage-out", "host-wait")
+HOST_LANES = ("stage-in", "stage-out", "host-wait", "combine")
+#: Every lane, in the order a block passes through them (the order of tracks and plot rows).
+LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "host-wait", "combine")
+COPY_LANES = ("copy-in", "copy-out")
+#: Lanes that do the stream's work; the busiest of them is the bound (host-wait is a symptom).
+WORK_LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "combine")
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,11 @@ class Span:
     def duration_ns(self) -> int:
         """Length of the span in nanoseconds."""
         return max(self.end_ns - self.start_ns, 0)
+
+
+#: What the engine records for each device command: (lane, block index, event, bytes). The
+#: event is a backend Event; only its ``profile_ns()`` is read, after the stream.
+Record = tuple[str, int, Any, int]
 
 
 def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -50,11 +68,70 @@ def _covered(start: int, end: int, busy: list[tuple[int, int]]) -> int:
     return total
 
 
-class Timeline:
-    """Every span of a stream, with the busy time of each lane and the overlap figure."""
+def one_per_block(spans: Iterable[Span]) -> list[Span]:
+    """Join the spans of each (lane, block) into one: from the first start to the last end,
+    bytes summed. A block's two input copies (or its kernel and its reduction kernel) run back
+    to back on one in-order queue, so the joined span is what the lane spent on that block."""
+    joined: dict[tuple[str, int], Span] = {}
+    for span in spans:
+        key = (span.lane, span.block)
+        seen = joined.get(key)
+        if seen is None:
+            joined[key] = span
+        else:
+            joined[key] = Span(span.lane, span.block, min(seen.start_ns, span.start_ns),
+                               max(seen.end_ns, span.end_ns), seen.nbytes + span.nbytes)
+    return list(joined.values())
 
-    def __init__(self, spans: Iterable[Span] = ()) -> None:
-        self.spans: list[Span] = sorted(spans, key=lambda s: (s.lane, s.start_ns))
+
+class Timeline:
+    """Every span of a stream on one clock, with busy time per lane and the overlap figures.
+
+    ``start_ns`` is when the stream's first block began (host clock; the first span's start
+    when not given); ``clock_error_ns`` bounds how far device spans may sit from where they
+    really ran on the host clock (None: device and host spans could not be aligned).
+    """
+
+    def __init__(self, spans: Iterable[Span] = (), *, start_ns: int | None = None,
+                 clock_error_ns: int | None = None) -> None:
+        order = {lane: i for i, lane in enumerate(LANES)}
+        self.spans: list[Span] = sorted(
+            spans, key=lambda s: (order.get(s.lane, len(order)), s.lane, s.start_ns, s.block))
+        self.start_ns = start_ns
+        self.clock_error_ns = clock_error_ns
+
+    @classmethod
+    def from_records(cls, records: Sequence[Record], host_spans: Sequence[Span],
+                     anchor: ClockAnchor | None) -> Timeline:
+        """The timeline of a finished stream: device ``records`` (timestamps read now, moved
+        onto the host clock through ``anchor``) and ``host_spans``, one span per block and
+        lane."""
+        device: list[Span] = []
+        for lane, block, event, nbytes in records:
+            times = event.profile_ns()
+            if times is not None:
+                device.append(Span(lane, block, times[0], times[1], nbytes))
+        offset = anchor.offset_ns() if anchor is not None else None
+        error = anchor.error_ns if offset is not None and anchor is not None else None
+        if offset is None and device:
+            # No marker timing: line the first device span up with the stream's start; the
+            # lanes keep their shape but their place against the host lanes is a guess.
+            first = min(s.start_ns for s in device)
+            origin = anchor.host_ns if anchor is not None else min(
+                (s.start_ns for s in host_spans), default=first)
+            offset = origin - first
+        shift = offset or 0
+        device = [Span(s.lane, s.block, s.start_ns + shift, s.end_ns + shift, s.nbytes)
+                  for s in device]
+        start = anchor.host_ns if anchor is not None else None
+        return cls(one_per_block([*host_spans, *device]), start_ns=start, clock_error_ns=error)
+
+    # -- lanes -------------------------------------------------------------------------------
+    @property
+    def lanes(self) -> list[str]:
+        """The lanes that have spans, in journey order."""
+        present = {s.lane for s in self.spans}
+        return [lane for lane in LANES if lane in present] + sorted(present - set(LANES))
 
     def lane(self, name: str) -> list[Span]:
         """The spans of one lane, in start order."""
@@ -65,14 +142,41 @@ class Timeline:
         return sum(end - start for start, end in _merge(
             (s.start_ns, s.end_ns) for s in self.lane(name)))
 
+    # -- extent ------------------------------------------------------------------------------
+    @property
+    def origin_ns(self) -> int:
+        """The zero of exported times: ``start_ns``, or the first span's start (0 if none)."""
+        first = min((s.start_ns for s in self.spans), default=0)
+        return first if self.start_ns is None else min(self.start_ns, first)
+
+    @property
+    def end_ns(self) -> int:
+        """When the last span ended (host clock)."""
+        return max((s.end_ns for s in self.spans), default=self.origin_ns)
+
+    @property
+    def wall_ns(self) -> int:
+        """The stream's wall time on the timeline: from its start to the end of its last span
+        (set-up before the first block, and returning buffers after, are not in it)."""
+        return max(self.end_ns - self.origin_ns, 0)
+
+    # -- figures -----------------------------------------------------------------------------
     @property
     def overlap(self) -> float | None:
-        """The share of copy time (copy-in and copy-out lanes, each counted once) that ran while
-        the compute lane was busy, in [0, 1]; None when there was no copy or no device timing."""
+        """The share of copy time that ran while the compute lane was busy, in [0, 1].
+
+        With CI, CO and C the time covered by the copy-in, copy-out and compute lanes (each the
+        union of its spans, so a moment counts once per lane)::
+
+            overlap = (|CI ∩ C| + |CO ∩ C|) / (|CI| + |CO|)
+
+        1 means every copy was hidden under some kernel; 0 means copies and kernels took turns.
+        None when there was no copy (zero-copy streams) or no compute span (no device timing).
+        """
         compute = _merge((s.start_ns, s.end_ns) for s in self.lane("compute"))
         copies = [
             interval
-            for lane in ("copy-in", "copy-out")
+            for lane in COPY_LANES
             for interval in _merge((s.start_ns, s.end_ns) for s in self.lane(lane))
         ]
         total = sum(end - start for start, end in copies)
@@ -80,6 +184,56 @@ class Timeline:
             return None
         hidden = sum(_covered(start, end, compute) for start, end in copies)
         return hidden / total
+
+    @property
+    def bound(self) -> str | None:
+        """The busiest work lane (stage-in, copy-in, compute, copy-out, stage-out, combine):
+        what limits the stream. None for an empty timeline."""
+        busy = {lane: self.busy_ns(lane) for lane in WORK_LANES}
+        lane = max(busy, key=lambda name: busy[name])
+        return lane if busy[lane] > 0 else None
+
+    @property
+    def exposed_transfer_ns(self) -> int | None:
+        """Wall time minus compute busy time, in ns: how long the stream ran without a kernel
+        running. When compute is the bound this is the transfer (and host) time that was not
+        hidden under compute, pipeline fill and drain included; 0 is perfect overlap. When a
+        copy or staging lane is the bound it is at least that lane's excess over compute.
+        None when there is no compute span."""
+        if not self.lane("compute"):
+            return None
+        return max(self.wall_ns - self.busy_ns("compute"), 0)
+
+    @property
+    def host_stall_ns(self) -> int:
+        """Time the host thread spent blocked waiting for a slot to come free (the host-wait
+        lane's busy time), in ns."""
+        return self.busy_ns("host-wait")
+
+    # -- export ------------------------------------------------------------------------------
+    def to_chrome_trace(self) -> dict[str, Any]:
+        """The timeline as a Chrome Trace Event dict (see :mod:`conveyor.trace.export`)."""
+        from conveyor.trace.export import chrome_trace
+
+        return chrome_trace(self)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write Chrome Trace Event JSON to ``path`` (opens in Perfetto and chrome://tracing):
+        one track per lane, one slice per block and stage, block index and bytes in the args."""
+        from conveyor.trace.export import save_chrome_trace
+
+        save_chrome_trace(self, path)
+
+    def plot(self, path: str | os.PathLike[str], *, title: str | None = None,
+             span_ms: float | None = None) -> None:
+        """Draw the timeline as a Gantt chart (one row per lane) into an image file, e.g. PNG;
+        ``span_ms`` fixes the time axis' length (to compare two charts).
+
+        Needs matplotlib (``pip install conveyor[plot]``): InputError without it.
+        """
+        from conveyor.trace.plot import plot_timeline
+
+        plot_timeline(self, path, title=title, span_ms=span_ms)
 
     def __len__(self) -> int:
         return len(self.spans)

@@ -1,0 +1,112 @@
+"""The link ceiling of a device: pinned copy bandwidth measured once and cached as JSON.
+
+``conveyor devices --measure`` measures it and stores it with :func:`save_link_ceiling`; a
+report reads it with :func:`link_ceiling` to give its rates as a ratio to the ceiling. The file
+is ``<cache dir>/link-bandwidth.json`` (the kernel cache's directory)::
+
+    {"format": 1,
+     "devices": {"cuda:0|NVIDIA H200": {"pinned_h2d_gbps": 55.5, "pinned_d2h_gbps": 55.1,
+                                        "pinned_both_gbps": 101.7, "measured_at": "..."}}}
+
+Keys are the device spec and name, so a cache carried to another machine does not apply a
+ceiling to a different device. Reading is tolerant: no file, an unreadable or malformed one,
+or a device missing from it all mean "ceiling unknown" (None), never an error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conveyor import config
+from conveyor.errors import ConveyorError
+
+FILE_NAME = "link-bandwidth.json"
+FORMAT = 1
+_H2D_KEYS = ("pinned_h2d_gbps", "h2d_gbps", "h2d")
+_D2H_KEYS = ("pinned_d2h_gbps", "d2h_gbps", "d2h")
+
+
+@dataclass(frozen=True)
+class LinkCeiling:
+    """Measured pinned copy bandwidth of one device, in GB/s (1e9 bytes/s) each way."""
+
+    h2d_gbps: float | None
+    d2h_gbps: float | None
+
+
+def device_key(spec: str, name: str) -> str:
+    """The key of a device in the cache file."""
+    return f"{spec}|{name}"
+
+
+def ceiling_path(cache_dir: Path | None = None) -> Path | None:
+    """Where the ceiling file lives (None when the cache directory is misconfigured)."""
+    if cache_dir is not None:
+        return cache_dir / FILE_NAME
+    try:
+        return config.cache_dir() / FILE_NAME
+    except ConveyorError:
+        return None
+
+
+def _number(entry: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        value = entry.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
+
+
+def link_ceiling(spec: str, name: str, cache_dir: Path | None = None) -> LinkCeiling | None:
+    """The cached ceiling of device ``spec``/``name``, or None when it is not known."""
+    path = ceiling_path(cache_dir)
+    if path is None:
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    devices = document.get("devices") if isinstance(document, dict) else None
+    if not isinstance(devices, dict):
+        return None
+    entry = devices.get(device_key(spec, name))
+    if not isinstance(entry, dict):
+        return None
+    found = LinkCeiling(_number(entry, _H2D_KEYS), _number(entry, _D2H_KEYS))
+    return found if found.h2d_gbps or found.d2h_gbps else None
+
+
+def save_link_ceiling(spec: str, name: str, figures: dict[str, float],
+                      cache_dir: Path | None = None) -> Path:
+    """Store measured ``figures`` (e.g. ``pinned_h2d_gbps``, ``pinned_d2h_gbps``) for the
+    device, keeping other devices' entries; written atomically. Returns the file's path.
+    Raises InputError when the cache directory is misconfigured, OSError when unwritable."""
+    path = cache_dir / FILE_NAME if cache_dir is not None else config.cache_dir() / FILE_NAME
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        document = {}
+    devices = document.get("devices") if isinstance(document, dict) else None
+    if not isinstance(devices, dict):
+        devices = {}
+    entry: dict[str, Any] = {key: float(value) for key, value in figures.items()}
+    entry["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    devices[device_key(spec, name)] = entry
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-link-")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"format": FORMAT, "devices": devices}, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
