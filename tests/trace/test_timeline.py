@@ -1,0 +1,125 @@
+"""The timeline of a real stream: one clock, one span per block and lane, lanes that never
+overlap themselves, and the figures drawn from it."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from tracekit import kernel, vadd_stream
+
+import conveyor as cv
+from conveyor.trace.timeline import COPY_LANES, DEVICE_LANES, LANES, Span, Timeline
+
+ZERO_COPY = pytest.mark.parametrize("zero_copy", [False, None], ids=["copying", "auto"])
+
+
+@ZERO_COPY
+def test_every_block_appears_once_per_lane(device, zero_copy):
+    report = vadd_stream(device, zero_copy=zero_copy)
+    timeline = report.timeline
+    assert timeline.lanes and set(timeline.lanes) <= set(LANES)
+    for lane in timeline.lanes:
+        blocks = [s.block for s in timeline.lane(lane)]
+        assert sorted(blocks) == list(range(report.blocks)), lane
+
+
+@ZERO_COPY
+@pytest.mark.parametrize("depth", [1, 3])
+def test_spans_on_one_lane_do_not_overlap(device, zero_copy, depth):
+    timeline = vadd_stream(device, zero_copy=zero_copy, depth=depth).timeline
+    for lane in timeline.lanes:
+        for first, second in pairwise(timeline.lane(lane)):
+            assert first.end_ns <= second.start_ns, (lane, first, second)
+
+
+def test_copy_spans_carry_their_bytes(device):
+    report = vadd_stream(device)
+    timeline = report.timeline
+    assert sum(s.nbytes for s in timeline.lane("copy-in")) == report.bytes_in
+    assert sum(s.nbytes for s in timeline.lane("copy-out")) == report.bytes_out
+
+
+def test_device_spans_sit_on_the_host_clock(device):
+    """Causality across the two clocks: a block's copy-in starts after its stage-in ended on
+    the host, and its copy-out ends before the host's wait for it ends (within the bound)."""
+    timeline = vadd_stream(device).timeline
+    error = timeline.clock_error_ns
+    assert error is not None and 0 <= error < 50_000_000
+    staged = {s.block: s for s in timeline.lane("stage-in")}
+    waited = {s.block: s for s in timeline.lane("host-wait")}
+    for span in timeline.lane("copy-in"):
+        assert span.start_ns >= staged[span.block].end_ns - error, span
+    for span in timeline.lane("copy-out"):
+        assert span.end_ns <= waited[span.block].end_ns + error, span
+    assert timeline.start_ns is not None
+    assert min(s.start_ns for s in timeline.spans) >= timeline.start_ns - error
+
+
+def test_reduction_records_the_host_combine(device):
+    x = np.arange(30_000, dtype=np.float32)
+    report = cv.stream(kernel(device, "ident"), [x], device=device, reduce="sum",
+                       block_bytes=40_000, zero_copy=False)
+    assert report.result == pytest.approx(float(x.sum(dtype=np.float64)), rel=1e-5)
+    blocks = [s.block for s in report.timeline.lane("combine")]
+    assert sorted(blocks) == list(range(report.blocks))
+
+
+@ZERO_COPY
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_overlap_is_a_share(device, zero_copy, depth):
+    overlap = vadd_stream(device, zero_copy=zero_copy, depth=depth).overlap
+    if zero_copy is False:
+        assert overlap is not None
+    assert overlap is None or 0.0 <= overlap <= 1.0
+
+
+def test_figures_are_consistent(device):
+    report = vadd_stream(device)
+    timeline = report.timeline
+    busy = report.busy_seconds
+    assert set(busy) == set(timeline.lanes) and all(v >= 0 for v in busy.values())
+    wall = timeline.wall_ns / 1e9
+    assert 0 < wall <= report.seconds
+    assert all(v <= wall + 1e-9 for v in busy.values())
+    exposed = report.exposed_transfer_seconds
+    assert exposed is not None and exposed == pytest.approx(wall - busy["compute"], abs=1e-9)
+    assert report.host_stall_seconds == pytest.approx(busy.get("host-wait", 0.0))
+    assert report.bound in busy
+
+
+def test_str_is_a_short_table(device):
+    text = str(vadd_stream(device))
+    for word in (device.spec, "GB/s", "compute", "copy-in", "overlap", "exposed transfer",
+                 "host stall"):
+        assert word in text
+    assert len(text.splitlines()) <= 14
+
+
+# -- the definitions, on spans made by hand -------------------------------------------------
+def _timeline(*spans: tuple[str, int, int, int]) -> Timeline:
+    return Timeline([Span(lane, block, start, end) for lane, block, start, end in spans])
+
+
+def test_overlap_counts_copy_time_under_compute():
+    # copy-in 0..10 (half under compute 5..15), copy-out 20..30 (none): 5 of 20 hidden.
+    timeline = _timeline(("copy-in", 0, 0, 10), ("compute", 0, 5, 15), ("copy-out", 0, 20, 30))
+    assert timeline.overlap == pytest.approx(0.25)
+    assert timeline.exposed_transfer_ns == 30 - 10
+    assert timeline.bound in COPY_LANES
+
+
+def test_overlap_is_none_without_copies_or_compute():
+    assert _timeline(("compute", 0, 0, 5)).overlap is None
+    assert _timeline(("copy-in", 0, 0, 5)).overlap is None
+
+
+def test_busy_time_counts_a_moment_once():
+    timeline = _timeline(("compute", 0, 0, 10), ("compute", 1, 5, 12))
+    assert timeline.busy_ns("compute") == 12 and timeline.bound == "compute"
+
+
+def test_lanes_follow_the_journey():
+    timeline = _timeline(*[(lane, 0, 0, 1) for lane in reversed(DEVICE_LANES)])
+    assert timeline.lanes == list(DEVICE_LANES)
