@@ -67,7 +67,7 @@ def main() -> None:
             reports[depth] = cv.stream(kernel, [x], [y], device=dev, depth=depth,
                                        block_bytes=options.block_mib * 2**20,
                                        args=(options.iters,), zero_copy=False)
-        np.testing.assert_allclose(y[sample], expected(x[sample], options.iters), rtol=1e-4)
+        np.testing.assert_allclose(y[sample], expected(x[sample], options.iters), rtol=1e-3)
 
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
