@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from conveyor.cli import main
+from conveyor.kernels.portable import PRELUDE
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
-KERNELS = """
+KERNELS = PRELUDE + """
 __kernel void saxpy(__global const float *x, __global const float *y, __global float *out,
                     float a, ulong offset, ulong n) {
     ulong i = get_global_id(0);
@@ -49,8 +50,15 @@ def files(tmp_path):
     y = rng.standard_normal(50_000).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
+    # One portable source (conveyor.kernels.portable) under both names: k.cl for OpenCL
+    # devices, k.cu for CUDA ones (the CLI tells the language by the extension).
     (tmp_path / "k.cl").write_text(KERNELS)
+    (tmp_path / "k.cu").write_text(KERNELS)
     return tmp_path, x, y
+
+
+def _kernel_file(device):
+    return "k.cu" if device.backend == "cuda" else "k.cl"
 
 
 def _run(tmp_path, *argv):
@@ -59,8 +67,8 @@ def _run(tmp_path, *argv):
 
 def test_map_round_trip(device, files, capsys):
     tmp, x, y = files
-    code = _run(tmp, "map", tmp / "k.cl", "--kernel", "saxpy", "-i", tmp / "x.npy",
-                "-i", tmp / "y.npy", "-o", tmp / "out.npy", "--arg", "2.5",
+    code = _run(tmp, "map", tmp / _kernel_file(device), "--kernel", "saxpy", "-i",
+                tmp / "x.npy", "-i", tmp / "y.npy", "-o", tmp / "out.npy", "--arg", "2.5",
                 "--device", device.spec, "--memory-limit", "64KiB", "--quiet",
                 "--trace", tmp / "run.json")
     assert code == 0, capsys.readouterr().err
@@ -72,7 +80,7 @@ def test_map_round_trip(device, files, capsys):
 def test_map_raw_and_parquet_inputs(device, files):
     tmp, x, y = files
     x.tofile(tmp / "x.bin")
-    code = _run(tmp, "map", tmp / "k.cl", "--kernel", "saxpy", "-i", tmp / "x.bin",
+    code = _run(tmp, "map", tmp / _kernel_file(device), "--kernel", "saxpy", "-i", tmp / "x.bin",
                 "-i", tmp / "y.npy", "-o", tmp / "raw.npy", "--arg", "2",
                 "--dtype", "float32", "--device", device.spec, "--quiet")
     assert code == 0
@@ -81,7 +89,8 @@ def test_map_raw_and_parquet_inputs(device, files):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"v": x}), tmp / "x.parquet", row_group_size=7000)
-    code = _run(tmp, "map", tmp / "k.cl", "--kernel", "saxpy", "-i", tmp / "x.parquet",
+    code = _run(tmp, "map", tmp / _kernel_file(device), "--kernel", "saxpy", "-i",
+                tmp / "x.parquet",
                 "-i", tmp / "y.npy", "-o", tmp / "pq.npy", "--arg", "2", "--column", "v",
                 "--device", device.spec, "--quiet")
     assert code == 0
@@ -90,7 +99,8 @@ def test_map_raw_and_parquet_inputs(device, files):
 
 def test_reduce_sum(device, files, capsys):
     tmp, x, _ = files
-    code = _run(tmp, "reduce", tmp / "k.cl", "--kernel", "positive", "-i", tmp / "x.npy",
+    code = _run(tmp, "reduce", tmp / _kernel_file(device), "--kernel", "positive", "-i",
+                tmp / "x.npy",
                 "--op", "sum", "--device", device.spec, "--quiet")
     assert code == 0
     line = [s for s in capsys.readouterr().out.splitlines() if s.startswith("sum = ")][0]
@@ -135,7 +145,7 @@ def test_bad_input_exits_2_with_one_line_and_no_output(device, files, capsys, ca
     if "-o" not in argv:
         argv = [*argv, "-o", out]
     try:
-        code = _run(tmp, "map", tmp / "k.cl", *argv, "--device", device.spec)
+        code = _run(tmp, "map", tmp / _kernel_file(device), *argv, "--device", device.spec)
     except SystemExit as exc:  # argparse's own usage errors
         code = exc.code
     err = capsys.readouterr().err.strip()
@@ -162,7 +172,7 @@ def test_plot_without_matplotlib_exits_2(device, files, capsys):
     if importlib.util.find_spec("matplotlib") is not None:
         pytest.skip("matplotlib is installed here")
     tmp, _, _ = files
-    code = _run(tmp, "map", tmp / "k.cl", "--kernel", "saxpy", "-i", tmp / "x.npy",
+    code = _run(tmp, "map", tmp / _kernel_file(device), "--kernel", "saxpy", "-i", tmp / "x.npy",
                 "-i", tmp / "y.npy", "-o", tmp / "out.npy", "--arg", "2", "--plot",
                 tmp / "p.png", "--device", device.spec)
     assert code == 2 and "conveyor[plot]" in capsys.readouterr().err
@@ -185,11 +195,13 @@ def _env() -> dict[str, str]:
 
 def test_sigint_mid_map_leaves_no_output(device, tmp_path):
     np.save(tmp_path / "x.npy", np.ones(200_000, np.float32))
-    (tmp_path / "k.cl").write_text(KERNELS)
+    kernel_file = _kernel_file(device)
+    (tmp_path / kernel_file).write_text(KERNELS)
     out = tmp_path / "y.npy"
+    reps = "200000000" if device.kind == "gpu" else "20000"  # a few seconds on either
     child = subprocess.Popen(
-        [sys.executable, "-m", "conveyor.cli", "map", "k.cl", "--kernel", "slow", "-i",
-         "x.npy", "-o", "y.npy", "--arg", "20000", "--memory-limit", "64KiB", "--quiet",
+        [sys.executable, "-m", "conveyor.cli", "map", kernel_file, "--kernel", "slow", "-i",
+         "x.npy", "-o", "y.npy", "--arg", reps, "--memory-limit", "64KiB", "--quiet",
          "--device", device.spec],
         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -204,7 +216,7 @@ def test_sigint_mid_map_leaves_no_output(device, tmp_path):
     assert child.returncode == 130, stdout + stderr
     assert "interrupted" in stderr
     assert not out.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.cl", "x.npy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([kernel_file, "x.npy"])
 
 
 def test_demo_runs_green(device, tmp_path):
