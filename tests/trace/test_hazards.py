@@ -12,6 +12,7 @@ import pytest
 from tracekit import BLOCK, N, kernel, vadd_stream
 
 import conveyor as cv
+from conveyor.kernels.portable import portable
 from conveyor.pipeline import hazards
 from conveyor.pipeline.hazards import HazardWarning
 
@@ -46,7 +47,8 @@ def _allocate(device):
 
 
 def _compile(device):
-    source = f"// {uuid.uuid4()}\n__kernel void fresh(__global float *x) {{ x[0] = 1.0f; }}"
+    source = portable(f"// {uuid.uuid4()}\n__kernel void fresh(__global float *x) "
+                      "{ x[0] = 1.0f; }")
     device.compile(source, "fresh")
 
 
@@ -61,8 +63,9 @@ def test_strict_raises_on_a_hazard_mid_stream(device, inject, hazard):
 
 
 def test_strict_raises_on_a_load_of_a_prebuilt_kernel(device):
-    future = device.compile(f"// {uuid.uuid4()}\n__kernel void late(__global float *x) "
-                            "{ x[0] = 2.0f; }", "late", wait=False)
+    source = portable(f"// {uuid.uuid4()}\n__kernel void late(__global float *x) "
+                      "{ x[0] = 2.0f; }")
+    future = device.compile(source, "late", wait=False)
     while not future.done():
         pass
     with pytest.raises(cv.HazardError, match="loaded"):
