@@ -16,8 +16,9 @@ from conveyor.errors import (
     OutOfMemoryError,
 )
 from conveyor.memory import pinned
-from conveyor.pipeline.io import arrow, iterate, npy, npy_out, parquet, raw, raw_out
+from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
 from conveyor.pipeline.report import Report
+from conveyor.pipeline.sinks import npy_out, raw_out
 from conveyor.pipeline.stream import stream
 
 __version__ = "0.1.0"

@@ -29,10 +29,11 @@ from conveyor.backends.base import Queue as BaseQueue
 from conveyor.memory import pinned
 from conveyor.pipeline import hazards
 from conveyor.pipeline import reduce as reducing
-from conveyor.pipeline.io import ArraySink, ArraySource, Sink, Source
+from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.report import Report
+from conveyor.pipeline.sinks import ArraySink, Sink
 from conveyor.pipeline.stage import Stager, StageTask, copy_rows
 from conveyor.trace import nvtx as trace_nvtx
 from conveyor.trace.clock import ClockAnchor

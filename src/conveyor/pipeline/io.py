@@ -11,9 +11,9 @@ A *source* hands the engine rows ``lo:hi`` of one input; a *sink* takes rows of 
 - :func:`parquet` and :func:`arrow` read numeric columns of a Parquet or Arrow IPC file one
   row group / record batch at a time (PyArrow, extra ``parquet``);
 - :func:`iterate` takes any iterable of arrays (chunks along axis 0), read once, in order;
-- ``"y.npy"`` or :func:`npy_out` as an output, and :func:`raw_out`, write block by block into a
-  temporary file in the target's folder that is renamed over the target only once the whole
-  stream has succeeded: a failed or interrupted run leaves no partial or corrupt output.
+- outputs (ndarrays, ``"y.npy"``, ``npy_out``, ``raw_out``) are sinks, in
+  :mod:`conveyor.pipeline.sinks`: files are written into a temporary file renamed over the
+  target only once the whole stream has succeeded.
 
 Every check that can fail (a file whose size does not match its header, a missing column, an
 output folder that cannot be written) runs when the source or sink is made, so a stream fails
@@ -22,10 +22,8 @@ before any memory is allocated, with an :class:`InputError` that says what to ch
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -122,29 +120,48 @@ class FileSource(Source):
 
 
 class FileRows:
-    """Rows ``lo:hi`` of a file source; slicing gives sub-ranges (the staging pieces)."""
+    """Rows ``lo:hi`` of a file source or sink; slicing gives sub-ranges (the staging pieces).
 
-    __slots__ = ("source", "lo", "hi")
+    ``file`` has ``shape`` and ``dtype`` and ``read_into(dst, lo)`` (a source) or
+    ``write_from(src, lo)`` (a sink)."""
 
-    def __init__(self, source: FileSource, lo: int, hi: int) -> None:
-        self.source = source
+    __slots__ = ("file", "lo", "hi")
+
+    def __init__(self, file: Any, lo: int, hi: int) -> None:
+        self.file = file
         self.lo = lo
         self.hi = hi
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Shape of these rows."""
-        return (self.hi - self.lo, *self.source.shape[1:])
+        return (self.hi - self.lo, *self.file.shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        """Dimensions of these rows."""
+        return len(self.file.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of these rows."""
+        return math.prod(self.shape) * self.file.dtype.itemsize
 
     def __getitem__(self, rows: slice) -> FileRows:
         start, stop, _ = rows.indices(self.hi - self.lo)
-        return FileRows(self.source, self.lo + start, self.lo + stop)
+        return FileRows(self.file, self.lo + start, self.lo + stop)
 
     def read_into(self, dst: np.ndarray) -> None:
-        """Read these rows into ``dst``."""
+        """Read these rows (of a source) into ``dst``."""
         if dst.shape != self.shape:
             raise ValueError(f"rows of shape {self.shape} do not fit into {dst.shape}")
-        self.source.read_into(dst, self.lo)
+        self.file.read_into(dst, self.lo)
+
+    def write_from(self, src: np.ndarray) -> None:
+        """Write ``src`` into these rows (of a sink)."""
+        if src.shape != self.shape:
+            raise ValueError(f"rows of shape {src.shape} do not fit into {self.shape}")
+        self.file.write_from(src, self.lo)
 
 
 class ChunkedSource(Source):
@@ -241,194 +258,6 @@ class IterSource(Source):
         return self._held[: hi - lo]
 
 
-# -- sinks -----------------------------------------------------------------------------------
-class Sink:
-    """One output: ``shape`` and ``dtype``; rows to write into; committed at the end."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    name: str
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the whole output."""
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def result(self) -> Any:
-        """What ``report.outputs`` holds for this output."""
-        raise NotImplementedError
-
-    def rows(self, lo: int, hi: int) -> np.ndarray | SinkRows:
-        """Where rows ``lo:hi`` go."""
-        raise NotImplementedError
-
-    def open(self) -> None:
-        """Prepare to receive rows (a file sink creates its temporary file)."""
-
-    def commit(self) -> None:
-        """Every row is written: make the output visible."""
-
-    def abort(self) -> None:
-        """The stream failed: leave nothing behind."""
-
-
-class ArraySink(Sink):
-    """An ndarray output (the caller's, or a new one for a dtype)."""
-
-    def __init__(self, array: np.ndarray, name: str = "array") -> None:
-        self.array = array
-        self.shape = tuple(int(s) for s in array.shape)
-        self.dtype = array.dtype
-        self.name = name
-
-    @property
-    def result(self) -> np.ndarray:
-        """The array."""
-        return self.array
-
-    def rows(self, lo: int, hi: int) -> np.ndarray:
-        """A view of rows ``lo:hi``."""
-        return self.array[lo:hi]
-
-
-class FileSink(Sink):
-    """A ``.npy`` (``header=True``) or raw output file, written into a temporary file in the
-    same folder and renamed over ``path`` by :meth:`commit`. ``shape``/``dtype`` may be left
-    None and are then filled in by the stream (rows of input 0; the kernel's output type)."""
-
-    def __init__(self, path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None,
-                 *, header: bool = True, durable: bool = True) -> None:
-        self.path = Path(path)
-        self.name = str(path)
-        self.header = header
-        self.durable = durable
-        self.dtype = np.dtype(dtype) if dtype is not None else None  # type: ignore[assignment]
-        self.shape = tuple(int(s) for s in shape) if shape is not None else ()
-        self._given_shape = shape is not None
-        self.offset = 0
-        self._fd: int | None = None
-        self._tmp: Path | None = None
-        folder = self.path.parent
-        if not folder.is_dir():
-            raise InputError(f"output {self.name}: folder {folder} does not exist: create it "
-                             f"or write elsewhere")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise InputError(f"output {self.name}: folder {folder} is not writable: write "
-                             f"elsewhere or fix its permissions")
-        if self.path.is_dir():
-            raise InputError(f"output {self.name} is a folder: name a file")
-
-    def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
-        """Fill in the shape and dtype the stream decides; InputError if they disagree."""
-        if self.dtype is None:
-            self.dtype = np.dtype(dtype)
-        if self.dtype.hasobject:
-            raise InputError(f"output {self.name} has dtype {self.dtype}: use a numeric dtype")
-        if not self._given_shape:
-            self.shape = (rows, *row_shape)
-
-    @property
-    def result(self) -> str:
-        """The output's path."""
-        return self.name
-
-    def rows(self, lo: int, hi: int) -> SinkRows:
-        """Where rows ``lo:hi`` go."""
-        return SinkRows(self, lo, hi)
-
-    def open(self) -> None:
-        """Create the temporary file, with its header, at the output's full size."""
-        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
-                                    suffix=".part")
-        self._fd, self._tmp = fd, Path(name)
-        if self.header:
-            with os.fdopen(os.dup(fd), "wb") as f:
-                header = {"descr": np.lib.format.dtype_to_descr(self.dtype),
-                          "fortran_order": False, "shape": self.shape}
-                try:
-                    np.lib.format.write_array_header_1_0(f, header)
-                except ValueError:  # a header too long for format 1.0
-                    np.lib.format.write_array_header_2_0(f, header)
-                self.offset = f.tell()
-        os.ftruncate(fd, self.offset + self.nbytes)
-
-    def write_from(self, src: np.ndarray, lo: int) -> None:
-        """Write ``src`` (C-contiguous rows) at row ``lo``."""
-        assert self._fd is not None, "open() first"
-        view = memoryview(np.ascontiguousarray(src).data).cast("B")
-        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
-        position = self.offset + lo * row_bytes
-        done = 0
-        while done < len(view):
-            done += os.pwritev(self._fd, [view[done:]], position + done)
-
-    def commit(self) -> None:
-        """Flush to disk and rename over the target."""
-        assert self._fd is not None and self._tmp is not None
-        if self.durable:
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
-        os.chmod(self._tmp, 0o666 & ~_umask())
-        os.replace(self._tmp, self.path)
-        self._tmp = None
-
-    def abort(self) -> None:
-        """Close and delete the temporary file."""
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-        if self._tmp is not None:
-            with contextlib.suppress(OSError):
-                self._tmp.unlink()
-            self._tmp = None
-
-
-class SinkRows:
-    """Rows ``lo:hi`` of a file sink; slicing gives sub-ranges (the staging pieces)."""
-
-    __slots__ = ("sink", "lo", "hi")
-
-    def __init__(self, sink: FileSink, lo: int, hi: int) -> None:
-        self.sink = sink
-        self.lo = lo
-        self.hi = hi
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Shape of these rows."""
-        return (self.hi - self.lo, *self.sink.shape[1:])
-
-    @property
-    def ndim(self) -> int:
-        """Dimensions of these rows."""
-        return len(self.sink.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of these rows."""
-        return math.prod(self.shape) * self.sink.dtype.itemsize
-
-    def __getitem__(self, rows: slice) -> SinkRows:
-        start, stop, _ = rows.indices(self.hi - self.lo)
-        return SinkRows(self.sink, self.lo + start, self.lo + stop)
-
-    def write_from(self, src: np.ndarray) -> None:
-        """Write ``src`` into these rows."""
-        if src.shape != self.shape:
-            raise ValueError(f"rows of shape {src.shape} do not fit into {self.shape}")
-        self.sink.write_from(src, self.lo)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-# -- the public constructors ------------------------------------------------------------------
 def npy(path: PathLike) -> FileSource:
     """A ``.npy`` file as an input, read block by block; InputError if its size does not match
     its header, it is Fortran-ordered, or it holds Python objects."""
@@ -526,18 +355,6 @@ def iterate(chunks: Iterable[Any], length: int) -> IterSource:
     return IterSource(chunks, length)
 
 
-def npy_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None) -> FileSink:
-    """A ``.npy`` output file, renamed into place only when the stream succeeds. ``dtype``
-    defaults to the kernel's output parameter type (else input 0's); ``shape`` to input 0's
-    rows."""
-    return FileSink(path, dtype, shape, header=True)
-
-
-def raw_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None) -> FileSink:
-    """A headerless binary output file (C order), like :func:`npy_out` otherwise."""
-    return FileSink(path, dtype, shape, header=False)
-
-
 def as_source(value: Any, index: int) -> Source:
     """Input ``index`` as a Source: a path (``.npy``), a Source, or an array."""
     if isinstance(value, Source):
@@ -550,25 +367,6 @@ def as_source(value: Any, index: int) -> Source:
     from conveyor.pipeline import validate
 
     return ArraySource(validate.as_input(value, index), f"input {index}")
-
-
-def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
-            dtype: np.dtype) -> Sink:
-    """Output ``index`` as a Sink: a path (``.npy``), a Sink, an array, or a dtype (``dtype``
-    is the default element type of a file sink)."""
-    if isinstance(value, str | os.PathLike):
-        if Path(value).suffix.lower() != ".npy":
-            raise InputError(f"output {index} {value}: a path must name a .npy file; use "
-                             f"cv.raw_out() for a raw binary file")
-        value = npy_out(value)
-    if isinstance(value, FileSink):
-        value.resolve(rows, row_shape, dtype)
-        return value
-    if isinstance(value, Sink):
-        return value
-    from conveyor.pipeline import validate
-
-    return ArraySink(validate.as_output(value, index, rows, row_shape), f"output {index}")
 
 
 # -- helpers ---------------------------------------------------------------------------------

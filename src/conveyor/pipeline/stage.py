@@ -29,7 +29,7 @@ def default_workers() -> int:
 class StageTask:
     """One staging copy: ``dst[...] = src`` cut into row pieces; ``where`` names it for errors.
 
-    Either side may instead be rows of a file (``pipeline.io.FileRows`` / ``SinkRows``): those
+    Either side may instead be rows of a file (``pipeline.io.FileRows``): those
     are read or written straight from and into the pinned slot, piece by piece.
     """
 

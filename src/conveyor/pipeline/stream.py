@@ -12,9 +12,10 @@ from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
 from conveyor.pipeline import validate
 from conveyor.pipeline.engine import Compute, Engine
-from conveyor.pipeline.io import ArraySink, ArraySource, Sink, Source, as_sink, as_source
+from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.plan import make_plan
 from conveyor.pipeline.report import Report
+from conveyor.pipeline.sinks import ArraySink, Sink, as_sink
 
 
 def stream(

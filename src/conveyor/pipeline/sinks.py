@@ -1,0 +1,207 @@
+"""Sinks: where a stream's output rows go (see :mod:`conveyor.pipeline.io` for sources).
+
+An ndarray output becomes an :class:`ArraySink`; ``"y.npy"``, :func:`npy_out` and
+:func:`raw_out` a :class:`FileSink`, written block by block into a temporary file in the
+target's folder and renamed over the target only once the whole stream has succeeded, so a
+failed or interrupted run leaves no partial or corrupt output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+from conveyor.pipeline.io import FileRows, PathLike
+
+
+# -- sinks -----------------------------------------------------------------------------------
+class Sink:
+    """One output: ``shape`` and ``dtype``; rows to write into; committed at the end."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole output."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def result(self) -> Any:
+        """What ``report.outputs`` holds for this output."""
+        raise NotImplementedError
+
+    def rows(self, lo: int, hi: int) -> np.ndarray | FileRows:
+        """Where rows ``lo:hi`` go."""
+        raise NotImplementedError
+
+    def open(self) -> None:
+        """Prepare to receive rows (a file sink creates its temporary file)."""
+
+    def commit(self) -> None:
+        """Every row is written: make the output visible."""
+
+    def abort(self) -> None:
+        """The stream failed: leave nothing behind."""
+
+
+class ArraySink(Sink):
+    """An ndarray output (the caller's, or a new one for a dtype)."""
+
+    def __init__(self, array: np.ndarray, name: str = "array") -> None:
+        self.array = array
+        self.shape = tuple(int(s) for s in array.shape)
+        self.dtype = array.dtype
+        self.name = name
+
+    @property
+    def result(self) -> np.ndarray:
+        """The array."""
+        return self.array
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """A view of rows ``lo:hi``."""
+        return self.array[lo:hi]
+
+
+class FileSink(Sink):
+    """A ``.npy`` (``header=True``) or raw output file, written into a temporary file in the
+    same folder and renamed over ``path`` by :meth:`commit`. ``shape``/``dtype`` may be left
+    None and are then filled in by the stream (rows of input 0; the kernel's output type)."""
+
+    def __init__(self, path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None,
+                 *, header: bool = True, durable: bool = True) -> None:
+        self.path = Path(path)
+        self.name = str(path)
+        self.header = header
+        self.durable = durable
+        self.dtype = np.dtype(dtype) if dtype is not None else None  # type: ignore[assignment]
+        self.shape = tuple(int(s) for s in shape) if shape is not None else ()
+        self._given_shape = shape is not None
+        self.offset = 0
+        self._fd: int | None = None
+        self._tmp: Path | None = None
+        folder = self.path.parent
+        if not folder.is_dir():
+            raise InputError(f"output {self.name}: folder {folder} does not exist: create it "
+                             f"or write elsewhere")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"output {self.name}: folder {folder} is not writable: write "
+                             f"elsewhere or fix its permissions")
+        if self.path.is_dir():
+            raise InputError(f"output {self.name} is a folder: name a file")
+
+    def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Fill in the shape and dtype the stream decides; InputError if they disagree."""
+        if self.dtype is None:
+            self.dtype = np.dtype(dtype)
+        if self.dtype.hasobject:
+            raise InputError(f"output {self.name} has dtype {self.dtype}: use a numeric dtype")
+        if not self._given_shape:
+            self.shape = (rows, *row_shape)
+
+    @property
+    def result(self) -> str:
+        """The output's path."""
+        return self.name
+
+    def rows(self, lo: int, hi: int) -> FileRows:
+        """Where rows ``lo:hi`` go."""
+        return FileRows(self, lo, hi)
+
+    def open(self) -> None:
+        """Create the temporary file, with its header, at the output's full size."""
+        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
+                                    suffix=".part")
+        self._fd, self._tmp = fd, Path(name)
+        if self.header:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                header = {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                          "fortran_order": False, "shape": self.shape}
+                try:
+                    np.lib.format.write_array_header_1_0(f, header)
+                except ValueError:  # a header too long for format 1.0
+                    np.lib.format.write_array_header_2_0(f, header)
+                self.offset = f.tell()
+        os.ftruncate(fd, self.offset + self.nbytes)
+
+    def write_from(self, src: np.ndarray, lo: int) -> None:
+        """Write ``src`` (C-contiguous rows) at row ``lo``."""
+        assert self._fd is not None, "open() first"
+        view = memoryview(np.ascontiguousarray(src).data).cast("B")
+        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        position = self.offset + lo * row_bytes
+        done = 0
+        while done < len(view):
+            done += os.pwritev(self._fd, [view[done:]], position + done)
+
+    def commit(self) -> None:
+        """Flush to disk and rename over the target."""
+        assert self._fd is not None and self._tmp is not None
+        if self.durable:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        os.chmod(self._tmp, 0o666 & ~_umask())
+        os.replace(self._tmp, self.path)
+        self._tmp = None
+
+    def abort(self) -> None:
+        """Close and delete the temporary file."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                self._tmp.unlink()
+            self._tmp = None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- the public constructors ------------------------------------------------------------------
+
+
+def npy_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None) -> FileSink:
+    """A ``.npy`` output file, renamed into place only when the stream succeeds. ``dtype``
+    defaults to the kernel's output parameter type (else input 0's); ``shape`` to input 0's
+    rows."""
+    return FileSink(path, dtype, shape, header=True)
+
+
+def raw_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None) -> FileSink:
+    """A headerless binary output file (C order), like :func:`npy_out` otherwise."""
+    return FileSink(path, dtype, shape, header=False)
+
+
+def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
+            dtype: np.dtype) -> Sink:
+    """Output ``index`` as a Sink: a path (``.npy``), a Sink, an array, or a dtype (``dtype``
+    is the default element type of a file sink)."""
+    if isinstance(value, str | os.PathLike):
+        if Path(value).suffix.lower() != ".npy":
+            raise InputError(f"output {index} {value}: a path must name a .npy file; use "
+                             f"cv.raw_out() for a raw binary file")
+        value = npy_out(value)
+    if isinstance(value, FileSink):
+        value.resolve(rows, row_shape, dtype)
+        return value
+    if isinstance(value, Sink):
+        return value
+    from conveyor.pipeline import validate
+
+    return ArraySink(validate.as_output(value, index, rows, row_shape), f"output {index}")
