@@ -34,27 +34,6 @@ BROKEN_SOURCE = PRELUDE + """__kernel void broken(__global float* out)
 }
 """
 
-_PROBLEMS: dict[str, str | None] = {}
-
-
-@pytest.fixture
-def built_device(device: cv.Device) -> cv.Device:
-    """``device``, skipped (loudly) where its compiler cannot build even a trivial kernel here.
-
-    The PoCL bundled in the PyOpenCL wheel (3.0-rc2, LLVM 14) fails every build on CPUs its LLVM
-    does not know (AMD Zen 5: "unknown target CPU 'generic'").
-    """
-    if device.spec not in _PROBLEMS:
-        try:
-            device.build_binary(PRELUDE + "__kernel void probe(__global int* x) { x[0] = 1; }", ())
-            _PROBLEMS[device.spec] = None
-        except CompileError as exc:
-            _PROBLEMS[device.spec] = exc.log.strip().splitlines()[0] if exc.log else str(exc)
-    problem = _PROBLEMS[device.spec]
-    if problem is not None:
-        pytest.skip(f"{device.spec} ({device.info.driver_version}) cannot compile here: {problem}")
-    return device
-
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -91,15 +70,15 @@ def expected(scale: float, n: int = 1000) -> np.ndarray:
     return np.arange(n, dtype=np.float32) * np.float32(scale)
 
 
-def test_compiled_kernel_runs(built_device):
-    kernel = built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+def test_compiled_kernel_runs(device):
+    kernel = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     assert kernel.name == "scale" and [p.name for p in kernel.params][-1] == "n"
-    np.testing.assert_array_equal(run_scale(built_device, kernel), expected(2))
+    np.testing.assert_array_equal(run_scale(device, kernel), expected(2))
 
 
-def test_compile_error_carries_log_with_line_numbers(built_device):
+def test_compile_error_carries_log_with_line_numbers(device):
     with pytest.raises(CompileError) as info:
-        built_device.compile(BROKEN_SOURCE, "broken")
+        device.compile(BROKEN_SOURCE, "broken")
     assert "undeclared_name" in info.value.log
     # The error is on line 4 of the source: "file:4:col" (Clang/PoCL), "program(4)" (NVRTC).
     # NVIDIA's OpenCL compiler ignores the prelude's "#line 1" and counts the prelude's lines.
@@ -115,17 +94,17 @@ def test_missing_kernel_name_is_input_error(device):
         device.compile(SCALE_SOURCE, "nope", ["-DSCALE=2"])
 
 
-def test_second_compile_in_process_is_memoized(built_device):
+def test_second_compile_in_process_is_memoized(device):
     cache = build.default_cache()
     assert cache is not None
-    first = built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
-    second = built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    first = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    second = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     assert second is first
     assert (cache.hits, cache.misses, cache.stores) == (0, 1, 1)
 
 
-def test_second_process_hits_the_disk_cache(built_device, private_cache):
-    built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+def test_second_process_hits_the_disk_cache(device, private_cache):
+    device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     script = (
         "import json, sys, conveyor as cv\n"
         "from conveyor.kernels import build\n"
@@ -136,60 +115,60 @@ def test_second_process_hits_the_disk_cache(built_device, private_cache):
     )
     env = dict(os.environ, CONVEYOR_CACHE_DIR=str(private_cache))
     result = subprocess.run(
-        [sys.executable, "-c", script, built_device.spec, SCALE_SOURCE],
+        [sys.executable, "-c", script, device.spec, SCALE_SOURCE],
         env=env, capture_output=True, text=True, timeout=120, check=True,
     )
     counts = json.loads(result.stdout.strip().splitlines()[-1])
     assert counts == {"hits": 1, "misses": 0, "stores": 0}
 
 
-def test_changed_option_misses(built_device):
+def test_changed_option_misses(device):
     cache = build.default_cache()
     assert cache is not None
-    two = built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
-    three = built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=3"])
+    two = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    three = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=3"])
     assert (cache.hits, cache.misses, cache.stores) == (0, 2, 2)
     assert cache.info().entries == 2
-    np.testing.assert_array_equal(run_scale(built_device, two), expected(2))
-    np.testing.assert_array_equal(run_scale(built_device, three), expected(3))
+    np.testing.assert_array_equal(run_scale(device, two), expected(2))
+    np.testing.assert_array_equal(run_scale(device, three), expected(3))
 
 
-def test_entry_the_driver_rejects_is_rebuilt(built_device):
+def test_entry_the_driver_rejects_is_rebuilt(device):
     # A well-formed entry (checksum fine) whose payload is not a binary the driver accepts.
     cache = build.default_cache()
     assert cache is not None
-    key = cache.key(built_device, SCALE_SOURCE, ("-DSCALE=2",))
+    key = cache.key(device, SCALE_SOURCE, ("-DSCALE=2",))
     assert cache.enabled
     cache.entry_path(key).write_bytes(encode_entry(b"not a kernel binary" * 10))
-    kernel = built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    kernel = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     assert (cache.hits, cache.discarded, cache.stores) == (1, 1, 1)
-    np.testing.assert_array_equal(run_scale(built_device, kernel), expected(2))
+    np.testing.assert_array_equal(run_scale(device, kernel), expected(2))
     build.clear_memo()
-    built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     assert cache.hits == 2 and cache.discarded == 1  # the rebuilt entry is good
 
 
-def test_no_cache_setting_builds_without_a_directory(built_device, private_cache, monkeypatch):
+def test_no_cache_setting_builds_without_a_directory(device, private_cache, monkeypatch):
     monkeypatch.setenv("CONVEYOR_NO_CACHE", "1")
     assert build.default_cache() is None
-    kernel = built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
-    np.testing.assert_array_equal(run_scale(built_device, kernel), expected(2))
+    kernel = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    np.testing.assert_array_equal(run_scale(device, kernel), expected(2))
     assert not private_cache.exists()
 
 
-def test_compile_async_gives_a_kernel(built_device):
-    future = build.compile_async(built_device, SCALE_SOURCE, "scale", ["-DSCALE=4"])
+def test_compile_async_gives_a_kernel(device):
+    future = build.compile_async(device, SCALE_SOURCE, "scale", ["-DSCALE=4"])
     kernel = future.result(timeout=120)
-    np.testing.assert_array_equal(run_scale(built_device, kernel), expected(4))
+    np.testing.assert_array_equal(run_scale(device, kernel), expected(4))
 
 
-def test_compile_async_raises_compile_error(built_device):
-    future = build.compile_async(built_device, BROKEN_SOURCE, "broken")
+def test_compile_async_raises_compile_error(device):
+    future = build.compile_async(device, BROKEN_SOURCE, "broken")
     with pytest.raises(CompileError):
         future.result(timeout=120)
 
 
-def test_concurrent_compiles_build_once(built_device):
+def test_concurrent_compiles_build_once(device):
     cache = build.default_cache()
     assert cache is not None
     kernels: list[cv.Kernel] = []
@@ -197,7 +176,7 @@ def test_concurrent_compiles_build_once(built_device):
 
     def worker() -> None:
         barrier.wait()
-        kernels.append(built_device.compile(SCALE_SOURCE, "scale", ["-DSCALE=5"]))
+        kernels.append(device.compile(SCALE_SOURCE, "scale", ["-DSCALE=5"]))
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
@@ -217,18 +196,18 @@ __kernel void times(__global const float* a, __global float* out, ulong offset, 
 """
 
 
-def test_compile_without_waiting_gives_a_future_that_a_stream_accepts(built_device):
-    future = built_device.compile(STREAM_SOURCE, "times", ["-DFACTOR=6"], wait=False)
+def test_compile_without_waiting_gives_a_future_that_a_stream_accepts(device):
+    future = device.compile(STREAM_SOURCE, "times", ["-DFACTOR=6"], wait=False)
     a = np.arange(1000, dtype=np.float32)
     out = np.zeros_like(a)
-    cv.stream(future, [a], [out], device=built_device)
+    cv.stream(future, [a], [out], device=device)
     assert future.done()
     np.testing.assert_array_equal(a, np.arange(1000, dtype=np.float32))
     np.testing.assert_array_equal(out, a * 6)
-    assert future.result() is built_device.compile(STREAM_SOURCE, "times", ["-DFACTOR=6"])
+    assert future.result() is device.compile(STREAM_SOURCE, "times", ["-DFACTOR=6"])
 
 
-def test_compile_without_waiting_reports_build_errors_at_result(built_device):
-    future = built_device.compile(BROKEN_SOURCE, "broken", wait=False)
+def test_compile_without_waiting_reports_build_errors_at_result(device):
+    future = device.compile(BROKEN_SOURCE, "broken", wait=False)
     with pytest.raises(CompileError, match="undeclared_name"):
         future.result()

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import conveyor as cv
-from conveyor.errors import CompileError
 from conveyor.kernels import build
 from conveyor.kernels.cache import (
     FORMAT_VERSION,
@@ -37,23 +36,6 @@ __kernel void scale(__global float* out, __global const float* a, ulong offset, 
     if (i < n) out[i] = a[i] * 3.0f;
 }
 """
-
-_PROBLEMS: dict[str, str | None] = {}
-
-
-@pytest.fixture
-def built_device(device: cv.Device) -> cv.Device:
-    """``device``, skipped (loudly) where its compiler cannot build a trivial kernel here."""
-    if device.spec not in _PROBLEMS:
-        try:
-            device.build_binary(PRELUDE + "__kernel void probe(__global int* x) { x[0] = 1; }", ())
-            _PROBLEMS[device.spec] = None
-        except CompileError as exc:
-            _PROBLEMS[device.spec] = exc.log.strip().splitlines()[0] if exc.log else str(exc)
-    problem = _PROBLEMS[device.spec]
-    if problem is not None:
-        pytest.skip(f"{device.spec} ({device.info.driver_version}) cannot compile here: {problem}")
-    return device
 
 
 @pytest.fixture(autouse=True)
@@ -143,20 +125,20 @@ def test_created_directories_are_private(tmp_path):
         assert stat.S_IMODE(p.stat().st_mode) == 0o700
 
 
-def test_group_writable_directory_is_refused(built_device, tmp_path, monkeypatch):
+def test_group_writable_directory_is_refused(device, tmp_path, monkeypatch):
     path = tmp_path / "shared-cache"
     path.mkdir()
     path.chmod(0o770)
     use_dir(monkeypatch, path)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        compile_and_check(built_device)
+        compile_and_check(device)
     messages = runtime_warnings(record)
     assert len(messages) == 1 and "writable by group or others" in messages[0]
     assert list(path.iterdir()) == []
 
 
-def test_symlinked_directory_is_refused(built_device, tmp_path, monkeypatch):
+def test_symlinked_directory_is_refused(device, tmp_path, monkeypatch):
     target = tmp_path / "real"
     target.mkdir(mode=0o700)
     link = tmp_path / "link"
@@ -164,7 +146,7 @@ def test_symlinked_directory_is_refused(built_device, tmp_path, monkeypatch):
     use_dir(monkeypatch, link)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        compile_and_check(built_device)
+        compile_and_check(device)
     messages = runtime_warnings(record)
     assert len(messages) == 1 and "symbolic link" in messages[0]
     assert list(target.iterdir()) == []
@@ -179,33 +161,33 @@ def test_directory_of_another_user_is_refused(tmp_path):
         assert not KernelCache(path).enabled
 
 
-def test_uncreatable_directory_warns_once_and_works(built_device, tmp_path, monkeypatch):
+def test_uncreatable_directory_warns_once_and_works(device, tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     use_dir(monkeypatch, blocker / "cache")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        compile_and_check(built_device)
+        compile_and_check(device)
         build.clear_memo()
-        compile_and_check(built_device)
+        compile_and_check(device)
     messages = runtime_warnings(record)
     assert len(messages) == 1 and "cannot be created" in messages[0]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a mode-0500 directory anyway")
-def test_read_only_directory_warns_once_and_works(built_device, tmp_path, monkeypatch):
+def test_read_only_directory_warns_once_and_works(device, tmp_path, monkeypatch):
     path = tmp_path / "read-only"
     path.mkdir(mode=0o500)
     use_dir(monkeypatch, path)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        compile_and_check(built_device)
+        compile_and_check(device)
         build.clear_memo()
-        compile_and_check(built_device)
+        compile_and_check(device)
     assert len(runtime_warnings(record)) == 1
 
 
-def test_failed_write_warns_once_and_leaves_no_temp_file(built_device, tmp_path, monkeypatch):
+def test_failed_write_warns_once_and_leaves_no_temp_file(device, tmp_path, monkeypatch):
     path = tmp_path / "cache"
     use_dir(monkeypatch, path)
     real_replace = os.replace
@@ -218,7 +200,7 @@ def test_failed_write_warns_once_and_leaves_no_temp_file(built_device, tmp_path,
     monkeypatch.setattr(os, "replace", failing_replace)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        compile_and_check(built_device)
+        compile_and_check(device)
     messages = runtime_warnings(record)
     assert len(messages) == 1 and "not writable" in messages[0]
     assert list(path.iterdir()) == []
@@ -226,10 +208,10 @@ def test_failed_write_warns_once_and_leaves_no_temp_file(built_device, tmp_path,
 
 # -- entries on disk, with real kernels -----------------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])
-def test_bad_entry_is_rebuilt_and_kernel_runs(built_device, tmp_path, monkeypatch, damage):
+def test_bad_entry_is_rebuilt_and_kernel_runs(device, tmp_path, monkeypatch, damage):
     path = tmp_path / "cache"
     use_dir(monkeypatch, path)
-    compile_and_check(built_device)
+    compile_and_check(device)
     (entry,) = path.glob("*.bin")
     data = entry.read_bytes()
     if damage == "truncate":
@@ -238,20 +220,20 @@ def test_bad_entry_is_rebuilt_and_kernel_runs(built_device, tmp_path, monkeypatc
         middle = len(data) // 2
         entry.write_bytes(data[:middle] + bytes([data[middle] ^ 0x5A]) + data[middle + 1 :])
     build.clear_memo()
-    compile_and_check(built_device)
+    compile_and_check(device)
     cache = build.default_cache()
     assert cache is not None
     assert (cache.hits, cache.misses, cache.discarded, cache.stores) == (0, 2, 1, 2)
     assert decode_entry(entry.read_bytes()) is not None  # rebuilt in place, whole
     build.clear_memo()
-    compile_and_check(built_device)
+    compile_and_check(device)
     assert cache.hits == 1
 
 
-def test_no_temp_files_left_behind(built_device, tmp_path, monkeypatch):
+def test_no_temp_files_left_behind(device, tmp_path, monkeypatch):
     path = tmp_path / "cache"
     use_dir(monkeypatch, path)
-    compile_and_check(built_device)
+    compile_and_check(device)
     names = [p.name for p in path.iterdir()]
     assert len(names) == 1 and names[0].endswith(".bin") and not names[0].startswith(".")
     assert stat.S_IMODE((path / names[0]).stat().st_mode) & 0o077 == 0

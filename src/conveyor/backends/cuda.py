@@ -38,7 +38,7 @@ import numpy as np
 from conveyor.backends import base
 from conveyor.backends.cuda_array import DeviceArray
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
-from conveyor.kernels.signature import Param
+from conveyor.kernels.signature import Param, arg_converters
 from conveyor.pipeline import hazards
 
 _IMPORT_ERROR: Exception | None = None
@@ -281,20 +281,11 @@ class Kernel(base.Kernel):
         self.core_kernel = core_kernel
         self.name = name
         self.params = tuple(params)
-        self.converters: list[Callable[[Any], Any]] = [_converter(p) for p in self.params]
+        self.converters: list[Callable[[Any], Any]] = arg_converters(self.params, _pointer_arg)
         try:
             self.max_block = int(core_kernel.attributes.max_threads_per_block)
         except Exception:  # attribute query unsupported: CUDA's architectural limit
             self.max_block = 1024
-
-
-def _converter(param: Param) -> Callable[[Any], Any]:
-    if param.is_pointer:
-        return _pointer_arg
-    if param.dtype is not None:
-        scalar_type = param.dtype.type
-        return lambda value: scalar_type(value)
-    return lambda value: value
 
 
 def _pointer_arg(value: Any) -> Any:

@@ -22,7 +22,7 @@ import pyopencl as cl
 
 from conveyor.backends import base
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
-from conveyor.kernels.signature import Param
+from conveyor.kernels.signature import Param, arg_converters
 from conveyor.pipeline import hazards
 
 _COMPLETE = cl.command_execution_status.COMPLETE
@@ -178,22 +178,13 @@ class Kernel(base.Kernel):
         self.name = name
         self.params = tuple(params)
         self.lock = threading.Lock()  # set_args + enqueue must not interleave across threads
-        self.converters: list[Callable[[Any], Any]] = [_converter(p) for p in self.params]
+        self.converters: list[Callable[[Any], Any]] = arg_converters(self.params, _buffer_arg)
         self.work_group_size = int(
             cl_kernel.get_work_group_info(
                 cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device
             )
         )
         self.default_local_size = min(self.work_group_size, 256)
-
-
-def _converter(param: Param) -> Callable[[Any], Any]:
-    if param.is_pointer:
-        return _buffer_arg
-    if param.dtype is not None:
-        scalar_type = param.dtype.type
-        return lambda value: scalar_type(value)
-    return lambda value: value
 
 
 def _buffer_arg(value: Any) -> Any:

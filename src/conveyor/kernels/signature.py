@@ -7,7 +7,9 @@ conveyor needs the types to cast scalar arguments (``args=(2.5,)`` becomes the k
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -93,3 +95,25 @@ def _parse_one(text: str) -> Param:
     dtype_name = _SCALARS.get(base)
     dtype = np.dtype(dtype_name) if dtype_name else None
     return Param(name=name, is_pointer=is_pointer, dtype=dtype, is_const=is_const, type_text=text)
+
+
+def arg_converters(
+    params: Sequence[Param], pointer: Callable[[Any], Any]
+) -> list[Callable[[Any], Any]]:
+    """One function per parameter turning a launch argument into what the driver takes:
+    ``pointer`` for pointer parameters (the backend's buffer unwrapping), a cast to the declared
+    type for known scalars, and the value as given otherwise (it must already be a NumPy
+    scalar of the right type)."""
+    converters: list[Callable[[Any], Any]] = []
+    for param in params:
+        if param.is_pointer:
+            converters.append(pointer)
+        elif param.dtype is not None:
+            converters.append(param.dtype.type)
+        else:
+            converters.append(_as_given)
+    return converters
+
+
+def _as_given(value: Any) -> Any:
+    return value
