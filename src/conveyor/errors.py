@@ -64,7 +64,7 @@ class HazardError(ConveyorError):
     """Strict async mode: something on a running stream's hot path would silently block.
 
     ``hazard`` is "pageable-copy", "pool-allocation" or "kernel-build"; the message says the
-    fix (see :mod:`conveyor.pipeline.hazards`). Survives pickling.
+    fix (see :mod:`conveyor.hazards`). Survives pickling.
     """
 
     def __init__(self, hazard: str, message: str) -> None:

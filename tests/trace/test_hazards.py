@@ -12,9 +12,9 @@ import pytest
 from tracekit import BLOCK, N, kernel, vadd_stream
 
 import conveyor as cv
+from conveyor import hazards
+from conveyor.hazards import HazardWarning
 from conveyor.kernels.portable import portable
-from conveyor.pipeline import hazards
-from conveyor.pipeline.hazards import HazardWarning
 
 MIB = 2**20
 

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from conveyor import hazards
 from conveyor.backends import base
 from conveyor.backends.cuda_array import DeviceArray
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import Param, arg_converters
-from conveyor.pipeline import hazards
 
 _IMPORT_ERROR: Exception | None = None
 try:

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from conveyor import hazards
 from conveyor.backends import base
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import Param, arg_converters
-from conveyor.pipeline import hazards
 
 _COMPLETE = cl.command_execution_status.COMPLETE
 _PROFILE_START = cl.profiling_info.START

@@ -14,11 +14,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from conveyor import config
+from conveyor import config, hazards
 from conveyor.errors import CompileError
 from conveyor.kernels.cache import KernelCache, cache_key
 from conveyor.kernels.signature import Param, parse_params
-from conveyor.pipeline import hazards
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, Kernel

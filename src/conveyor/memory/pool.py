@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from conveyor import hazards
 from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
-from conveyor.pipeline import hazards
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, DeviceBuffer, Event  # noqa: F401

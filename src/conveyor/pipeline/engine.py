@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor import hazards
 from conveyor.backends.base import (
     Closeable,
     Device,
@@ -27,7 +28,6 @@ from conveyor.backends.base import (
 )
 from conveyor.backends.base import Queue as BaseQueue
 from conveyor.memory import pinned
-from conveyor.pipeline import hazards
 from conveyor.pipeline import reduce as reducing
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
@@ -89,7 +89,7 @@ class Engine(Closeable):
         strict: bool = False,
     ) -> None:
         self.device = device
-        self.strict = strict  # hot-path hazards raise (True) or warn once (pipeline/hazards)
+        self.strict = strict  # hot-path hazards raise (True) or warn once (conveyor/hazards.py)
         self.clock: ClockAnchor | None = None
         self.nvtx = trace_nvtx.annotator(device.backend)  # None unless CUDA and nvtx
         self.plan = plan

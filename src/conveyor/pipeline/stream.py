@@ -79,7 +79,7 @@ def stream(
     ``strict=True`` (default: ``CONVEYOR_STRICT``, else off) raises HazardError when something
     on the hot path would silently block: a pageable host array handed to an async copy, a
     pool allocation after the ring was built, a kernel build or load after the first block.
-    Without it each such hazard warns once per process (``conveyor.pipeline.hazards``).
+    Without it each such hazard warns once per process (``conveyor.hazards``).
 
     Raises InputError (before any work) for arguments that cannot work; the first failure of a
     kernel, callable or staging copy is raised as is, after everything in flight has finished

@@ -46,7 +46,7 @@ _FIXES = {
 
 
 class HazardWarning(UserWarning):
-    """A hot-path operation that silently blocks (see :mod:`conveyor.pipeline.hazards`)."""
+    """A hot-path operation that silently blocks (see :mod:`conveyor.hazards`)."""
 
 
 _local = threading.local()
