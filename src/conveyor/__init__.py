@@ -15,6 +15,7 @@ from conveyor.errors import (
     InputError,
     OutOfMemoryError,
 )
+from conveyor.kernels.portable import portable
 from conveyor.memory import pinned
 from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
 from conveyor.pipeline.report import Report
@@ -42,6 +43,7 @@ __all__ = [
     "npy_out",
     "parquet",
     "pinned",
+    "portable",
     "raw",
     "raw_out",
     "stream",
