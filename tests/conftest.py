@@ -13,10 +13,9 @@ import os
 import pytest
 
 import conveyor as cv
+from conveyor.backends.diagnose import cannot_compile
 from conveyor.memory import pinned
 
-_PROBE = "__kernel void conveyor_probe(__global float *x) { x[0] = 1.0f; }"
-_PROBE_CUDA = 'extern "C" __global__ void conveyor_probe(float *x) { x[0] = 1.0f; }'
 UNUSABLE: dict[str, str] = {}
 
 
@@ -24,12 +23,10 @@ def _can_compile(dev: cv.Device) -> bool:
     # The PoCL of the pocl-binary-distribution wheel (LLVM 14) cannot build for CPUs newer than
     # LLVM 14 knows; such a device is listed but useless, so the suite leaves it out (and says
     # so in its header) instead of failing every test on it.
-    try:
-        dev.build_binary(_PROBE_CUDA if dev.backend == "cuda" else _PROBE, ())
-    except cv.ConveyorError as exc:
-        UNUSABLE[dev.spec] = str(exc).splitlines()[0]
-        return False
-    return True
+    problem = cannot_compile([dev])
+    if problem:
+        UNUSABLE[dev.spec] = problem[0]
+    return not problem
 
 
 def _selected_devices() -> list[cv.Device]:
@@ -49,8 +46,10 @@ DEVICES = _selected_devices()
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"conveyor devices under test: {', '.join(d.spec for d in DEVICES) or 'none'}"]
-    lines += [f"left out (cannot compile): {spec}: {why}" for spec, why in UNUSABLE.items()]
+    lines += [f"left out: {why}" for why in UNUSABLE.values()]
     return lines
+
+
 GPU_DEVICES = [d for d in DEVICES if d.kind == "gpu"]
 
 

@@ -151,8 +151,8 @@ def _devices(options: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if not found:
         print("no device found: install pocl-binary-distribution, or a GPU driver")
-    for problem in problems():
-        print(f"problem: {problem}")
+    for problem in problems(found, probe=True):
+        print(f"note: {problem}")
     if options.measure:
         _measure_all(found)
     return 0

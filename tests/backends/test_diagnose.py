@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conveyor.backends.diagnose import unregistered_nvidia_opencl
+from conveyor.backends.diagnose import (
+    cannot_compile,
+    cuda_without_devices,
+    pocl_memory,
+    unregistered_nvidia_opencl,
+)
 
 
 def _library(tmp_path: Path) -> str:
@@ -40,3 +45,27 @@ def test_an_icd_file_given_directly_counts(tmp_path):
 
 def test_no_library_no_message(tmp_path):
     assert unregistered_nvidia_opencl([str(tmp_path / "missing.so")], [tmp_path]) is None
+
+
+def test_cuda_installed_without_devices_is_named(device):
+    message = cuda_without_devices([device], cuda_installed=True)
+    if device.backend == "cuda":
+        assert message is None
+    else:
+        assert "no CUDA device" in message and "nvidia-smi" in message
+
+
+def test_cuda_not_installed_is_not_a_problem(device):
+    assert cuda_without_devices([device], cuda_installed=False) is None
+
+
+def test_pocl_memory_note_names_the_variable(device):
+    notes = pocl_memory([device], host_bytes=device.global_mem_bytes * 4)
+    if "Portable Computing Language" in device.info.platform and device.kind == "cpu":
+        assert len(notes) == 1 and "POCL_MEMORY_LIMIT" in notes[0]
+    else:
+        assert notes == []
+
+
+def test_a_device_that_compiles_is_not_listed(device):
+    assert cannot_compile([device]) == []  # conftest only hands out devices that compile

@@ -1,16 +1,27 @@
-"""Why a device that should be here is not: checks that name the fix.
+"""Why a device that should be here is not, or is but cannot work: checks that name the fix.
 
-NVIDIA's OpenCL driver ships as ``libnvidia-opencl.so.1``; the OpenCL ICD loader finds it only
-through an ``.icd`` file naming it. Containers often carry the library without the file (the
-lent GPU machine does), and then OpenCL lists no NVIDIA GPU with no word of why.
+- NVIDIA's OpenCL driver ships as ``libnvidia-opencl.so.1``; the OpenCL ICD loader finds it
+  only through an ``.icd`` file naming it. Containers often carry the library without the file
+  (the lent GPU machine does), and then OpenCL lists no NVIDIA GPU with no word of why.
+- cuda.core installed but no CUDA device listed: the driver or the GPU is missing.
+- PoCL's CPU device offers only part of the host's memory (``POCL_MEMORY_LIMIT`` sets it).
+- A device whose compiler cannot build even a trivial kernel (the PoCL of the
+  pocl-binary-distribution wheel, LLVM 14, on CPUs newer than LLVM 14 knows).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conveyor import config
+from conveyor.errors import ConveyorError
+
+if TYPE_CHECKING:
+    from conveyor.backends.base import Device
 
 NVIDIA_OPENCL_PATHS = (
     "/usr/lib/libnvidia-opencl.so.1",
@@ -52,7 +63,66 @@ def unregistered_nvidia_opencl(
     )
 
 
-def problems() -> list[str]:
-    """Every known misconfiguration found on this machine, each with its fix."""
-    found = unregistered_nvidia_opencl()
-    return [found] if found else []
+def cuda_without_devices(devices: Sequence[Device], cuda_installed: bool | None = None
+                         ) -> str | None:
+    """A message when cuda.core is installed but no CUDA device was found."""
+    if cuda_installed is None:
+        try:
+            cuda_installed = importlib.util.find_spec("cuda.core") is not None
+        except (ImportError, ValueError):
+            cuda_installed = False
+    if not cuda_installed or any(d.backend == "cuda" for d in devices):
+        return None
+    return ("cuda.core is installed but no CUDA device was found: check that `nvidia-smi` "
+            "lists a GPU and that the driver matches cuda-bindings' major version")
+
+
+def pocl_memory(devices: Sequence[Device], host_bytes: int | None = None) -> list[str]:
+    """A note for each PoCL CPU device offering less than the host's memory."""
+    if host_bytes is None:
+        try:
+            host_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return []
+    notes = []
+    for dev in devices:
+        if "Portable Computing Language" in dev.info.platform and dev.kind == "cpu":
+            if dev.global_mem_bytes < host_bytes // 2:
+                notes.append(
+                    f"{dev.spec} (PoCL) offers {dev.global_mem_bytes / 2**30:.1f} GiB of this "
+                    f"machine's {host_bytes / 2**30:.1f} GiB; set POCL_MEMORY_LIMIT=<GiB> to "
+                    f"change it"
+                )
+    return notes
+
+
+_PROBE = "__kernel void conveyor_probe(__global float *x) { x[0] = 1.0f; }"
+_PROBE_CUDA = 'extern "C" __global__ void conveyor_probe(float *x) { x[0] = 1.0f; }'
+
+
+def cannot_compile(devices: Sequence[Device]) -> list[str]:
+    """A message for each device whose compiler fails on a trivial kernel (builds one each)."""
+    found = []
+    for dev in devices:
+        try:
+            dev.build_binary(_PROBE_CUDA if dev.backend == "cuda" else _PROBE, ())
+        except ConveyorError as exc:
+            first = next((line for line in str(exc).splitlines()[1:] if line.strip()), "")
+            found.append(
+                f"{dev.spec} ({dev.name}) cannot build kernels: {first.strip()[:160]}; "
+                f"pick another device (CONVEYOR_DEVICE / --device)"
+            )
+    return found
+
+
+def problems(devices: Sequence[Device] | None = None, probe: bool = False) -> list[str]:
+    """Every known misconfiguration found on this machine, each with its fix. With ``devices``
+    the device checks run too; ``probe`` also builds a trivial kernel on each (slow)."""
+    found = [p for p in [unregistered_nvidia_opencl()] if p]
+    if devices is not None:
+        cuda = cuda_without_devices(devices)
+        found += [cuda] if cuda else []
+        found += pocl_memory(devices)
+        if probe:
+            found += cannot_compile(devices)
+    return found
