@@ -341,3 +341,23 @@ def test_device_array_with_numba(dev):
     del arr
     q.close()
     buf.close()
+
+
+@pytest.mark.gpu
+def test_fork_after_init_gives_a_clear_error_in_the_child(dev):
+    import os
+
+    dev.alloc_device(16).close()  # the backend is initialised in this (parent) process
+    pid = os.fork()
+    if pid == 0:  # the child: any CUDA use must fail with the fix, not hang or crash
+        code = 1
+        try:
+            dev.alloc_device(16)
+        except cv.BackendError as exc:
+            code = 0 if "spawn" in str(exc) and "forked" in str(exc) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    dev.alloc_device(16).close()  # the parent is unaffected

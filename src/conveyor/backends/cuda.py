@@ -28,6 +28,7 @@ and Numba take them without a copy.
 from __future__ import annotations
 
 import io
+import os
 import re
 import weakref
 from collections.abc import Callable, Sequence
@@ -544,6 +545,8 @@ class Device(base.Device):
 
     def _current(self) -> None:
         """Make this device's primary context current on the calling thread."""
+        if _forked:
+            raise BackendError(_FORK_MESSAGE, call="fork", code="CUDA_ERROR_NOT_INITIALIZED")
         ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if int(ctx) != self._context_address:
             _check(driver.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
@@ -681,14 +684,34 @@ def _driver_version() -> str:
     return text
 
 
+# CUDA cannot be used in a child forked after the parent initialised it: every call fails with
+# an unhelpful "initialization error" or hangs. Mark the child and say what to do instead.
+_forked = False
+_fork_hook_installed = False
+_FORK_MESSAGE = (
+    "this process was forked after conveyor's CUDA backend was initialised in its parent, and "
+    "CUDA cannot be used in a forked child: start worker processes with "
+    "multiprocessing.get_context('spawn') (or 'forkserver') instead of fork"
+)
+
+
+def _mark_forked_child() -> None:
+    global _forked
+    _forked = True
+
+
 def discover() -> list[Device]:
     """Every CUDA device, in ordinal order; [] where cuda.core, a driver or a GPU is missing."""
+    global _fork_hook_installed
     if _IMPORT_ERROR is not None:
         return []
     try:
         count = len(cc.Device.get_all_devices())
     except Exception:  # no driver library, or the driver found no device
         return []
+    if not _fork_hook_installed:
+        os.register_at_fork(after_in_child=_mark_forked_child)
+        _fork_hook_installed = True
     found: list[Device] = []
     for index in range(count):
         try:
