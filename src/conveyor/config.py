@@ -8,6 +8,7 @@ the variable.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from conveyor.errors import InputError
@@ -17,6 +18,11 @@ CACHE_DIR_VAR = "CONVEYOR_CACHE_DIR"
 NO_CACHE_VAR = "CONVEYOR_NO_CACHE"
 STRICT_VAR = "CONVEYOR_STRICT"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
+#: PyOpenCL appends this variable's words to every build's options (outside conveyor's control):
+#: the kernel cache key must cover it, or a binary built under it is served to runs without it.
+PYOPENCL_BUILD_OPTIONS_VAR = "PYOPENCL_BUILD_OPTIONS"
+# gpu, cpu, cuda, opencl, cuda:N, opencl:P, opencl:P:D (the specs backends.device() takes)
+_DEVICE_SPEC = re.compile(r"(gpu|cpu|cuda|opencl)|cuda:\d+|opencl:\d+(:\d+)?")
 
 
 def _get(name: str) -> str | None:
@@ -28,8 +34,20 @@ def _get(name: str) -> str | None:
 
 
 def default_device_spec() -> str | None:
-    """The device spec in ``CONVEYOR_DEVICE``, or None when unset."""
-    return _get(DEVICE_VAR)
+    """The device spec in ``CONVEYOR_DEVICE``, or None when unset; InputError (naming the
+    variable) when it is not a device spec at all."""
+    value = _get(DEVICE_VAR)
+    if value is not None and not _DEVICE_SPEC.fullmatch(value.lower()):
+        raise InputError(
+            f"{DEVICE_VAR}={value!r} is not a device spec: use cuda, cuda:1, opencl, "
+            f"opencl:0:1, gpu or cpu (conveyor devices lists them)"
+        )
+    return value
+
+
+def pyopencl_build_options() -> str:
+    """The words PyOpenCL adds to every OpenCL build (``PYOPENCL_BUILD_OPTIONS``), or ''."""
+    return _get(PYOPENCL_BUILD_OPTIONS_VAR) or ""
 
 
 def parse_bool(name: str, value: str | None, default: bool) -> bool:

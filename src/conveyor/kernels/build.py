@@ -51,6 +51,15 @@ def default_cache() -> KernelCache | None:
         return cache
 
 
+def build_identity(device: Device) -> str:
+    """What the cache key takes as the compiler: the device's ``compiler_identity()`` and, on
+    OpenCL, the options PyOpenCL adds from ``PYOPENCL_BUILD_OPTIONS`` to every build (so a
+    binary built under that variable is never loaded by a run without it, nor the reverse)."""
+    identity = device.compiler_identity()
+    forced = config.pyopencl_build_options() if device.backend == "opencl" else ""
+    return f"{identity}|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}" if forced else identity
+
+
 def clear_memo() -> None:
     """Forget the kernels loaded in this process (the next compile goes to the disk cache)."""
     with _lock:
@@ -73,7 +82,7 @@ def compile_kernel(
     params = parse_params(source, name)
     options = tuple(options)
     disk = default_cache() if cache is True else cache or None
-    key = cache_key(device.compiler_identity(), options, source)
+    key = cache_key(build_identity(device), options, source)
     memo_key: _MemoKey = (id(device), key, name)
     with _lock:
         kernel = _memo.get(memo_key)
@@ -115,7 +124,7 @@ class KernelFuture:
         self.options = options
         self.params = parse_params(source, name)  # a wrong name fails now, not later
         self._disk = default_cache()
-        self._key = cache_key(device.compiler_identity(), options, source)
+        self._key = cache_key(build_identity(device), options, source)
         self._binary = _compiler_pool().submit(
             _fetch_or_build, device, source, options, self._key, self._disk
         )
