@@ -262,9 +262,6 @@ def test_object_array_output_is_refused(device, monkeypatch):
             [np.empty(N, object)])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bug: outputs=[object] (a dtype) is not checked in validate.as_output; "
-                          "PyOpenCL's assertion surfaces instead of an InputError")
 def test_object_dtype_output_is_refused(device, monkeypatch):
     x = data((N,), np.float32, 9)
     refuses(device, monkeypatch, "numeric dtype", lambda *a, **k: None, [x], [object])

@@ -459,9 +459,11 @@ class Device(base.Device):
         ])
 
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:
+        # cache_dir=False below: PyOpenCL's own build cache stores pickles on some platforms;
+        # conveyor keeps its own cache, which holds no pickle.
         program = cl.Program(self.context, source)
         try:
-            program.build(options=list(options), devices=[self.cl_device])
+            program.build(options=list(options), devices=[self.cl_device], cache_dir=False)
         except cl.RuntimeError as exc:
             log = _build_log(program, self.cl_device) or str(exc)
             raise CompileError(f"OpenCL build failed on {self.name}", log=log,
@@ -475,7 +477,7 @@ class Device(base.Device):
                     params: Sequence[Param]) -> Kernel:
         try:
             program = cl.Program(self.context, [self.cl_device], [binary])
-            program.build(options=list(options), devices=[self.cl_device])
+            program.build(options=list(options), devices=[self.cl_device], cache_dir=False)
             cl_kernel = cl.Kernel(program, name)
         except cl.Error as exc:
             raise CompileError(

@@ -42,6 +42,8 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
             raise InputError(
                 f"output {index} must be a NumPy array or a dtype, got {type(value).__name__}"
             ) from exc
+        if dtype.hasobject:
+            raise InputError(f"output {index} asks for dtype {dtype}: use a numeric dtype")
         return np.empty((rows, *row_shape), dtype)
     if value.dtype.hasobject:
         raise InputError(f"output {index} has dtype {value.dtype}: use a numeric dtype")
