@@ -185,9 +185,15 @@ class Engine(Closeable):
         finally:
             # Join the staging threads first: no worker may still copy into a slot's pinned
             # buffer once it is back in the pool (an interrupt can land inside Stager.run).
-            self.stager.close()
-            self._release()
-            self.progress.close()
+            # An interrupt during the join itself is raised by close() only after every
+            # worker has finished; the buffers must still go back (they leaked before).
+            try:
+                self.stager.close()
+            finally:
+                try:
+                    self._release()
+                finally:
+                    self.progress.close()
         seconds = time.perf_counter() - started
         return self._report(seconds)
 

@@ -100,7 +100,18 @@ class Stager(Closeable):
             if self._closed:
                 return
             self._closed = True
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # A Ctrl-C can land in the join (Thread.join is interruptible). Returning then would
+        # leave workers copying into pinned slots that the engine is about to give back to
+        # the pool, and the threads alive: finish joining, then raise the interrupt.
+        interrupted: KeyboardInterrupt | None = None
+        while True:
+            try:
+                self._executor.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt as exc:  # join anyway, then raise it
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
 
 def copy_rows(dst: Any, src: Any) -> None:

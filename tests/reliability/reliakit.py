@@ -1,0 +1,70 @@
+"""Helpers for the reliability tests: streamkit (tests/pipeline) on the path, the injected
+fault, and the checks made after every failure (pools at zero, nothing in flight, no staging
+thread, the next stream right)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
+if str(PIPELINE) not in sys.path:
+    sys.path.insert(0, str(PIPELINE))
+
+from streamkit import (  # noqa: E402
+    add_reference,
+    data,
+    in_use,
+    kernel,
+    stage_threads,
+    stencil_reference,
+    store,
+    to_host,
+)
+
+import conveyor as cv  # noqa: E402
+
+__all__ = [
+    "Boom", "add_reference", "assert_clean", "data", "in_use", "kernel", "next_stream_right",
+    "stage_threads", "stencil_reference", "store", "to_host", "vadd_arrays",
+]
+
+
+class Boom(RuntimeError):
+    """The injected fault."""
+
+
+def vadd_arrays(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inputs a, b and a zeroed output c for the add kernel."""
+    a, b = data((n,), np.float32, seed), data((n,), np.float32, seed + 1)
+    return a, b, np.zeros_like(a)
+
+
+def assert_clean(device: cv.Device) -> None:
+    """Every pool of ``device`` at zero bytes in use with nothing fenced, no staging thread."""
+    gc.collect()
+    assert in_use(device) == (0, 0)
+    for pool in (device.memory_pool, device.pinned_pool):
+        stats = pool.stats()
+        assert stats.pending_bytes == 0, stats
+        assert stats.blocks_in_use == 0, stats
+    assert stage_threads() == []
+
+
+def next_stream_right(device: cv.Device) -> None:
+    """The device still streams right: a kernel map (copying and zero-copy) and a stencil."""
+    a, b, c = vadd_arrays(10_000, seed=11)
+    for zero_copy in (False, None):
+        c[:] = 0
+        cv.stream(kernel(device, "add"), [a, b], [c], device=device, block_bytes=4000,
+                  zero_copy=zero_copy)
+        np.testing.assert_array_equal(c, add_reference(a, b))
+    x = data((3000, 3), np.float32, 13)
+    y = np.zeros_like(x)
+    cv.stream(kernel(device, "sten"), [x], [y], device=device, args=(3, 1), halo=1,
+              block_bytes=3 * 4 * 300)
+    np.testing.assert_array_equal(y, stencil_reference(x, 1))
+    assert in_use(device) == (0, 0)
