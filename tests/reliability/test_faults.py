@@ -351,7 +351,7 @@ STAGES = ["copy-in", "copy-out", "zero-copy-register", "zero-copy-sync", "device
 @pytest.mark.parametrize("stage", STAGES)
 def test_failure_at_a_stage_surfaces_as_is_and_leaves_nothing_behind(device, monkeypatch,
                                                                      tmp_path, stage):
-    if stage.startswith("zero-copy") and not device.host_unified:
+    if "zero-copy" in stage and not device.host_unified:
         pytest.skip("zero-copy needs a device that shares memory with the host")
     kernel(device, "add")  # both built before any fault
     kernel(device, "ident", np.int32)

@@ -123,7 +123,9 @@ def test_device_block_released_behind_a_read_on_another_queue_is_not_reused(devi
     pool = device.memory_pool
     expected = _pattern(3)
     block = pool.acquire(NBYTES)
-    back = np.zeros(ITEMS, np.float32)
+    # Pinned: on CUDA a copy into pageable memory returns only once the data is there,
+    # so gated behind a gate this thread sets later it would never return.
+    back = cv.pinned.zeros(ITEMS, np.float32, device=device)
     gate = device.user_event()
     with device.create_queue() as writer, device.create_queue() as reader:
         writer.copy_in(block, expected).wait()
@@ -141,13 +143,17 @@ def test_device_block_released_behind_a_read_on_another_queue_is_not_reused(devi
             gate.set_complete()
         read.wait()
     np.testing.assert_array_equal(back, expected)
+    del back
+    gc.collect()
     assert_clean(device)
 
 
 def test_device_block_comes_back_once_the_read_completes(device):
     pool = device.memory_pool
     block = pool.acquire(NBYTES)
-    back = np.zeros(ITEMS, np.float32)
+    # Pinned: on CUDA a copy into pageable memory returns only once the data is there,
+    # so gated behind a gate this thread sets later it would never return.
+    back = cv.pinned.zeros(ITEMS, np.float32, device=device)
     gate = device.user_event()
     with device.create_queue() as reader:
         try:
