@@ -56,13 +56,11 @@ _warned_lock = threading.Lock()
 
 def _watching(device: Any) -> bool | None:
     """None when ``device`` is not on this thread's hot path, else whether it is strict."""
-    stack: list[tuple[Any, bool]] | None = getattr(_local, "stack", None)
-    if not stack:
+    # A dict lookup, not a walk of the stack: the backends ask this at every copy.
+    watched: dict[int, bool] | None = getattr(_local, "watched", None)
+    if not watched:
         return None
-    for watched, strict in reversed(stack):
-        if watched is device:
-            return strict
-    return None
+    return watched.get(id(device))
 
 
 @contextlib.contextmanager
@@ -73,10 +71,17 @@ def hot_path(device: Any, *, strict: bool) -> Iterator[None]:
     if stack is None:
         stack = _local.stack = []
     stack.append((device, strict))
+    _local.watched = _innermost(stack)
     try:
         yield
     finally:
         stack.pop()
+        _local.watched = _innermost(stack)
+
+
+def _innermost(stack: list[tuple[Any, bool]]) -> dict[int, bool]:
+    """Each watched device's strictness, the innermost context winning."""
+    return {id(device): strict for device, strict in stack}
 
 
 def armed(device: Any) -> bool:

@@ -13,6 +13,7 @@ registration reports this as ``page_locked = False``.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -315,14 +316,22 @@ class Queue(base.Queue):
 def _is_pinned(array: np.ndarray) -> bool:
     """True when ``array`` views mapped or shared memory: a pinned buffer's mapping, an SVM
     allocation, or an array of conveyor's pinned pool."""
-    from conveyor.memory.pinned import PinnedOwner
-
+    kinds = _pinned_kinds()
     holder: Any = array
     while holder is not None:
-        if isinstance(holder, cl.MemoryMap | cl.SVMAllocation | PinnedOwner):
+        if isinstance(holder, kinds):
             return True
         holder = getattr(holder, "base", None)
     return False
+
+
+@functools.cache
+def _pinned_kinds() -> tuple[type, ...]:
+    # Imported on first use (memory imports the backends' interface), then kept: this runs at
+    # every copy while a stream is watched for hazards.
+    from conveyor.memory.pinned import PinnedOwner
+
+    return (cl.MemoryMap, cl.SVMAllocation, PinnedOwner)
 
 
 def _cl_buf(buf: base.DeviceBuffer) -> cl.Buffer:
