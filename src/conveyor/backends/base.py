@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -109,11 +109,23 @@ class Registration(Closeable, ABC):
 
 
 class Kernel(ABC):
-    """A kernel, built and loaded, ready to launch. ``params`` is its parsed signature."""
+    """A kernel, built and loaded, ready to launch. ``params`` is its parsed signature;
+    ``converters`` turn each launch argument into what the driver takes."""
 
     name: str
     device: Device
     params: Sequence[Param]
+    converters: Sequence[Callable[[Any], Any]]
+
+    def convert_args(self, args: Sequence[Any]) -> list[Any]:
+        """``args`` as the driver takes them; InputError when their number is wrong."""
+        if len(args) != len(self.params):
+            from conveyor.errors import InputError
+
+            raise InputError(
+                f"kernel {self.name!r} takes {len(self.params)} arguments, got {len(args)}"
+            )
+        return [convert(a) for convert, a in zip(self.converters, args, strict=True)]
 
 
 class Queue(Closeable, ABC):

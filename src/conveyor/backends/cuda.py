@@ -452,11 +452,7 @@ class Queue(base.Queue):
     def launch(self, kernel: base.Kernel, global_size: int, args: Sequence[Any], *,
                local_size: int | None = None, wait_for: Sequence[base.Event] = ()) -> Event:
         assert isinstance(kernel, Kernel)
-        if len(args) != len(kernel.params):
-            raise InputError(
-                f"kernel {kernel.name!r} takes {len(kernel.params)} arguments, got {len(args)}"
-            )
-        values = [convert(a) for convert, a in zip(kernel.converters, args, strict=True)]
+        values = kernel.convert_args(args)
         block = local_size or min(_DEFAULT_BLOCK, kernel.max_block)
         grid = max(-(-global_size // block), 1)
         start = self._begin(wait_for)

@@ -250,11 +250,7 @@ class Queue(base.Queue):
     def launch(self, kernel: base.Kernel, global_size: int, args: Sequence[Any], *,
                local_size: int | None = None, wait_for: Sequence[base.Event] = ()) -> Event:
         assert isinstance(kernel, Kernel)
-        if len(args) != len(kernel.params):
-            raise InputError(
-                f"kernel {kernel.name!r} takes {len(kernel.params)} arguments, got {len(args)}"
-            )
-        values = [convert(a) for convert, a in zip(kernel.converters, args, strict=True)]
+        values = kernel.convert_args(args)
         if local_size is None:
             local_size = kernel.default_local_size
         global_size = max(-(-global_size // local_size) * local_size, local_size)
