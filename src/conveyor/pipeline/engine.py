@@ -186,7 +186,7 @@ class Engine(Closeable):
             # Join the staging threads first: no worker may still copy into a slot's pinned
             # buffer once it is back in the pool (an interrupt can land inside Stager.run).
             # An interrupt during the join itself is raised by close() only after every
-            # worker has finished; the buffers must still go back (they leaked before).
+            # worker has finished, and the buffers must go back even then.
             try:
                 self.stager.close()
             finally:
@@ -204,8 +204,7 @@ class Engine(Closeable):
             retired = slot.block
             out_tasks = self._retire(slot) if retired is not None else []
             in_tasks = self._stage_in_tasks(slot, block)
-            # One batch keeps every worker busy; it is recorded on each host lane it served
-            # (a lane named "stage" was unknown to the trace export, which dropped it).
+            # One batch keeps every worker busy; it is recorded on each host lane it served.
             lanes = [("stage-out", retired)] if out_tasks and retired is not None else []
             lanes += [("stage-in", block)] if in_tasks else []
             self._run_stage(out_tasks + in_tasks, lanes)
