@@ -14,20 +14,14 @@ import numpy as np
 
 import conveyor as cv
 
-OPENCL = """
+SOURCE = cv.portable("""
 __kernel void keep_above(__global const float *x, __global float *y, float t,
                          ulong offset, ulong n) {
     ulong i = get_global_id(0);
     if (i < n) y[i] = x[i] > t ? x[i] : 0.0f;
 }
-"""
-CUDA = """
-extern "C" __global__ void keep_above(const float *x, float *y, float t,
-                                      unsigned long long offset, unsigned long long n) {
-    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i] > t ? x[i] : 0.0f;
-}
-"""
+""")
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
@@ -36,7 +30,7 @@ if __name__ == "__main__":
     options = parser.parse_args()
     dev = cv.device(options.device)
     x = np.random.default_rng(0).random(options.mib * 2**20 // 4, dtype=np.float32)
-    kernel = dev.compile(CUDA if dev.backend == "cuda" else OPENCL, "keep_above")
+    kernel = dev.compile(SOURCE, "keep_above")
     report = cv.stream(kernel, [x], reduce="sum", args=(0.5,), device=dev,
                        memory_limit=x.nbytes // 8)
     expected = x[x > 0.5].sum(dtype=np.float64)

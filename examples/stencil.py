@@ -14,19 +14,13 @@ import numpy as np
 
 import conveyor as cv
 
-OPENCL = """
+SOURCE = cv.portable("""
 __kernel void smooth5(__global const float *x, __global float *y, ulong offset, ulong n) {
     ulong i = get_global_id(0);   /* element i of the block is x[i + 2] */
     if (i < n) y[i] = (x[i] + x[i + 1] + x[i + 2] + x[i + 3] + x[i + 4]) * 0.2f;
 }
-"""
-CUDA = """
-extern "C" __global__ void smooth5(const float *x, float *y,
-                                   unsigned long long offset, unsigned long long n) {
-    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    if (i < n) y[i] = (x[i] + x[i + 1] + x[i + 2] + x[i + 3] + x[i + 4]) * 0.2f;
-}
-"""
+""")
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
@@ -36,7 +30,7 @@ if __name__ == "__main__":
     dev = cv.device(options.device)
     x = np.random.default_rng(0).random(options.mib * 2**20 // 4, dtype=np.float32)
     y = np.empty_like(x)
-    kernel = dev.compile(CUDA if dev.backend == "cuda" else OPENCL, "smooth5")
+    kernel = dev.compile(SOURCE, "smooth5")
     report = cv.stream(kernel, [x], [y], halo=2, device=dev, memory_limit=x.nbytes // 4)
     p = np.pad(x, 2, mode="edge")
     expected = (p[:-4] + p[1:-3] + p[2:-2] + p[3:-1] + p[4:]) * np.float32(0.2)

@@ -291,7 +291,7 @@ def _demo(options: argparse.Namespace) -> int:
 
 
 def _bench(options: argparse.Namespace) -> int:
-    from conveyor.demo import CUDA_SAXPY, OPENCL_SAXPY
+    from conveyor.demo import SAXPY
     from conveyor.measure import link_bandwidth, naive_loop
 
     if options.mib < 1:
@@ -306,7 +306,7 @@ def _bench(options: argparse.Namespace) -> int:
     x = rng.random(rows, dtype=np.float32)
     y = rng.random(rows, dtype=np.float32)
     out = np.zeros_like(x)
-    kernel = dev.compile(CUDA_SAXPY if dev.backend == "cuda" else OPENCL_SAXPY, "saxpy")
+    kernel = dev.compile(SAXPY, "saxpy")
     report = cv.stream(kernel, [x, y], [out], device=dev, args=(2.0,))
     block_rows = report.block_rows
     naive_out = np.zeros_like(x)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from conveyor import config
 from conveyor.errors import ConveyorError
+from conveyor.kernels.portable import portable
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
@@ -96,8 +97,7 @@ def pocl_memory(devices: Sequence[Device], host_bytes: int | None = None) -> lis
     return notes
 
 
-_PROBE = "__kernel void conveyor_probe(__global float *x) { x[0] = 1.0f; }"
-_PROBE_CUDA = 'extern "C" __global__ void conveyor_probe(float *x) { x[0] = 1.0f; }'
+_PROBE = portable("__kernel void conveyor_probe(__global float *x) { x[0] = 1.0f; }")
 
 
 def cannot_compile(devices: Sequence[Device]) -> list[str]:
@@ -105,7 +105,7 @@ def cannot_compile(devices: Sequence[Device]) -> list[str]:
     found = []
     for dev in devices:
         try:
-            dev.build_binary(_PROBE_CUDA if dev.backend == "cuda" else _PROBE, ())
+            dev.build_binary(_PROBE, ())
         except ConveyorError as exc:
             first = next((line for line in str(exc).splitlines()[1:] if line.strip()), "")
             found.append(
