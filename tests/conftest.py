@@ -15,6 +15,7 @@ import pytest
 import conveyor as cv
 from conveyor.backends.diagnose import cannot_compile
 from conveyor.memory import pinned
+from conveyor.pipeline import staging
 
 UNUSABLE: dict[str, str] = {}
 
@@ -88,3 +89,12 @@ def pools_back_to_zero():
         for pool in _pools(dev):
             stats = pool.stats()
             assert stats.in_use_bytes == 0, f"{dev.spec}: {pool!r} still has {stats} in use"
+
+
+@pytest.fixture(autouse=True)
+def staging_on_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests use small blocks, which a stream stages inline on its own thread; stage them on
+    the staging threads instead (the path of every large block), unless the test is marked
+    ``inline_staging``."""
+    if request.node.get_closest_marker("inline_staging") is None:
+        monkeypatch.setattr(staging, "THREAD_MIN_BYTES", 0)

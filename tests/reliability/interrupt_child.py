@@ -22,6 +22,11 @@ import numpy as np
 from streamkit import add_reference, kernel, store, to_host
 
 import conveyor as cv
+from conveyor.pipeline import staging
+
+# Small blocks would be staged inline; put them on the staging threads, the path whose
+# interrupt handling (a thread mid-copy when Ctrl-C lands) these rounds are here to try.
+staging.THREAD_MIN_BYTES = 0
 
 ROWS = 1_000_000
 BLOCK_BYTES = 4096  # about 1,000 blocks: many points for the interrupt to land on

@@ -102,6 +102,7 @@ class Event(base.Event):
         self._profile: tuple[int, int] | None = None
 
     def wait(self) -> None:
+        self.device._current()  # staging threads wait too, and the driver needs the context
         try:
             self.end.sync()
         except Exception as exc:

@@ -29,29 +29,33 @@ from conveyor.backends.base import (
 from conveyor.backends.base import Queue as BaseQueue
 from conveyor.memory import pinned
 from conveyor.pipeline import reduce as reducing
+from conveyor.pipeline import staging
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.sinks import ArraySink, Sink
 from conveyor.pipeline.stage import Stager, StageTask, copy_rows
+from conveyor.pipeline.staging import Entry, StageAhead, StageBehind
 from conveyor.trace import nvtx as trace_nvtx
 from conveyor.trace.clock import ClockAnchor
 from conveyor.trace.timeline import Span, Timeline
 
 Compute = Kernel | Callable[..., Any]
 
+#: Pinned staging entries beyond the device ring's depth: how far staging may run ahead of
+#: the device (inputs) and behind it (outputs).
+STAGING_EXTRA = 2
+
 
 class Slot:
-    """One block's buffers: device memory for every input and output, pinned staging for the
-    pageable ones, and what is in flight in it."""
+    """One block's device buffers (every input and output, the reduction's scratch) and what
+    is in flight in it. Pinned staging lives in rings of its own (pipeline/staging.py)."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.dev_in: list[DeviceBuffer | None] = []
         self.dev_out: list[DeviceBuffer | None] = []
-        self.pin_in: list[PinnedBuffer | None] = []
-        self.pin_out: list[PinnedBuffer | None] = []
         self.dev_red: DeviceBuffer | None = None
         self.dev_partial: DeviceBuffer | None = None
         self.dev_has: DeviceBuffer | None = None
@@ -114,6 +118,12 @@ class Engine(Closeable):
         self.in_row_bytes = [spec.row_bytes for spec in plan.inputs]
         self.row_items = plan.inputs[0].row_items
         self.slots: list[Slot] = []
+        # Pinned staging rings, deeper than the device ring so staging runs ahead (and behind)
+        # of the device; empty when nothing needs staging.
+        self.ring_in: list[Entry] = []
+        self.ring_out: list[Entry] = []
+        self.ahead: StageAhead | None = None
+        self.behind: StageBehind | None = None
         self.queues: list[BaseQueue] = []
         self.records: list[tuple[str, int, Event, int]] = []
         self.host_spans: list[Span] = []
@@ -146,12 +156,10 @@ class Engine(Closeable):
             slot = Slot(index)
             self.slots.append(slot)
             if not self.zero_copy:
-                for i, nbytes in enumerate(plan.input_slot_bytes):
+                for nbytes in plan.input_slot_bytes:
                     slot.dev_in.append(self._acquire(nbytes))
-                    slot.pin_in.append(None if self.direct_in[i] else pin_pool.acquire(nbytes))
-                for i, nbytes in enumerate(plan.output_slot_bytes):
+                for nbytes in plan.output_slot_bytes:
                     slot.dev_out.append(self._acquire(nbytes))
-                    slot.pin_out.append(None if self.direct_out[i] else pin_pool.acquire(nbytes))
             if self.reduce_dtype is not None:
                 acc = reducing.partial_dtype(self.reduce_dtype, str(self.reduce))
                 # The kernel writes one value per element (n = rows * row_items), not per row.
@@ -160,6 +168,22 @@ class Engine(Closeable):
                 slot.dev_has = self._acquire(reducing.PARTIALS)
                 slot.pin_partial = pin_pool.acquire(reducing.PARTIALS * acc.itemsize)
                 slot.pin_has = pin_pool.acquire(reducing.PARTIALS)
+        if not self.zero_copy:
+            entries = max(min(plan.depth + STAGING_EXTRA, plan.block_count), 1)
+            if not all(self.direct_in):
+                self._fill_ring(self.ring_in, entries, self.direct_in, plan.input_slot_bytes)
+            if not all(self.direct_out):
+                self._fill_ring(self.ring_out, entries, self.direct_out, plan.output_slot_bytes)
+
+    def _fill_ring(self, ring: list[Entry], entries: int, direct: list[bool],
+                   sizes: tuple[int, ...]) -> None:
+        """Pinned staging buffers for ``entries`` blocks, appended one by one so that a failed
+        allocation leaves every earlier one where ``_release`` finds it."""
+        for _ in range(entries):
+            entry: Entry = []
+            ring.append(entry)
+            for is_direct, nbytes in zip(direct, sizes, strict=True):
+                entry.append(None if is_direct else self.device.pinned_pool.acquire(nbytes))
 
     def _acquire(self, nbytes: int) -> DeviceBuffer:
         block = self.device.memory_pool.acquire(max(nbytes, 1))
@@ -183,12 +207,12 @@ class Engine(Closeable):
             self._abort()
             raise
         finally:
-            # Join the staging threads first: no worker may still copy into a slot's pinned
-            # buffer once it is back in the pool (an interrupt can land inside Stager.run).
-            # An interrupt during the join itself is raised by close() only after every
-            # worker has finished, and the buffers must go back even then.
+            # Join the staging threads first: no worker may still copy into a pinned buffer
+            # once it is back in the pool (an interrupt can land inside Stager.run). An
+            # interrupt during a join is raised by close() only after the threads have
+            # finished, and the buffers must go back even then.
             try:
-                self.stager.close()
+                self._close_staging()
             finally:
                 try:
                     self._release()
@@ -199,39 +223,58 @@ class Engine(Closeable):
 
     def _loop(self) -> None:
         plan = self.plan
-        for block in plan.blocks():
+        blocks = plan.blocks()
+        biggest = max((*plan.input_slot_bytes, *plan.output_slot_bytes))
+        inline = biggest < staging.THREAD_MIN_BYTES
+        if self.ring_in:
+            self.ahead = StageAhead(self.stager, self.ring_in, blocks, self._fill,
+                                    self.host_spans, self.nvtx, inline=inline)
+            self.ahead.start()
+        if self.ring_out:
+            self.behind = StageBehind(self.stager, self.ring_out, self.host_spans, self.nvtx,
+                                      inline=inline)
+            self.behind.start()
+        no_in: Entry = [None] * len(self.sources)
+        no_out: Entry = [None] * len(self.sinks)
+        for block in blocks:
             slot = self.slots[block.index % plan.depth]
-            retired = slot.block
-            out_tasks = self._retire(slot) if retired is not None else []
-            in_tasks = self._stage_in_tasks(slot, block)
-            # One batch keeps every worker busy; it is recorded on each host lane it served.
-            lanes = [("stage-out", retired)] if out_tasks and retired is not None else []
-            lanes += [("stage-in", block)] if in_tasks else []
-            self._run_stage(out_tasks + in_tasks, lanes)
-            self._issue(slot, block)
+            if slot.block is not None:
+                self._retire(slot)
+            pin_in = self.ahead.take(block.index) if self.ahead is not None else no_in
+            pin_out = self.behind.entry(block.index) if self.behind is not None else no_out
+            in_events = self._issue(slot, block, pin_in, pin_out)
+            if self.ahead is not None:
+                self.ahead.release(block.index, in_events)
+            if self.behind is not None:
+                self.behind.submit(block.index, block, slot.done,
+                                   self._stage_out_tasks(block, pin_out))
         for index in range(plan.block_count, plan.block_count + plan.depth):
-            slot = self.slots[index % plan.depth]
-            last = slot.block
-            if last is not None:
-                self._run_stage(self._retire(slot), [("stage-out", last)])
+            slot = self.slots[index % plan.depth]  # in block order: partials combine in order
+            if slot.block is not None:
+                self._retire(slot)
+        if self.behind is not None:
+            self.behind.drain()
 
-    def _run_stage(self, tasks: list[StageTask], lanes: list[tuple[str, Block]]) -> None:
-        if not tasks:
-            return
-        if self.nvtx is not None:
-            self.nvtx.push(" + ".join(f"{lane} {block.index}" for lane, block in lanes), "stage")
-        start = time.perf_counter_ns()
+    def _close_staging(self) -> None:
+        """Stop and join the staging threads, then the workers they use."""
         try:
-            self.stager.run(tasks)
+            if self.ahead is not None:
+                self.ahead.close()
         finally:
-            if self.nvtx is not None:
-                self.nvtx.pop()
-        end = time.perf_counter_ns()
-        for lane, block in lanes:
-            self.host_spans.append(Span(lane, block.index, start, end))
+            try:
+                if self.behind is not None:
+                    self.behind.close()
+            finally:
+                self._drop_staging_threads()
 
-    def _retire(self, slot: Slot) -> list[StageTask]:
-        """Wait for the slot's block to leave the device; return its stage-out copies."""
+    def _drop_staging_threads(self) -> None:
+        # StageAhead holds the engine's bound _fill: drop the cycle so that the caller's arrays
+        # (pinned ones hold pool blocks) are freed as soon as the stream returns.
+        self.ahead = self.behind = None
+        self.stager.close()
+
+    def _retire(self, slot: Slot) -> None:
+        """Wait for the slot's block to leave the device, so its buffers can take the next."""
         block = slot.block
         assert block is not None
         if self.nvtx is not None:
@@ -247,18 +290,20 @@ class Engine(Closeable):
         for registration in slot.registrations:
             registration.close()
         slot.registrations = []
-        tasks: list[StageTask] = []
-        if not self.zero_copy:
-            for i, sink in enumerate(self.sinks):
-                pin = slot.pin_out[i]
-                if pin is not None:
-                    view = _view(pin, block.rows, sink.shape[1:], sink.dtype)
-                    tasks.append(StageTask(sink.rows(block.start, block.stop), view,
-                                           f"output {i} of block {block.index}"))
         self._collect_partial(slot, block)
         slot.block = None
         slot.done = []
         self.progress.advance(block)
+
+    def _stage_out_tasks(self, block: Block, pin_out: Entry) -> list[StageTask]:
+        """The copies of one block's results from its pinned entry into the outputs."""
+        tasks: list[StageTask] = []
+        for i, sink in enumerate(self.sinks):
+            pin = pin_out[i]
+            if pin is not None:
+                view = _view(pin, block.rows, sink.shape[1:], sink.dtype)
+                tasks.append(StageTask(sink.rows(block.start, block.stop), view,
+                                       f"output {i} of block {block.index}"))
         return tasks
 
     def _collect_partial(self, slot: Slot, block: Block) -> None:
@@ -277,13 +322,13 @@ class Engine(Closeable):
         self.host_spans.append(Span("combine", block.index, start, time.perf_counter_ns()))
 
     # -- issuing ----------------------------------------------------------------------------
-    def _stage_in_tasks(self, slot: Slot, block: Block) -> list[StageTask]:
-        if self.zero_copy:
-            return []
+    def _fill(self, block: Block, pin_in: Entry) -> list[StageTask]:
+        """The copies that stage one block's inputs into a pinned entry (on StageAhead's
+        thread; the few halo pad rows are copied right here)."""
         tasks: list[StageTask] = []
         h = self.plan.halo
         for i, source in enumerate(self.sources):
-            pin = slot.pin_in[i]
+            pin = pin_in[i]
             if pin is None:
                 continue
             view = _view(pin, block.rows + 2 * h, source.shape[1:], source.dtype)
@@ -305,7 +350,8 @@ class Engine(Closeable):
         hi = min(block.stop + h, self.plan.rows)
         return lo, hi, lo - (block.start - h)
 
-    def _issue(self, slot: Slot, block: Block) -> None:
+    def _issue(self, slot: Slot, block: Block, pin_in: Entry, pin_out: Entry) -> list[Event]:
+        """Enqueue one block's copy-in, compute and copy-out; return the copy-in events."""
         slot.block = block
         if self.zero_copy:
             in_events: list[Event] = []
@@ -322,15 +368,16 @@ class Engine(Closeable):
                 slot.registrations.append(registration)
                 out_bufs.append(registration)
         else:
-            in_events = self._copy_in(slot, block)
+            in_events = self._copy_in(slot, block, pin_in)
             in_bufs = list(slot.dev_in)
             out_bufs = list(slot.dev_out)
         compute_event = self._compute(slot, block, in_events, in_bufs, out_bufs)
-        slot.done = self._copy_out(slot, block, compute_event, out_bufs)
+        slot.done = self._copy_out(slot, block, compute_event, out_bufs, pin_out)
         for queue in self.queues:
             queue.flush()
+        return in_events
 
-    def _copy_in(self, slot: Slot, block: Block) -> list[Event]:
+    def _copy_in(self, slot: Slot, block: Block, pin_in: Entry) -> list[Event]:
         events: list[Event] = []
         h = self.plan.halo
         rows_in_slot = block.rows + 2 * h
@@ -338,7 +385,7 @@ class Engine(Closeable):
             dev = slot.dev_in[i]
             assert dev is not None
             row_bytes = self.in_row_bytes[i]
-            pin = slot.pin_in[i]
+            pin = pin_in[i]
             if pin is not None:
                 view = pin.array[: rows_in_slot * row_bytes]
                 event = self.copy_in_q.copy_in(dev, view)
@@ -395,7 +442,7 @@ class Engine(Closeable):
         return self.device.device_array(buf, (rows, *row_shape), dtype, self.compute_q)
 
     def _copy_out(self, slot: Slot, block: Block, compute_event: Event,
-                  out_bufs: list[Any]) -> list[Event]:
+                  out_bufs: list[Any], pin_out: Entry) -> list[Event]:
         events: list[Event] = []
         if self.zero_copy:
             for registration in out_bufs:
@@ -404,7 +451,7 @@ class Engine(Closeable):
             for i, out in enumerate(self.outputs):
                 dev = slot.dev_out[i]
                 assert dev is not None
-                pin = slot.pin_out[i]
+                pin = pin_out[i]
                 if pin is None:
                     assert out is not None  # only pinned arrays are copied into directly
                     dst = out[block.start : block.stop]
@@ -449,10 +496,15 @@ class Engine(Closeable):
                         slot.dev_has):
                 if buf is not None:
                     pool.release(buf, after=fence)
-            for pin in (*slot.pin_in, *slot.pin_out, slot.pin_partial, slot.pin_has):
+            for pin in (slot.pin_partial, slot.pin_has):
                 if pin is not None:
                     pin_pool.release(pin, after=fence)
-        self.slots = []
+        # Every queue has finished (run() or _abort()), so no copy still reads the rings.
+        for entry in (*self.ring_in, *self.ring_out):
+            for pin in entry:
+                if pin is not None:
+                    pin_pool.release(pin)
+        self.slots, self.ring_in, self.ring_out = [], [], []
         for queue in self.queues:
             try:
                 queue.close()

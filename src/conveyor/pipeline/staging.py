@@ -1,0 +1,270 @@
+"""Staging that runs beside the engine instead of inside its loop.
+
+Pageable blocks must pass through pinned memory, and those host copies are the slowest part of
+a pageable stream (one batch at a time on the engine's thread left the link idle half the
+time: bench/NOTES.md). Here two threads keep the staging workers busy on their own:
+
+- ``StageAhead`` fills a ring of pinned input buffers with the blocks to come, reusing a buffer
+  only once the device has finished the copy that read it;
+- ``StageBehind`` empties a ring of pinned output buffers into the caller's outputs as each
+  block's copy-out completes.
+
+The engine's thread only issues device work, waiting for a block to be staged (ahead) or for an
+output buffer to come free (behind). Both rings are deeper than the device ring, so a slow
+block does not stall the next one. Either thread's first failure is raised on the engine's
+thread, as is, at its next call; ``close()`` stops the thread and waits for it, so no copy
+into a pinned buffer outlives the stream.
+
+Blocks smaller than ``THREAD_MIN_BYTES`` are staged ``inline`` on the engine's thread instead:
+there a thread hand-off costs more than the copy it would hide (bench/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from conveyor.backends.base import Closeable, Event, PinnedBuffer
+from conveyor.pipeline.plan import Block
+from conveyor.pipeline.stage import Stager, StageTask
+from conveyor.trace.timeline import Span
+
+#: Below this many bytes per block, staging runs on the engine's thread (``inline``).
+THREAD_MIN_BYTES = 2**20
+
+#: Pinned buffers of one ring entry: one per input (or output), None where no staging is needed.
+Entry = list[PinnedBuffer | None]
+
+
+class _Stopped(Exception):
+    """The engine stopped the stream; the staging thread leaves quietly."""
+
+
+class _StagingThread(Closeable):
+    """What both stagers share: a thread, a stop flag, and the first failure to hand back."""
+
+    lane = ""
+
+    def __init__(self, stager: Stager, spans: list[Span], nvtx: Any, inline: bool) -> None:
+        self.inline = inline
+        self.stager = stager
+        self.spans = spans
+        self.nvtx = nvtx
+        self._cond = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=f"conveyor-{self.lane}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (none when ``inline``)."""
+        if not self.inline:
+            self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._work()
+        except _Stopped:
+            pass
+        except BaseException as exc:  # handed to the engine's thread, which raises it
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    def _copy(self, tasks: Sequence[StageTask], block: Block) -> None:
+        if not tasks:
+            return
+        if self.nvtx is not None:
+            self.nvtx.push(f"{self.lane} {block.index}", "stage")
+        start = time.perf_counter_ns()
+        try:
+            self.stager.run(tasks)
+        finally:
+            if self.nvtx is not None:
+                self.nvtx.pop()
+        self.spans.append(Span(self.lane, block.index, start, time.perf_counter_ns()))
+
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Wait (holding ``_cond``) until ``ready()``; raise the thread's failure or a stop."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._stop:
+                raise _Stopped
+            if ready():
+                return
+            self._cond.wait()
+
+    def _raise_failure(self) -> None:
+        """On the engine's thread: raise the staging thread's failure, if it had one."""
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Stop the thread and join it: after this no staging copy is running."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._on_stop()
+        if self.inline or not self._thread.is_alive():
+            return
+        # An interrupt can land in the join; the thread may still be copying into a pinned
+        # buffer the engine is about to give back: finish joining, then raise it.
+        interrupted: KeyboardInterrupt | None = None
+        while True:
+            try:
+                self._thread.join()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
+
+    def _on_stop(self) -> None:
+        pass
+
+
+class StageAhead(_StagingThread):
+    """Stages blocks in order into ``ring`` (entry ``k % len(ring)`` for block ``k``).
+
+    ``fill(block, entry)`` returns the staging copies of one block into one ring entry.
+    The engine calls ``take(k)`` before issuing block ``k`` and ``release(k, events)`` once the
+    copies that read the entry are enqueued; the entry is refilled after those events.
+    """
+
+    lane = "stage-in"
+
+    def __init__(self, stager: Stager, ring: list[Entry], blocks: Sequence[Block],
+                 fill: Callable[[Block, Entry], list[StageTask]], spans: list[Span],
+                 nvtx: Any, inline: bool = False) -> None:
+        super().__init__(stager, spans, nvtx, inline)
+        self.ring = ring
+        self.blocks = blocks
+        self.fill = fill
+        self._staged = -1  # the last block staged
+        self._fences: dict[int, list[Event]] = {}  # block -> the events that read its entry
+
+    def _work(self) -> None:
+        size = len(self.ring)
+        for k, block in enumerate(self.blocks):
+            if k >= size:
+                previous = k - size  # the block that last used this entry
+                with self._cond:
+                    self._wait_until(lambda: previous in self._fences)  # noqa: B023 (called now)
+                    fences = self._fences.pop(previous)
+                for event in fences:
+                    event.wait()
+            self._copy(self.fill(block, self.ring[k % size]), block)
+            with self._cond:
+                self._staged = k
+                self._cond.notify_all()
+
+    def take(self, k: int) -> Entry:
+        """Wait until block ``k`` is staged; return its ring entry."""
+        if self.inline:
+            previous = k - len(self.ring)
+            for event in self._fences.pop(previous, []):
+                event.wait()
+            entry = self.ring[k % len(self.ring)]
+            self._copy(self.fill(self.blocks[k], entry), self.blocks[k])
+            return entry
+        with self._cond:
+            while self._staged < k:
+                self._raise_failure()
+                self._cond.wait()
+        return self.ring[k % len(self.ring)]
+
+    def release(self, k: int, events: Sequence[Event]) -> None:
+        """Block ``k``'s entry may be refilled once ``events`` (its copy-in) complete."""
+        with self._cond:
+            self._fences[k] = list(events)
+            self._cond.notify_all()
+
+
+class StageBehind(_StagingThread):
+    """Copies finished blocks out of ``ring`` into the caller's outputs, in order.
+
+    The engine calls ``entry(k)`` for the pinned buffers block ``k`` may copy out into (waiting
+    until the block that used them before has been staged out), then ``submit(k, block,
+    events, tasks)``: once ``events`` complete, ``tasks`` copy the entry into the outputs.
+    ``drain()`` waits for everything submitted.
+    """
+
+    lane = "stage-out"
+
+    def __init__(self, stager: Stager, ring: list[Entry], spans: list[Span], nvtx: Any,
+                 inline: bool = False) -> None:
+        super().__init__(stager, spans, nvtx, inline)
+        self.ring = ring
+        self._pending: collections.deque[tuple[int, Block, list[Event], list[StageTask]]] = (
+            collections.deque())  # inline: submitted, not yet staged out
+        self._queue: queue.SimpleQueue[tuple[Block, list[Event], list[StageTask]] | None] = (
+            queue.SimpleQueue())
+        self._done = -1  # the last block staged out
+        self._submitted = -1
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            block, events, tasks = item
+            for event in events:
+                event.wait()
+            with self._cond:
+                if self._stop:
+                    return
+            self._copy(tasks, block)
+            with self._cond:
+                self._done += 1
+                self._cond.notify_all()
+
+    def _on_stop(self) -> None:
+        self._queue.put(None)
+        self._pending.clear()
+
+    def _stage_out_inline(self, through: int) -> None:
+        """Inline: stage out every pending block up to ``through``, in order."""
+        while self._pending and self._pending[0][0] <= through:
+            k, block, events, tasks = self._pending.popleft()
+            for event in events:
+                event.wait()
+            self._copy(tasks, block)
+            self._done = k
+
+    def entry(self, k: int) -> Entry:
+        """The ring entry for block ``k``, once the block before it there has been staged out."""
+        size = len(self.ring)
+        if self.inline:
+            self._stage_out_inline(k - size)
+        with self._cond:
+            while self._done < k - size:
+                self._raise_failure()
+                self._cond.wait()
+        return self.ring[k % size]
+
+    def submit(self, k: int, block: Block, events: Sequence[Event],
+               tasks: list[StageTask]) -> None:
+        """Stage block ``k`` out with ``tasks`` once ``events`` complete (blocks go in order)."""
+        assert k == self._submitted + 1, "blocks are staged out in order"
+        self._submitted = k
+        if self.inline:
+            self._pending.append((k, block, list(events), tasks))
+        else:
+            self._queue.put((block, list(events), tasks))
+
+    def drain(self) -> None:
+        """Wait until every submitted block is staged out; raise the first failure."""
+        if self.inline:
+            self._stage_out_inline(self._submitted)
+        with self._cond:
+            while self._done < self._submitted:
+                self._raise_failure()
+                self._cond.wait()
