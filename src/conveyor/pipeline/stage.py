@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,44 @@ class StageTask:
         self.where = where
 
 
+class Batch:
+    """The pieces of one ``Stager.submit``: done once every piece is, failed if any piece
+    failed (the first failure is kept). ``start_ns``/``end_ns`` bound it on the host clock."""
+
+    def __init__(self, pieces: int, on_done: Callable[[Batch], None] | None) -> None:
+        self.start_ns = time.perf_counter_ns()
+        self.end_ns = self.start_ns
+        self.error: BaseException | None = None
+        self._left = max(pieces, 1)  # an empty batch completes on one piece_done(None)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._on_done = on_done
+
+    def piece_done(self, error: BaseException | None) -> None:
+        """One piece finished (``error`` if it failed); the last one completes the batch."""
+        with self._lock:
+            if error is not None and self.error is None:
+                self.error = error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.end_ns = time.perf_counter_ns()
+            self._done.set()
+            if self._on_done is not None:
+                self._on_done(self)
+
+    def done(self) -> bool:
+        """True once every piece has finished."""
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Wait for every piece (none still writes after this returns); raise the first
+        failure."""
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+
+
 class Stager(Closeable):
     """A pool of staging threads. ``run(tasks)`` copies them all in parallel and returns when
     every piece is done, raising the first failure (with where it happened)."""
@@ -56,26 +95,25 @@ class Stager(Closeable):
 
     def run(self, tasks: Sequence[StageTask]) -> None:
         """Copy every task, split into pieces across the workers; wait for all of them."""
+        self.submit(tasks).wait()
+
+    def submit(self, tasks: Sequence[StageTask],
+               on_done: Callable[[Batch], None] | None = None) -> Batch:
+        """Start copying every task (in pieces, on the workers) and return at once; the
+        Batch says when all are done. With one piece or one worker, the copies run here."""
         pieces: list[tuple[StageTask, slice]] = []
         for task in tasks:
             pieces.extend((task, rows) for rows in self._split(task))
-        if not pieces:
-            return
-        if len(pieces) == 1 or self.workers == 1:
+        batch = Batch(len(pieces), on_done)
+        if len(pieces) <= 1 or self.workers == 1:
             for task, rows in pieces:
-                self._copy_piece(task, rows)
-            return
-        futures: list[Future[None]] = [
-            self._executor.submit(self._copy_piece, task, rows) for task, rows in pieces
-        ]
-        first_error: BaseException | None = None
-        for future in futures:
-            # Wait for every piece even after a failure: none may still write after we return.
-            error = future.exception()
-            if error is not None and first_error is None:
-                first_error = error
-        if first_error is not None:
-            raise first_error
+                self._copy_piece(batch, task, rows)
+            if not pieces:
+                batch.piece_done(None)
+            return batch
+        for task, rows in pieces:
+            self._executor.submit(self._copy_piece, batch, task, rows)
+        return batch
 
     def _split(self, task: StageTask) -> list[slice]:
         rows = task.dst.shape[0] if task.dst.ndim else 1
@@ -87,12 +125,14 @@ class Stager(Closeable):
         step = -(-rows // count)
         return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
-    def _copy_piece(self, task: StageTask, rows: slice) -> None:
+    def _copy_piece(self, batch: Batch, task: StageTask, rows: slice) -> None:
         try:
             self.copy(task.dst[rows], task.src[rows])
         except BaseException as exc:
             exc.add_note(f"conveyor: while staging {task.where} (rows {rows.start}:{rows.stop})")
-            raise
+            batch.piece_done(exc)
+        else:
+            batch.piece_done(None)
 
     def close(self) -> None:
         """Join every worker thread."""

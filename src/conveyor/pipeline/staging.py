@@ -22,6 +22,7 @@ there a thread hand-off costs more than the copy it would hide (bench/NOTES.md).
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import Any
 
 from conveyor.backends.base import Closeable, Event, PinnedBuffer
 from conveyor.pipeline.plan import Block
-from conveyor.pipeline.stage import Stager, StageTask
+from conveyor.pipeline.stage import Batch, Stager, StageTask
 from conveyor.trace.timeline import Span
 
 #: Below this many bytes per block, staging runs on the engine's thread (``inline``).
@@ -57,6 +58,7 @@ class _StagingThread(Closeable):
         self._cond = threading.Condition()
         self._stop = False
         self._error: BaseException | None = None
+        self._lane_end = 0
         self._thread = threading.Thread(target=self._main, name=f"conveyor-{self.lane}",
                                         daemon=True)
 
@@ -79,6 +81,7 @@ class _StagingThread(Closeable):
         raise NotImplementedError
 
     def _copy(self, tasks: Sequence[StageTask], block: Block) -> None:
+        """Inline: copy ``tasks`` on this thread's workers and wait."""
         if not tasks:
             return
         if self.nvtx is not None:
@@ -90,6 +93,15 @@ class _StagingThread(Closeable):
             if self.nvtx is not None:
                 self.nvtx.pop()
         self.spans.append(Span(self.lane, block.index, start, time.perf_counter_ns()))
+
+    def _record(self, batch: Batch, block: Block) -> None:
+        """A finished batch's span on this lane, called in block order (NVTX cannot mark it:
+        it ran on workers). Batches overlap (the next is queued before the last piece of this
+        one ends): each span starts where the lane's previous one ended, so the lane shows
+        one block at a time and its busy time counts no moment twice."""
+        start = max(batch.start_ns, self._lane_end)
+        self._lane_end = max(batch.end_ns, start)
+        self.spans.append(Span(self.lane, block.index, start, self._lane_end))
 
     def _wait_until(self, ready: Callable[[], bool]) -> None:
         """Wait (holding ``_cond``) until ``ready()``; raise the thread's failure or a stop."""
@@ -148,7 +160,8 @@ class StageAhead(_StagingThread):
         self.ring = ring
         self.blocks = blocks
         self.fill = fill
-        self._staged = -1  # the last block staged
+        self._submitted = -1  # the last block whose copies were handed to the workers
+        self._batches: dict[int, Batch] = {}
         self._fences: dict[int, list[Event]] = {}  # block -> the events that read its entry
 
     def _work(self) -> None:
@@ -161,9 +174,12 @@ class StageAhead(_StagingThread):
                     fences = self._fences.pop(previous)
                 for event in fences:
                     event.wait()
-            self._copy(self.fill(block, self.ring[k % size]), block)
+            # Hand the copies over without waiting for them: the workers always have the next
+            # block queued, so no worker idles while a block's last pieces finish.
+            batch = self.stager.submit(self.fill(block, self.ring[k % size]))
             with self._cond:
-                self._staged = k
+                self._batches[k] = batch
+                self._submitted = k
                 self._cond.notify_all()
 
     def take(self, k: int) -> Entry:
@@ -176,9 +192,12 @@ class StageAhead(_StagingThread):
             self._copy(self.fill(self.blocks[k], entry), self.blocks[k])
             return entry
         with self._cond:
-            while self._staged < k:
+            while self._submitted < k:
                 self._raise_failure()
                 self._cond.wait()
+            batch = self._batches.pop(k)
+        batch.wait()
+        self._record(batch, self.blocks[k])
         return self.ring[k % len(self.ring)]
 
     def release(self, k: int, events: Sequence[Event]) -> None:
@@ -207,8 +226,10 @@ class StageBehind(_StagingThread):
             collections.deque())  # inline: submitted, not yet staged out
         self._queue: queue.SimpleQueue[tuple[Block, list[Event], list[StageTask]] | None] = (
             queue.SimpleQueue())
-        self._done = -1  # the last block staged out
+        self._done = -1  # every block up to this one is staged out
         self._submitted = -1
+        # Staged out beyond _done, with their batches (batches can end out of order).
+        self._finished: dict[int, tuple[Batch, Block]] = {}
 
     def _work(self) -> None:
         while True:
@@ -221,10 +242,18 @@ class StageBehind(_StagingThread):
             with self._cond:
                 if self._stop:
                     return
-            self._copy(tasks, block)
-            with self._cond:
+            self.stager.submit(tasks, on_done=functools.partial(self._finish, block=block))
+
+    def _finish(self, batch: Batch, *, block: Block) -> None:
+        """On the worker that finished a block's last piece: mark the block staged out."""
+        with self._cond:
+            if batch.error is not None and self._error is None:
+                self._error = batch.error
+            self._finished[block.index] = (batch, block)
+            while self._done + 1 in self._finished:
                 self._done += 1
-                self._cond.notify_all()
+                self._record(*self._finished.pop(self._done))
+            self._cond.notify_all()
 
     def _on_stop(self) -> None:
         self._queue.put(None)
@@ -248,6 +277,7 @@ class StageBehind(_StagingThread):
             while self._done < k - size:
                 self._raise_failure()
                 self._cond.wait()
+            self._raise_failure()
         return self.ring[k % size]
 
     def submit(self, k: int, block: Block, events: Sequence[Event],
@@ -268,3 +298,4 @@ class StageBehind(_StagingThread):
             while self._done < self._submitted:
                 self._raise_failure()
                 self._cond.wait()
+            self._raise_failure()
