@@ -28,8 +28,10 @@ from conveyor.backends.base import (
 )
 from conveyor.backends.base import Queue as BaseQueue
 from conveyor.memory import pinned
+from conveyor.pipeline import inplace as placing
 from conveyor.pipeline import reduce as reducing
 from conveyor.pipeline import staging
+from conveyor.pipeline.inplace import InPlace, Placed
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.progress import Progress
@@ -123,6 +125,8 @@ class Engine(Closeable):
         self.ring_in: list[Entry] = []
         self.ring_out: list[Entry] = []
         self.ahead: StageAhead | None = None
+        self.inplace: InPlace | None = None  # page-locks input blocks in place (CUDA)
+        self.edges: list[PinnedBuffer] = []  # pinned end pages of placed blocks
         self.behind: StageBehind | None = None
         self.queues: list[BaseQueue] = []
         self.records: list[tuple[str, int, Event, int]] = []
@@ -174,6 +178,30 @@ class Engine(Closeable):
                 self._fill_ring(self.ring_in, entries, self.direct_in, plan.input_slot_bytes)
             if not all(self.direct_out):
                 self._fill_ring(self.ring_out, entries, self.direct_out, plan.output_slot_bytes)
+            self.inplace = self._inplace()
+            if self.inplace is not None:
+                for _ in range(entries):
+                    self.edges.append(pin_pool.acquire(self.inplace.edge_bytes()))
+
+    def _inplace(self) -> InPlace | None:
+        """Page-locking in place, where it can work: a CUDA device (OpenCL has no in-place
+        page-locking), threaded staging, no halo, and every staged input an ordinary
+        C-contiguous array in anonymous memory (not a file, not a memmap)."""
+        plan = self.plan
+        if (not placing.ENABLED or not placing.supported(self.device) or plan.halo
+                or not self.ring_in
+                or max((*plan.input_slot_bytes, *plan.output_slot_bytes))
+                < staging.THREAD_MIN_BYTES):
+            return None
+        arrays: list[np.ndarray | None] = []
+        for array, direct in zip(self.inputs, self.direct_in, strict=True):
+            if direct:
+                arrays.append(None)
+            elif array is None or not placing.lockable(array):
+                return None
+            else:
+                arrays.append(array)
+        return InPlace(self.device, arrays, self.in_row_bytes)
 
     def _fill_ring(self, ring: list[Entry], entries: int, direct: list[bool],
                    sizes: tuple[int, ...]) -> None:
@@ -228,7 +256,8 @@ class Engine(Closeable):
         inline = biggest < staging.THREAD_MIN_BYTES
         if self.ring_in:
             self.ahead = StageAhead(self.stager, self.ring_in, blocks, self._fill,
-                                    self.host_spans, self.nvtx, inline=inline)
+                                    self.host_spans, self.nvtx, inline=inline,
+                                    inplace=self.inplace, edges=self.edges)
             self.ahead.start()
         if self.ring_out:
             self.behind = StageBehind(self.stager, self.ring_out, self.host_spans, self.nvtx,
@@ -350,7 +379,8 @@ class Engine(Closeable):
         hi = min(block.stop + h, self.plan.rows)
         return lo, hi, lo - (block.start - h)
 
-    def _issue(self, slot: Slot, block: Block, pin_in: Entry, pin_out: Entry) -> list[Event]:
+    def _issue(self, slot: Slot, block: Block, pin_in: Entry | Placed, pin_out: Entry
+               ) -> list[Event]:
         """Enqueue one block's copy-in, compute and copy-out; return the copy-in events."""
         slot.block = block
         if self.zero_copy:
@@ -377,8 +407,10 @@ class Engine(Closeable):
             queue.flush()
         return in_events
 
-    def _copy_in(self, slot: Slot, block: Block, pin_in: Entry) -> list[Event]:
+    def _copy_in(self, slot: Slot, block: Block, pin_in: Entry | Placed) -> list[Event]:
         events: list[Event] = []
+        if isinstance(pin_in, Placed):
+            return self._copy_in_placed(slot, block, pin_in)
         h = self.plan.halo
         rows_in_slot = block.rows + 2 * h
         for i, src in enumerate(self.inputs):
@@ -402,6 +434,22 @@ class Engine(Closeable):
             else:
                 pieces = [(0, src[block.start : block.stop])]
             for offset, part in pieces:
+                event = self.copy_in_q.copy_in(dev, part, dst_offset=offset)
+                events.append(event)
+                self.records.append(("copy-in", block.index, event, part.nbytes))
+        return events
+
+    def _copy_in_placed(self, slot: Slot, block: Block, placed: Placed) -> list[Event]:
+        """Copy-in of a block page-locked in place: its whole pages straight from the
+        caller's array, its partial end pages from the edge buffer."""
+        events: list[Event] = []
+        for i, src in enumerate(self.inputs):
+            dev = slot.dev_in[i]
+            assert dev is not None and src is not None
+            parts = placed.pieces[i]
+            if parts is None:  # pinned already: copied from directly
+                parts = [(0, src[block.start : block.stop])]
+            for offset, part in parts:
                 event = self.copy_in_q.copy_in(dev, part, dst_offset=offset)
                 events.append(event)
                 self.records.append(("copy-in", block.index, event, part.nbytes))
@@ -500,11 +548,12 @@ class Engine(Closeable):
                 if pin is not None:
                     pin_pool.release(pin, after=fence)
         # Every queue has finished (run() or _abort()), so no copy still reads the rings.
-        for entry in (*self.ring_in, *self.ring_out):
+        entries: list[list[PinnedBuffer | None]] = [*self.ring_in, *self.ring_out, [*self.edges]]
+        for entry in entries:
             for pin in entry:
                 if pin is not None:
                     pin_pool.release(pin)
-        self.slots, self.ring_in, self.ring_out = [], [], []
+        self.slots, self.ring_in, self.ring_out, self.edges = [], [], [], []
         for queue in self.queues:
             try:
                 queue.close()

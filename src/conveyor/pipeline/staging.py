@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.backends.base import Closeable, Event, PinnedBuffer
+from conveyor.pipeline.inplace import InPlace, Placed
 from conveyor.pipeline.plan import Block
 from conveyor.pipeline.stage import Batch, Stager, StageTask
 from conveyor.trace.timeline import Span
@@ -59,17 +60,20 @@ class _StagingThread(Closeable):
         self._stop = False
         self._error: BaseException | None = None
         self._lane_end = 0
-        self._thread = threading.Thread(target=self._main, name=f"conveyor-{self.lane}",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the thread (none when ``inline``)."""
+        """Start the thread (none when ``inline``). Threads are made only when started: one
+        never started keeps its target, and through it the engine's arrays, alive until the
+        garbage collector runs."""
         if not self.inline:
+            self._thread = threading.Thread(target=self._main, args=(self._work,),
+                                            name=f"conveyor-{self.lane}", daemon=True)
             self._thread.start()
 
-    def _main(self) -> None:
+    def _main(self, work: Callable[[], None]) -> None:
         try:
-            self._work()
+            work()
         except _Stopped:
             pass
         except BaseException as exc:  # handed to the engine's thread, which raises it
@@ -125,14 +129,19 @@ class _StagingThread(Closeable):
             self._stop = True
             self._cond.notify_all()
         self._on_stop()
-        if self.inline or not self._thread.is_alive():
+        if self._thread is not None:
+            self._join(self._thread)
+
+    @staticmethod
+    def _join(thread: threading.Thread) -> None:
+        if not thread.is_alive():
             return
         # An interrupt can land in the join; the thread may still be copying into a pinned
         # buffer the engine is about to give back: finish joining, then raise it.
         interrupted: KeyboardInterrupt | None = None
         while True:
             try:
-                self._thread.join()
+                thread.join()
                 break
             except KeyboardInterrupt as exc:
                 interrupted = exc
@@ -144,46 +153,96 @@ class _StagingThread(Closeable):
 
 
 class StageAhead(_StagingThread):
-    """Stages blocks in order into ``ring`` (entry ``k % len(ring)`` for block ``k``).
+    """Stages blocks ahead of the engine into ``ring``, in order.
 
     ``fill(block, entry)`` returns the staging copies of one block into one ring entry.
     The engine calls ``take(k)`` before issuing block ``k`` and ``release(k, events)`` once the
-    copies that read the entry are enqueued; the entry is refilled after those events.
+    copies that read what ``take`` gave are enqueued; those buffers are reused after ``events``.
+
+    With ``inplace`` (pipeline/inplace.py), a second thread page-locks blocks where they are
+    into ``edges`` (pinned buffers for their partial end pages). The two threads claim blocks
+    in turn, each the next unclaimed one as soon as it is free; ``take(k)`` then returns a
+    ring entry or an ``inplace.Placed``.
     """
 
     lane = "stage-in"
 
     def __init__(self, stager: Stager, ring: list[Entry], blocks: Sequence[Block],
                  fill: Callable[[Block, Entry], list[StageTask]], spans: list[Span],
-                 nvtx: Any, inline: bool = False) -> None:
+                 nvtx: Any, inline: bool = False, inplace: InPlace | None = None,
+                 edges: Sequence[PinnedBuffer] = ()) -> None:
         super().__init__(stager, spans, nvtx, inline)
         self.ring = ring
         self.blocks = blocks
         self.fill = fill
-        self._submitted = -1  # the last block whose copies were handed to the workers
-        self._batches: dict[int, Batch] = {}
-        self._fences: dict[int, list[Event]] = {}  # block -> the events that read its entry
+        self.inplace = inplace if edges and not inline else None
+        self.edges = list(edges)
+        self._claimed = 0  # the next block to claim
+        self._ready: dict[int, tuple[int, Batch] | Placed] = {}  # staged (entry, copies) or placed
+        self._fences: dict[int, list[Event]] = {}  # block -> the events that read its buffers
+        self._placed: collections.deque[Placed] = collections.deque()  # locked, not yet undone
+        self._placer: threading.Thread | None = None
+
+    def start(self) -> None:
+        super().start()
+        if self.inplace is not None:
+            self._placer = threading.Thread(target=self._main, args=(self._place_blocks,),
+                                            name="conveyor-stage-in-place", daemon=True)
+            self._placer.start()
+
+    def _claim(self) -> int | None:
+        """The next block for this thread to make ready, or None when all are claimed."""
+        with self._cond:
+            if self._stop or self._claimed >= len(self.blocks):
+                return None
+            k, self._claimed = self._claimed, self._claimed + 1
+            return k
+
+    def _fenced(self, k: int) -> list[Event]:
+        """Wait until the engine has released block ``k``; return the events that read it."""
+        with self._cond:
+            self._wait_until(lambda: k in self._fences)
+            return self._fences.pop(k)
 
     def _work(self) -> None:
-        size = len(self.ring)
-        for k, block in enumerate(self.blocks):
-            if k >= size:
-                previous = k - size  # the block that last used this entry
-                with self._cond:
-                    self._wait_until(lambda: previous in self._fences)  # noqa: B023 (called now)
-                    fences = self._fences.pop(previous)
-                for event in fences:
+        last_user: dict[int, int] = {}  # ring entry -> the block that used it last
+        used = 0
+        while (k := self._claim()) is not None:
+            index = used % len(self.ring)
+            used += 1
+            if index in last_user:
+                for event in self._fenced(last_user[index]):
                     event.wait()
+            last_user[index] = k
             # Hand the copies over without waiting for them: the workers always have the next
             # block queued, so no worker idles while a block's last pieces finish.
-            batch = self.stager.submit(self.fill(block, self.ring[k % size]))
-            with self._cond:
-                self._batches[k] = batch
-                self._submitted = k
-                self._cond.notify_all()
+            batch = self.stager.submit(self.fill(self.blocks[k], self.ring[index]))
+            self._make_ready(k, (index, batch))
 
-    def take(self, k: int) -> Entry:
-        """Wait until block ``k`` is staged; return its ring entry."""
+    def _place_blocks(self) -> None:
+        assert self.inplace is not None
+        used = 0
+        while not self.inplace.refused:
+            if len(self._placed) == len(self.edges):  # every edge buffer in use: free one
+                oldest = self._placed.popleft()
+                for event in self._fenced(oldest.block.index):
+                    event.wait()
+                oldest.close()
+            k = self._claim()
+            if k is None:
+                return
+            placed = self.inplace.place(self.blocks[k], self.edges[used % len(self.edges)])
+            used += 1
+            self._placed.append(placed)
+            self._make_ready(k, placed)
+
+    def _make_ready(self, k: int, item: tuple[int, Batch] | Placed) -> None:
+        with self._cond:
+            self._ready[k] = item
+            self._cond.notify_all()
+
+    def take(self, k: int) -> Entry | Placed:
+        """Wait until block ``k`` is ready; return its ring entry (or how it was placed)."""
         if self.inline:
             previous = k - len(self.ring)
             for event in self._fences.pop(previous, []):
@@ -192,19 +251,36 @@ class StageAhead(_StagingThread):
             self._copy(self.fill(self.blocks[k], entry), self.blocks[k])
             return entry
         with self._cond:
-            while self._submitted < k:
+            while k not in self._ready:
                 self._raise_failure()
                 self._cond.wait()
-            batch = self._batches.pop(k)
+            item = self._ready.pop(k)
+        if isinstance(item, Placed):
+            return item
+        index, batch = item
         batch.wait()
         self._record(batch, self.blocks[k])
-        return self.ring[k % len(self.ring)]
+        return self.ring[index]
 
     def release(self, k: int, events: Sequence[Event]) -> None:
-        """Block ``k``'s entry may be refilled once ``events`` (its copy-in) complete."""
+        """What block ``k`` was read from may be reused once ``events`` (its copy-in) complete."""
         with self._cond:
             self._fences[k] = list(events)
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop both threads, then unlock every placed block (the engine has finished its
+        queues by now, so no copy still reads them)."""
+        try:
+            super().close()
+            if self._placer is not None:
+                self._join(self._placer)
+        finally:
+            while self._placed:
+                self._placed.popleft().close()
+            for item in self._ready.values():
+                if isinstance(item, Placed):
+                    item.close()
 
 
 class StageBehind(_StagingThread):
