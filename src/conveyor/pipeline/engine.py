@@ -134,6 +134,8 @@ class Engine(Closeable):
         self.partials: list[Any] = []
         self.peak_device_bytes = 0
         self.reduce_kernel: Kernel | None = None
+        #: Partials per block of the built-in reduction (work items of its kernel).
+        self.parts = reducing.partials_for(plan.block_rows * plan.inputs[0].row_items)
 
     # -- set-up ---------------------------------------------------------------------------
     def _direct(self, array: np.ndarray | None) -> bool:
@@ -168,10 +170,10 @@ class Engine(Closeable):
                 acc = reducing.partial_dtype(self.reduce_dtype, str(self.reduce))
                 # The kernel writes one value per element (n = rows * row_items), not per row.
                 slot.dev_red = self._acquire(plan.block_rows * plan.scratch_row_bytes)
-                slot.dev_partial = self._acquire(reducing.PARTIALS * acc.itemsize)
-                slot.dev_has = self._acquire(reducing.PARTIALS)
-                slot.pin_partial = pin_pool.acquire(reducing.PARTIALS * acc.itemsize)
-                slot.pin_has = pin_pool.acquire(reducing.PARTIALS)
+                slot.dev_partial = self._acquire(self.parts * acc.itemsize)
+                slot.dev_has = self._acquire(self.parts)
+                slot.pin_partial = pin_pool.acquire(self.parts * acc.itemsize)
+                slot.pin_has = pin_pool.acquire(self.parts)
         if not self.zero_copy:
             entries = max(min(plan.depth + STAGING_EXTRA, plan.block_count), 1)
             if not all(self.direct_in):
@@ -345,8 +347,8 @@ class Engine(Closeable):
         start = time.perf_counter_ns()
         assert slot.pin_partial is not None and slot.pin_has is not None
         acc = reducing.partial_dtype(self.reduce_dtype, str(self.reduce))
-        values = slot.pin_partial.array[: reducing.PARTIALS * acc.itemsize].view(acc)
-        has = slot.pin_has.array[: reducing.PARTIALS]
+        values = slot.pin_partial.array[: self.parts * acc.itemsize].view(acc)
+        has = slot.pin_has.array[: self.parts]
         self.partials.append(reducing.fold_partials(str(self.reduce), values, has))
         self.host_spans.append(Span("combine", block.index, start, time.perf_counter_ns()))
 
@@ -478,8 +480,9 @@ class Engine(Closeable):
         self.records.append(("compute", block.index, event, 0))
         if self.reduce_kernel is not None:
             event = self.compute_q.launch(
-                self.reduce_kernel, reducing.PARTIALS,
-                [slot.dev_red, slot.dev_partial, slot.dev_has, np.uint64(n)],
+                self.reduce_kernel, self.parts,
+                [slot.dev_red, slot.dev_partial, slot.dev_has, np.uint64(n),
+                 np.uint64(self.parts)],
                 wait_for=[event],
             )
             self.records.append(("compute", block.index, event, 0))
@@ -514,9 +517,9 @@ class Engine(Closeable):
             assert slot.dev_partial is not None and slot.dev_has is not None
             acc = reducing.partial_dtype(self.reduce_dtype or np.dtype(np.float32),
                                          str(self.reduce))
-            nbytes = reducing.PARTIALS * acc.itemsize
+            nbytes = self.parts * acc.itemsize
             for dst, src in ((slot.pin_partial.array[:nbytes], slot.dev_partial),
-                             (slot.pin_has.array[: reducing.PARTIALS], slot.dev_has)):
+                             (slot.pin_has.array[: self.parts], slot.dev_has)):
                 event = self.copy_out_q.copy_out(dst, src, wait_for=[compute_event])
                 events.append(event)
                 self.records.append(("copy-out", block.index, event, dst.nbytes))

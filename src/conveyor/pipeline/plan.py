@@ -79,9 +79,10 @@ class Plan:
     outputs: tuple[ArraySpec, ...]
     memory_limit: int
     #: Device-only buffers of a kernel reduction, per slot: bytes per row of the per-element
-    #: buffer, and the fixed-size partial buffers. Counted so the ring still fits the limit.
+    #: buffer, and bytes per partial of each partials buffer (reduce.partials_for says how
+    #: many partials a block has). Counted so the ring still fits the limit.
     scratch_row_bytes: int = 0
-    scratch_fixed: tuple[int, ...] = ()
+    partial_bytes: tuple[int, ...] = ()
 
     @property
     def block_count(self) -> int:
@@ -113,18 +114,22 @@ class Plan:
         """Device bytes the whole ring holds, as the pool bins them."""
         return self.depth * _slot_footprint(self.block_rows, self.halo, self.inputs,
                                             self.outputs, self.scratch_row_bytes,
-                                            self.scratch_fixed)
+                                            self.partial_bytes)
 
 
 def _slot_footprint(
     block_rows: int, halo: int, inputs: tuple[ArraySpec, ...], outputs: tuple[ArraySpec, ...],
-    scratch_row_bytes: int = 0, scratch_fixed: tuple[int, ...] = (),
+    scratch_row_bytes: int = 0, partial_bytes: tuple[int, ...] = (),
 ) -> int:
     total = 0
     if scratch_row_bytes:
         total += device_bin(max(block_rows * scratch_row_bytes, 1))
-    for nbytes in scratch_fixed:
-        total += device_bin(max(nbytes, 1))
+    if partial_bytes:
+        from conveyor.pipeline.reduce import partials_for
+
+        parts = partials_for(block_rows * inputs[0].row_items)
+        for nbytes in partial_bytes:
+            total += device_bin(max(nbytes * parts, 1))
     for spec in inputs:
         total += device_bin(max((block_rows + 2 * halo) * spec.row_bytes, 1))
     for spec in outputs:
@@ -143,7 +148,7 @@ def make_plan(
     global_mem_bytes: int,
     max_alloc_bytes: int,
     scratch_row_bytes: int = 0,
-    scratch_fixed: tuple[int, ...] = (),
+    partial_bytes: tuple[int, ...] = (),
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits."""
     if not inputs:
@@ -177,7 +182,7 @@ def make_plan(
         block_rows = max(DEFAULT_BLOCK_BYTES // widest, 1)
         block_rows = min(block_rows, max(max_alloc_bytes // widest - 2 * halo, 1))
         block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
-                          scratch_fixed)
+                          partial_bytes)
     if rows:
         block_rows = min(block_rows, rows)
     block_rows = max(block_rows, 1)
@@ -187,7 +192,7 @@ def make_plan(
             f"use a larger block_bytes or memory_limit, or a smaller halo"
         )
     footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs, scratch_row_bytes,
-                                        scratch_fixed)
+                                        partial_bytes)
     if footprint > limit:
         raise InputError(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
@@ -201,7 +206,7 @@ def make_plan(
             f"({max_alloc_bytes} bytes): use a smaller block_bytes"
         )
     return Plan(rows, block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
-                scratch_fixed)
+                partial_bytes)
 
 
 def _fit(
@@ -212,11 +217,11 @@ def _fit(
     outputs: tuple[ArraySpec, ...],
     limit: int,
     scratch_row_bytes: int = 0,
-    scratch_fixed: tuple[int, ...] = (),
+    partial_bytes: tuple[int, ...] = (),
 ) -> int:
     """Shrink ``block_rows`` until the ring fits ``limit`` (or reaches one row)."""
     while block_rows > 1 and depth * _slot_footprint(
-        block_rows, halo, inputs, outputs, scratch_row_bytes, scratch_fixed
+        block_rows, halo, inputs, outputs, scratch_row_bytes, partial_bytes
     ) > limit:
         block_rows = max(block_rows * 7 // 8, 1) if block_rows > 8 else block_rows - 1
     return block_rows

@@ -2,7 +2,8 @@
 
 With a kernel, ``reduce="sum" | "min" | "max"``: the user's kernel writes one value per element
 into a device-only buffer (its only output parameter), then conveyor's own reduction kernel folds
-that buffer into ``PARTIALS`` values, which alone cross the link; the host folds those. With a
+that buffer into a few thousand partials (``partials_for``), which alone cross the link; the host
+folds those. With a
 Python callable, the callable returns the block's partial and ``reduce`` may also be any
 function ``f(a, b) -> c`` (applied left to right over the blocks' partials, in block order).
 """
@@ -17,8 +18,19 @@ import numpy as np
 
 from conveyor.errors import InputError
 
-#: Work items of the built-in reduction kernel, and so partials per block.
-PARTIALS = 4096
+#: The most work items of the built-in reduction kernel, and so partials per block. Each work
+#: item folds every ``parts``-th element; fewer than ~64k leaves a big GPU waiting on memory
+#: latency (4,096 made the fold, not the link, the bound of an 8 GiB filter-sum on the H100).
+PARTIALS = 65536
+#: Elements each work item folds, at least (small blocks get fewer work items).
+ELEMENTS_PER_PART = 256
+
+
+def partials_for(elements: int) -> int:
+    """Work items (and partials) for blocks of ``elements``: a multiple of 256 up to
+    ``PARTIALS``, so each folds at least ``ELEMENTS_PER_PART`` elements."""
+    parts = -(-max(elements, 1) // ELEMENTS_PER_PART)
+    return min(PARTIALS, -(-parts // 256) * 256)
 
 BUILTIN_OPS = ("sum", "min", "max")
 
@@ -44,7 +56,8 @@ def partial_dtype(element: np.dtype, op: str) -> np.dtype:
 
 
 def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
-    """(source, name) of the built-in kernel folding ``n`` elements into PARTIALS partials."""
+    """(source, name) of the built-in kernel folding ``n`` elements into ``parts`` partials
+    (arguments: x, partial, has, n, parts; launched over ``parts`` work items)."""
     if op not in BUILTIN_OPS:
         raise InputError(f"reduce={op!r}: with a kernel use 'sum', 'min' or 'max'")
     if element.name not in _C_TYPES:
@@ -63,7 +76,7 @@ def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
     {{
         {t_acc} acc = ({t_acc})0;
         int first = 1;
-        for (unsigned long long j = i; j < n; j += {PARTIALS}) {{
+        for (unsigned long long j = i; j < n; j += parts) {{
             {t_acc} v = ({t_acc})x[j];
             if (first) {{ acc = v; first = 0; }} else {{ {fold[op]} }}
         }}
@@ -73,15 +86,15 @@ def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
     if backend == "cuda":
         head = (
             f'extern "C" __global__ void {name}(const {t_in}* x, {t_acc}* partial, '
-            f"unsigned char* has, unsigned long long n) {{\n"
+            f"unsigned char* has, unsigned long long n, unsigned long long parts) {{\n"
             f"    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x "
-            f"+ threadIdx.x;\n    if (i >= {PARTIALS}) return;"
+            f"+ threadIdx.x;\n    if (i >= parts) return;"
         )
     else:
         head = (
             f"__kernel void {name}(__global const {t_in}* x, __global {t_acc}* partial, "
-            f"__global uchar* has, ulong n) {{\n"
-            f"    ulong i = get_global_id(0);\n    if (i >= {PARTIALS}) return;"
+            f"__global uchar* has, ulong n, ulong parts) {{\n"
+            f"    ulong i = get_global_id(0);\n    if (i >= parts) return;"
         )
     return head + body + "\n}\n", name
 

@@ -213,5 +213,5 @@ def _reduce_scratch(element: np.dtype | None, op: Any, first: Source) -> dict[st
     row_items = int(np.prod(first.shape[1:], dtype=np.int64))
     return {
         "scratch_row_bytes": row_items * element.itemsize,
-        "scratch_fixed": (reducing.PARTIALS * acc.itemsize, reducing.PARTIALS),
+        "partial_bytes": (acc.itemsize, 1),
     }
