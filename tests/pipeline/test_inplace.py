@@ -24,6 +24,7 @@ BLOCK = 2**20  # bytes per input block: the threaded staging path
 def placed_blocks(monkeypatch):
     """Place on every device; return the list of block indices that were placed."""
     monkeypatch.setattr(placing, "supported", lambda device: True)
+    monkeypatch.setattr(placing, "ENABLED", True)
     placed: list[int] = []
     real = placing.InPlace.place
 
@@ -68,6 +69,7 @@ def test_pinned_input_beside_a_placed_one(device, placed_blocks):
 
 def test_a_failed_placement_is_raised_with_pools_at_zero(device, monkeypatch):
     monkeypatch.setattr(placing, "supported", lambda device: True)
+    monkeypatch.setattr(placing, "ENABLED", True)
     real, calls = placing.InPlace.place, [0]
 
     def place(self, block, edge):

@@ -25,8 +25,10 @@ from conveyor.pipeline.plan import Block
 
 PAGE = mmap.PAGESIZE
 
-#: Off: every pageable block is staged (bench/ compares the two).
-ENABLED = True
+#: Off by default: measured on the H100 (bench/inplace_ab.py, bench/NOTES.md), placing blocks
+#: beside staging lowered pageable vadd from 25.8 to 21.1 GB/s: registration holds the driver
+#: while the engine's thread enqueues. Kept, tested, for drivers and hosts where it pays.
+ENABLED = False
 
 
 def supported(device: Device) -> bool:
