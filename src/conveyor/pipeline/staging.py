@@ -124,7 +124,8 @@ class _StagingThread(Closeable):
             raise self._error
 
     def close(self) -> None:
-        """Stop the thread and join it: after this no staging copy is running."""
+        """Stop the thread and join it. Copies it already handed to the workers may still run:
+        the engine closes the Stager (joining the workers) before any pinned buffer goes back."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
