@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from conveyor import config, hazards
 from conveyor.errors import CompileError
+from conveyor.kernels.buildlock import build_lock
 from conveyor.kernels.cache import KernelCache, cache_key
 from conveyor.kernels.signature import Param, parse_params
 
@@ -142,7 +143,8 @@ class KernelFuture:
             return kernel
         binary = self._binary.result(timeout)
         hazards.kernel_build(self.device, self.name, "loaded")
-        kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
+        with build_lock(self._key, self._disk):
+            kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
         with _lock:
             return _memo.setdefault(memo_key, kernel)
 
@@ -150,12 +152,15 @@ class KernelFuture:
 def _fetch_or_build(
     device: Device, source: str, options: tuple[str, ...], key: str, disk: KernelCache | None
 ) -> bytes:
-    binary = disk.load(key) if disk is not None else None
-    if binary is None:
-        binary = device.build_binary(source, options)
-        if disk is not None:
-            disk.store(key, binary)
-    return binary
+    # Under the build lock: another process building the same kernel finishes (and stores
+    # it) first, so this one finds the entry instead of racing it in the driver's own cache.
+    with build_lock(key, disk):
+        binary = disk.load(key) if disk is not None else None
+        if binary is None:
+            binary = device.build_binary(source, options)
+            if disk is not None:
+                disk.store(key, binary)
+        return binary
 
 
 def compile_async(
@@ -181,6 +186,21 @@ def _compiler_pool() -> ThreadPoolExecutor:
 
 
 def _build_and_load(
+    device: Device,
+    source: str,
+    name: str,
+    options: tuple[str, ...],
+    params: Sequence[Param],
+    key: str,
+    disk: KernelCache | None,
+) -> Kernel:
+    # Build, store and load while holding the kernel's cross-process lock (buildlock.py says
+    # why): the processes that wait then load the stored binary one at a time.
+    with build_lock(key, disk):
+        return _build_and_load_locked(device, source, name, options, params, key, disk)
+
+
+def _build_and_load_locked(
     device: Device,
     source: str,
     name: str,

@@ -222,11 +222,11 @@ class KernelCache:
 
     def _prepare(self) -> bool:
         try:
-            _make_private_dirs(self.path)
+            make_private_dirs(self.path)
         except OSError as exc:
             _warn_once(self.path, f"cannot be created ({exc.strerror or exc})")
             return False
-        why = _refusal(self.path)
+        why = refusal(self.path)
         if why is not None:
             _warn_once(self.path, why)
             return False
@@ -340,7 +340,7 @@ class KernelCache:
             setattr(self, counter, getattr(self, counter) + 1)
 
 
-def _make_private_dirs(path: Path) -> None:
+def make_private_dirs(path: Path) -> None:
     """Create ``path`` and any missing parents with mode 0700 (exactly, whatever the umask)."""
     missing: list[Path] = []
     probe = path
@@ -353,11 +353,11 @@ def _make_private_dirs(path: Path) -> None:
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:
-            continue  # another process made it first; _refusal() still checks the leaf
+            continue  # another process made it first; refusal() still checks the leaf
         os.chmod(directory, 0o700)
 
 
-def _refusal(path: Path) -> str | None:
+def refusal(path: Path) -> str | None:
     """Why ``path`` must not hold binaries we will run, or None when it is fine."""
     try:
         st = os.lstat(path)
