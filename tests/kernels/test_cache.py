@@ -203,7 +203,7 @@ def test_failed_write_warns_once_and_leaves_no_temp_file(device, tmp_path, monke
         compile_and_check(device)
     messages = runtime_warnings(record)
     assert len(messages) == 1 and "not writable" in messages[0]
-    assert list(path.iterdir()) == []
+    assert [p.name for p in path.iterdir()] == ["locks"]  # the build lock's folder only
 
 
 # -- entries on disk, with real kernels -----------------------------------------------------------
@@ -234,7 +234,7 @@ def test_no_temp_files_left_behind(device, tmp_path, monkeypatch):
     path = tmp_path / "cache"
     use_dir(monkeypatch, path)
     compile_and_check(device)
-    names = [p.name for p in path.iterdir()]
+    names = [p.name for p in path.iterdir() if p.name != "locks"]  # locks: buildlock.py
     assert len(names) == 1 and names[0].endswith(".bin") and not names[0].startswith(".")
     assert stat.S_IMODE((path / names[0]).stat().st_mode) & 0o077 == 0
 
