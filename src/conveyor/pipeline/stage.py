@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.backends.base import Closeable
+from conveyor.pipeline.interrupts import deferred_sigint
 
 PIECE_BYTES = 8 * 2**20
 
@@ -111,8 +112,11 @@ class Stager(Closeable):
             if not pieces:
                 batch.piece_done(None)
             return batch
-        for task, rows in pieces:
-            self._executor.submit(self._copy_piece, batch, task, rows)
+        # The executor starts its threads inside submit(): a Ctrl-C there could leave a worker
+        # that close() cannot join (interrupts.py), and a batch short of pieces.
+        with deferred_sigint():
+            for task, rows in pieces:
+                self._executor.submit(self._copy_piece, batch, task, rows)
         return batch
 
     def _split(self, task: StageTask) -> list[slice]:

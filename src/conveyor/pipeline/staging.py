@@ -31,6 +31,7 @@ from typing import Any
 
 from conveyor.backends.base import Closeable, Event, PinnedBuffer
 from conveyor.pipeline.inplace import InPlace, Placed
+from conveyor.pipeline.interrupts import start_thread
 from conveyor.pipeline.plan import Block
 from conveyor.pipeline.stage import Batch, Stager, StageTask
 from conveyor.trace.timeline import Span
@@ -69,7 +70,7 @@ class _StagingThread(Closeable):
         if not self.inline:
             self._thread = threading.Thread(target=self._main, args=(self._work,),
                                             name=f"conveyor-{self.lane}", daemon=True)
-            self._thread.start()
+            start_thread(self._thread)
 
     def _main(self, work: Callable[[], None]) -> None:
         try:
@@ -189,7 +190,7 @@ class StageAhead(_StagingThread):
         if self.inplace is not None:
             self._placer = threading.Thread(target=self._main, args=(self._place_blocks,),
                                             name="conveyor-stage-in-place", daemon=True)
-            self._placer.start()
+            start_thread(self._placer)
 
     def _claim(self) -> int | None:
         """The next block for this thread to make ready, or None when all are claimed."""
