@@ -581,7 +581,10 @@ class Engine(Closeable):
             depth=self.plan.depth,
             peak_device_bytes=self.peak_device_bytes,
             zero_copy=self.zero_copy,
-            result=reducing.combine(self.reduce, self.partials) if self.reduce else None,
+            result=reducing.combine(self.reduce, self.partials,
+                                    self.reduce_dtype or self.plan.inputs[0].dtype,
+                                    kernel=self.reduce_dtype is not None)
+            if self.reduce else None,
             outputs=[s.result for s in self.sinks],
             device_name=self.device.name,
             timeline_source=timeline,
