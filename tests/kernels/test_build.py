@@ -139,7 +139,7 @@ def test_entry_the_driver_rejects_is_rebuilt(device):
     assert cache is not None
     key = cache.key(device, SCALE_SOURCE, ("-DSCALE=2",))
     assert cache.enabled
-    cache.entry_path(key).write_bytes(encode_entry(b"not a kernel binary" * 10))
+    cache.entry_path(key).write_bytes(encode_entry(b"not a kernel binary" * 10, key))
     kernel = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     assert (cache.hits, cache.discarded, cache.stores) == (1, 1, 1)
     np.testing.assert_array_equal(run_scale(device, kernel), expected(2))

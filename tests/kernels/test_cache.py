@@ -6,6 +6,7 @@ wrapping ``os.replace``; kernels are built by the real device compiler.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import threading
@@ -71,6 +72,11 @@ def compile_and_check(device: cv.Device) -> None:
     np.testing.assert_array_equal(out, a * np.float32(3))
 
 
+def files(path: Path) -> list[str]:
+    """What ``path`` holds besides the build-lock folder (kernels/buildlock.py)."""
+    return sorted(p.name for p in path.iterdir() if p.name != "locks")
+
+
 def runtime_warnings(record: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
 
@@ -89,12 +95,14 @@ def test_key_covers_every_input(monkeypatch):
 
 
 def test_entry_round_trip_and_header():
-    data = encode_entry(b"payload")
+    data = encode_entry(b"payload", "k")
     assert data[:4] == MAGIC and len(data) == HEADER_BYTES + 7
     assert int.from_bytes(data[4:8], "little") == FORMAT_VERSION
     assert int.from_bytes(data[8:16], "little") == 7
-    assert decode_entry(data) == b"payload"
-    assert decode_entry(encode_entry(b"")) == b""
+    assert data[48:80] == hashlib.sha256(b"k").digest()  # the key it was written for
+    assert decode_entry(data, "k") == b"payload"
+    assert decode_entry(encode_entry(b"", "k"), "k") == b""
+    assert decode_entry(data, "another key") is None
 
 
 @pytest.mark.parametrize(
@@ -110,7 +118,7 @@ def test_entry_round_trip_and_header():
     ids=["short", "truncated", "long", "magic", "version", "hash"],
 )
 def test_bad_entries_decode_as_none(damage):
-    assert decode_entry(damage(encode_entry(b"some kernel binary bytes"))) is None
+    assert decode_entry(damage(encode_entry(b"some kernel binary bytes", "k")), "k") is None
 
 
 # -- directory ----------------------------------------------------------------------------------
@@ -192,10 +200,10 @@ def test_failed_write_warns_once_and_leaves_no_temp_file(device, tmp_path, monke
     use_dir(monkeypatch, path)
     real_replace = os.replace
 
-    def failing_replace(src, dst):
-        if str(dst).startswith(str(path)):
+    def failing_replace(src, dst, **dir_fds):
+        if str(dst).startswith(str(path)) or dir_fds.get("dst_dir_fd") is not None:
             raise OSError(28, "No space left on device")
-        return real_replace(src, dst)
+        return real_replace(src, dst, **dir_fds)
 
     monkeypatch.setattr(os, "replace", failing_replace)
     with warnings.catch_warnings(record=True) as record:
@@ -203,7 +211,7 @@ def test_failed_write_warns_once_and_leaves_no_temp_file(device, tmp_path, monke
         compile_and_check(device)
     messages = runtime_warnings(record)
     assert len(messages) == 1 and "not writable" in messages[0]
-    assert [p.name for p in path.iterdir()] == ["locks"]  # the build lock's folder only
+    assert files(path) == []
 
 
 # -- entries on disk, with real kernels -----------------------------------------------------------
@@ -224,7 +232,7 @@ def test_bad_entry_is_rebuilt_and_kernel_runs(device, tmp_path, monkeypatch, dam
     cache = build.default_cache()
     assert cache is not None
     assert (cache.hits, cache.misses, cache.discarded, cache.stores) == (0, 2, 1, 2)
-    assert decode_entry(entry.read_bytes()) is not None  # rebuilt in place, whole
+    assert decode_entry(entry.read_bytes(), entry.stem) is not None  # rebuilt, whole
     build.clear_memo()
     compile_and_check(device)
     assert cache.hits == 1
@@ -234,7 +242,7 @@ def test_no_temp_files_left_behind(device, tmp_path, monkeypatch):
     path = tmp_path / "cache"
     use_dir(monkeypatch, path)
     compile_and_check(device)
-    names = [p.name for p in path.iterdir() if p.name != "locks"]  # locks: buildlock.py
+    names = files(path)
     assert len(names) == 1 and names[0].endswith(".bin") and not names[0].startswith(".")
     assert stat.S_IMODE((path / names[0]).stat().st_mode) & 0o077 == 0
 

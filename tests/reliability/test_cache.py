@@ -203,7 +203,7 @@ def test_entry_cut_short_by_a_crash_is_rebuilt(device, tmp_path, monkeypatch, le
     assert factor_of(device) == 3.0
     cache = build.default_cache()
     assert cache is not None and (cache.hits, cache.discarded) == (0, 1)
-    assert decode_entry(entry.read_bytes()) is not None
+    assert decode_entry(entry.read_bytes(), entry.stem) is not None
 
 
 # -- what the key covers ----------------------------------------------------------------------
@@ -329,10 +329,11 @@ def test_planted_symlink_entry_is_not_followed(device, tmp_path, monkeypatch):
     cache = KernelCache(path)
     assert cache.enabled
     elsewhere = tmp_path / "planted.bin"
-    elsewhere.write_bytes(encode_entry(b"not a kernel binary"))  # a valid entry, elsewhere
-    entry = cache.entry_path(cache.key(device, SOURCE, ()))
+    key = cache.key(device, SOURCE, ())
+    elsewhere.write_bytes(encode_entry(b"not a kernel binary", key))  # valid, elsewhere
+    entry = cache.entry_path(key)
     entry.symlink_to(elsewhere)
     assert factor_of(device) == 3.0
     assert not entry.is_symlink() and stat.S_ISREG(entry.lstat().st_mode)
-    assert elsewhere.read_bytes() == encode_entry(b"not a kernel binary")
-    assert decode_entry(entry.read_bytes()) != b"not a kernel binary"
+    assert elsewhere.read_bytes() == encode_entry(b"not a kernel binary", key)
+    assert decode_entry(entry.read_bytes(), key) != b"not a kernel binary"

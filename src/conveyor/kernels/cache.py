@@ -1,14 +1,19 @@
 """The disk cache of kernel binaries: one file per (device, compiler, options, source).
 
 An entry is ``<key>.bin``: a fixed header (magic ``CVYK``, format version, payload length,
-sha256 of the payload) and the binary. No pickle: a file is only ever bytes we check. A short,
+sha256 of the payload, sha256 of the key) and the binary. The key in the header is checked on
+load: an entry renamed or copied under another kernel's name is a miss (with a warning) and is
+rebuilt, never run as the other kernel. No pickle: a file is only ever bytes we check. A short,
 corrupt or foreign entry is a miss and is deleted, so the next build replaces it. Writes go to a
 temporary file in the same directory, are fsynced and ``os.replace``d into place, so a reader
 sees either the old entry, the new one or none, and concurrent writers of one key are safe.
 
 The directory must be the user's own: mode 0700 when conveyor creates it; a symlink, a directory
-owned by someone else, or one that others may write is refused (one RuntimeWarning per
-directory) and conveyor runs uncached, because a binary planted there would run as the user.
+owned by someone else, one that others may write, or one inside a folder that another user could
+rename (cachedir.py has the rule) is refused (one RuntimeWarning per directory) and conveyor runs
+uncached, because a binary planted there would run as the user. The checked directory is held
+open and every entry is opened relative to it; its owner and mode are checked again before each
+use, and a path that no longer names it (the folder was moved or replaced) turns the cache off.
 """
 
 from __future__ import annotations
@@ -18,26 +23,33 @@ import hashlib
 import json
 import os
 import re
-import stat
+import secrets
 import struct
-import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+# make_private_dirs and refusal are re-exported: buildlock.py checks its lock folder with them.
+from conveyor.kernels.cachedir import make_private_dirs as make_private_dirs
+from conveyor.kernels.cachedir import open_private_dir, own_refusal
+from conveyor.kernels.cachedir import refusal as refusal
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
 
 #: Bump when the entry layout or the key's recipe changes: old entries then simply miss.
 #: 2: the key covers the contents of headers included from ``-I`` directories.
-FORMAT_VERSION = 2
+#: 3: the header holds the sha256 of the entry's key, checked on load.
+FORMAT_VERSION = 3
 MAGIC = b"CVYK"
-# magic, format version (uint32), payload length (uint64), sha256 of the payload
-_HEADER = struct.Struct("<4sIQ32s")
+# magic, format version (uint32), payload length (uint64), sha256 of the payload, sha256 of
+# the key
+_HEADER = struct.Struct("<4sIQ32s32s")
 HEADER_BYTES = _HEADER.size
 _SUFFIX = ".bin"
 _TMP_PREFIX = ".tmp-"
@@ -154,23 +166,36 @@ def included_headers(
     return found
 
 
-def encode_entry(payload: bytes) -> bytes:
-    """The bytes of an entry file holding ``payload``."""
+def _key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def encode_entry(payload: bytes, key: str) -> bytes:
+    """The bytes of the entry file of ``key`` holding ``payload``."""
     digest = hashlib.sha256(payload).digest()
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), digest) + payload
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), digest, _key_digest(key))
+    return header + payload
 
 
-def decode_entry(data: bytes) -> bytes | None:
-    """The payload of entry file contents ``data``, or None if it is short, corrupt or foreign."""
+def _decode(data: bytes, key: str) -> tuple[bytes | None, bool]:
+    """(payload or None, whether the entry is whole but was written for another key)."""
     if len(data) < HEADER_BYTES:
-        return None
-    magic, version, length, digest = _HEADER.unpack_from(data)
+        return None, False
+    magic, version, length, digest, key_digest = _HEADER.unpack_from(data)
     if magic != MAGIC or version != FORMAT_VERSION or length != len(data) - HEADER_BYTES:
-        return None
+        return None, False
     payload = data[HEADER_BYTES:]
     if hashlib.sha256(payload).digest() != digest:
-        return None
-    return payload
+        return None, False
+    if key_digest != _key_digest(key):
+        return None, True
+    return payload, False
+
+
+def decode_entry(data: bytes, key: str) -> bytes | None:
+    """The payload of entry file contents ``data`` read as the entry of ``key``, or None if
+    it is short, corrupt, foreign or written for another key."""
+    return _decode(data, key)[0]
 
 
 @dataclass(frozen=True)
@@ -187,8 +212,9 @@ class KernelCache:
     """A directory of kernel binaries keyed by :func:`cache_key`.
 
     ``hits``, ``misses``, ``stores`` and ``discarded`` count this object's lookups, writes and
-    deleted bad entries (tests and benchmarks read them). The directory is checked on first
-    use; if it is refused the cache stays disabled (``enabled`` is False) for this object.
+    deleted bad entries (tests and benchmarks read them). The directory is checked and opened
+    on first use and held open until :meth:`close`; if it is refused, or later fails its
+    checks, the cache stays disabled (``enabled`` is False) for this object.
     """
 
     def __init__(self, path: Path) -> None:
@@ -199,6 +225,8 @@ class KernelCache:
         self.discarded = 0
         self._lock = threading.Lock()
         self._usable: bool | None = None
+        self._fd: int | None = None
+        self._closer: weakref.finalize | None = None
 
     def __repr__(self) -> str:
         return (
@@ -206,14 +234,26 @@ class KernelCache:
             f"stores={self.stores}>"
         )
 
+    def close(self) -> None:
+        """Close the held directory; the cache is disabled from then on."""
+        with self._lock:
+            self._usable = False
+            self._fd = None
+            if self._closer is not None:
+                self._closer()
+
+    def __enter__(self) -> KernelCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- the directory ----------------------------------------------------------------------
     @property
     def enabled(self) -> bool:
-        """True when the directory is usable (created or checked now, on first use)."""
-        with self._lock:
-            if self._usable is None:
-                self._usable = self._prepare()
-            return self._usable
+        """True when the directory is usable: created or checked on first use, and checked
+        again (owner, mode, what the path names) at every call."""
+        return self._dir_fd() is not None
 
     def _disable(self, why: str) -> None:
         with self._lock:
@@ -226,11 +266,39 @@ class KernelCache:
         except OSError as exc:
             _warn_once(self.path, f"cannot be created ({exc.strerror or exc})")
             return False
-        why = refusal(self.path)
-        if why is not None:
-            _warn_once(self.path, why)
+        fd, why = open_private_dir(self.path)
+        if fd is None:
+            _warn_once(self.path, why or "is refused")
             return False
+        self._fd = fd
+        # A finalizer, not __del__: the descriptor closes once whether close() or the
+        # collector gets there first, and never raises at interpreter shutdown.
+        self._closer = weakref.finalize(self, os.close, fd)
         return True
+
+    def _dir_fd(self) -> int | None:
+        """The held directory, checked again now: still ours and private, and still the one
+        ``path`` names. None (and the cache off, with one warning) when it is not."""
+        with self._lock:
+            if self._usable is None:
+                self._usable = self._prepare()
+            fd = self._fd if self._usable else None
+        if fd is None:
+            return None
+        try:
+            held = os.fstat(fd)
+            why = own_refusal(held)
+            if why is None:
+                named = os.stat(self.path, follow_symlinks=False)
+                if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+                    why = ("was moved or replaced after conveyor checked it (the path names "
+                           "another folder now)")
+        except OSError as exc:
+            why = f"cannot be checked ({exc.strerror or exc})"
+        if why is not None:
+            self._disable(why)
+            return None
+        return fd
 
     # -- entries ----------------------------------------------------------------------------
     def entry_path(self, key: str) -> Path:
@@ -245,13 +313,15 @@ class KernelCache:
 
     def load(self, key: str) -> bytes | None:
         """The binary stored under ``key``, or None on a miss (a bad entry is deleted)."""
-        if not self.enabled:
+        dir_fd = self._dir_fd()
+        if dir_fd is None:
             self._count("misses")
             return None
-        entry = self.entry_path(key)
         try:
-            # O_NOFOLLOW: an entry is a plain file we wrote, never a link to somewhere else.
-            fd = os.open(entry, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # O_NOFOLLOW: an entry is a plain file we wrote, never a link to somewhere else;
+            # dir_fd: in the directory we checked, whatever its path names now.
+            fd = os.open(f"{key}{_SUFFIX}", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0),
+                         dir_fd=dir_fd)
         except FileNotFoundError:
             self._count("misses")
             return None
@@ -261,8 +331,16 @@ class KernelCache:
             return None
         with os.fdopen(fd, "rb") as f:
             data = f.read()
-        payload = decode_entry(data)
+        payload, other_key = _decode(data, key)
         if payload is None:
+            if other_key:
+                warnings.warn(
+                    f"conveyor: kernel cache entry {self.entry_path(key)} holds the binary of "
+                    f"another kernel (the key in its header is not its name's: it was renamed "
+                    f"or copied there); it is not run, and the kernel is rebuilt",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             self.discard(key)
             self._count("misses")
             return None
@@ -271,17 +349,20 @@ class KernelCache:
 
     def store(self, key: str, binary: bytes) -> bool:
         """Write ``binary`` under ``key`` atomically; False (and one warning) if it cannot."""
-        if not self.enabled:
+        dir_fd = self._dir_fd()
+        if dir_fd is None:
             return False
         tmp_name: str | None = None
         try:
-            fd, tmp_name = tempfile.mkstemp(dir=self.path, prefix=_TMP_PREFIX, suffix=_SUFFIX)
+            tmp_name = f"{_TMP_PREFIX}{secrets.token_hex(8)}{_SUFFIX}"
+            fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                         | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=dir_fd)
             with os.fdopen(fd, "wb") as f:
-                f.write(encode_entry(binary))
+                f.write(encode_entry(binary, key))
                 f.flush()
                 # Durable before visible: a crash must never leave a renamed, half-written entry.
                 os.fsync(f.fileno())
-            os.replace(tmp_name, self.entry_path(key))
+            os.replace(tmp_name, f"{key}{_SUFFIX}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             tmp_name = None
         except OSError as exc:
             self._disable(f"is not writable ({exc.strerror or exc})")
@@ -289,16 +370,17 @@ class KernelCache:
         finally:
             if tmp_name is not None:
                 with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
+                    os.unlink(tmp_name, dir_fd=dir_fd)
         self._count("stores")
         return True
 
     def discard(self, key: str) -> None:
         """Delete entry ``key`` if it exists (a bad entry, so the next build rewrites it)."""
-        try:
-            os.unlink(self.entry_path(key))
-        except FileNotFoundError:
+        dir_fd = self._dir_fd()
+        if dir_fd is None:
             return
+        try:
+            os.unlink(f"{key}{_SUFFIX}", dir_fd=dir_fd)
         except OSError:
             return
         self._count("discarded")
@@ -307,71 +389,40 @@ class KernelCache:
         """How many entries the directory holds and their total bytes."""
         entries = 0
         total = 0
-        if self.enabled:
-            for entry in self._entries():
+        dir_fd = self._dir_fd()
+        if dir_fd is not None:
+            for name in self._entries(dir_fd):
                 with contextlib.suppress(OSError):
-                    total += entry.stat().st_size
+                    total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
                     entries += 1
         return CacheInfo(self.path, entries, total, self._usable is True)
 
     def clear(self) -> int:
         """Delete every entry, and temporary files older than a minute; return the count."""
-        if not self.enabled:
+        dir_fd = self._dir_fd()
+        if dir_fd is None:
             return 0
         removed = 0
-        for entry in self._entries():
+        for name in self._entries(dir_fd):
             with contextlib.suppress(OSError):
-                entry.unlink()
+                os.unlink(name, dir_fd=dir_fd)
                 removed += 1
         cutoff = time.time() - STALE_TMP_SECONDS
         # A younger temporary file may belong to a writer that is still running: leave it.
-        for tmp in self.path.glob(f"{_TMP_PREFIX}*"):
+        for name in os.listdir(dir_fd):
+            if not name.startswith(_TMP_PREFIX):
+                continue
             with contextlib.suppress(OSError):
-                if tmp.lstat().st_mtime < cutoff:
-                    tmp.unlink()
+                if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(name, dir_fd=dir_fd)
                     removed += 1
         return removed
 
-    def _entries(self) -> list[Path]:
-        return [p for p in self.path.glob(f"*{_SUFFIX}") if not p.name.startswith(_TMP_PREFIX)]
+    def _entries(self, dir_fd: int) -> list[str]:
+        return [name for name in os.listdir(dir_fd)
+                if name.endswith(_SUFFIX) and not name.startswith(_TMP_PREFIX)]
 
     def _count(self, counter: str) -> None:
         with self._lock:
             setattr(self, counter, getattr(self, counter) + 1)
 
-
-def make_private_dirs(path: Path) -> None:
-    """Create ``path`` and any missing parents with mode 0700 (exactly, whatever the umask)."""
-    missing: list[Path] = []
-    probe = path
-    while not os.path.lexists(probe):
-        missing.append(probe)
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            continue  # another process made it first; refusal() still checks the leaf
-        os.chmod(directory, 0o700)
-
-
-def refusal(path: Path) -> str | None:
-    """Why ``path`` must not hold binaries we will run, or None when it is fine."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link (refused: it could point anywhere)"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        mode = stat.S_IMODE(st.st_mode)
-        return f"is writable by group or others (mode {mode:04o}; run chmod 700 on it)"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return "is not writable"
-    return None

@@ -41,7 +41,7 @@ from conveyor.pipeline.stage import Stager, StageTask, copy_rows
 from conveyor.pipeline.staging import Entry, StageAhead, StageBehind
 from conveyor.trace import nvtx as trace_nvtx
 from conveyor.trace.clock import ClockAnchor
-from conveyor.trace.timeline import Span, Timeline
+from conveyor.trace.timeline import Between, Span, Timeline
 
 Compute = Kernel | Callable[..., Any]
 
@@ -129,7 +129,7 @@ class Engine(Closeable):
         self.edges: list[PinnedBuffer] = []  # pinned end pages of placed blocks
         self.behind: StageBehind | None = None
         self.queues: list[BaseQueue] = []
-        self.records: list[tuple[str, int, Event, int]] = []
+        self.records: list[tuple[str, int, Event | Between, int]] = []
         self.host_spans: list[Span] = []
         self.partials: list[Any] = []
         self.peak_device_bytes = 0
@@ -465,8 +465,11 @@ class Engine(Closeable):
             buffers = in_bufs + (out_bufs if self.reduce_dtype is None else [slot.dev_red])
             args = [*buffers, *self.args, np.uint64(offset), np.uint64(n)]
             event = self.compute_q.launch(self.compute, n, args, wait_for=in_events)
+            timed: Event | Between = event
         else:
-            self.compute_q.marker(wait_for=in_events)
+            # Markers before and after the call: the span between them is the work the
+            # callable enqueued on the compute queue (trace/timeline.py: Between).
+            before = self.compute_q.marker(wait_for=in_events)
             arrays = [self._device_array(buf, spec.shape[1:], spec.dtype,
                                          block.rows + 2 * self.plan.halo)
                       for buf, spec in zip(in_bufs, self.plan.inputs, strict=True)]
@@ -477,7 +480,8 @@ class Engine(Closeable):
             if self.reduce is not None:
                 slot.partial = _to_host(result)
             event = self.compute_q.marker()
-        self.records.append(("compute", block.index, event, 0))
+            timed = Between(before, event)
+        self.records.append(("compute", block.index, timed, 0))
         if self.reduce_kernel is not None:
             event = self.compute_q.launch(
                 self.reduce_kernel, self.parts,
@@ -581,7 +585,10 @@ class Engine(Closeable):
             depth=self.plan.depth,
             peak_device_bytes=self.peak_device_bytes,
             zero_copy=self.zero_copy,
-            result=reducing.combine(self.reduce, self.partials) if self.reduce else None,
+            result=reducing.combine(self.reduce, self.partials,
+                                    self.reduce_dtype or self.plan.inputs[0].dtype,
+                                    kernel=self.reduce_dtype is not None)
+            if self.reduce else None,
             outputs=[s.result for s in self.sinks],
             device_name=self.device.name,
             timeline_source=timeline,

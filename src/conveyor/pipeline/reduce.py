@@ -66,10 +66,13 @@ def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
     t_in, t_acc = _C_TYPES[element.name], _C_TYPES[acc.name]
     if backend == "cuda":
         t_in, t_acc = _CUDA_TYPES[t_in], _CUDA_TYPES[t_acc]
+    # NaN wins, as in np.min/np.max: a NaN v replaces acc (v != v), and once acc is NaN
+    # no comparison with it is true, so it stays. Integers have no NaN: plain compare.
+    nan = " || v != v" if element.kind == "f" else ""
     fold = {
         "sum": "acc += v;",
-        "min": "acc = v < acc ? v : acc;",
-        "max": "acc = v > acc ? v : acc;",
+        "min": f"acc = (v < acc{nan}) ? v : acc;",
+        "max": f"acc = (v > acc{nan}) ? v : acc;",
     }
     name = f"conveyor_reduce_{op}_{element.name}"
     body = f"""
@@ -122,9 +125,36 @@ def combiner(op: str | Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     raise InputError(f"reduce={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
 
 
-def combine(op: str | Callable[[Any, Any], Any], partials: list[Any]) -> Any:
-    """Fold the blocks' partials, in block order; None for no partials."""
+def combine(
+    op: str | Callable[[Any, Any], Any], partials: list[Any], element: np.dtype | None = None,
+    *, kernel: bool = False,
+) -> Any:
+    """Fold the blocks' partials, in block order. With none: ``sum`` gives
+    :func:`empty_sum` of ``element`` (0, as NumPy does), a function gives None."""
     present = [p for p in partials if p is not None]
     if not present:
-        return None
+        return empty_sum(element, kernel=kernel) if op == "sum" else None
     return functools.reduce(combiner(op), present)
+
+
+def empty_sum(element: np.dtype | None, *, kernel: bool) -> Any:
+    """The sum of no elements: 0 in the type a non-empty sum would have (with a kernel:
+    float64 for floats, 64-bit for integers; with a callable: the input's dtype, as
+    ``np.sum`` of an empty array gives), or int 0 when the type is unknown."""
+    if element is None:
+        return 0
+    if kernel:
+        dtype = np.dtype(np.float64) if element.kind == "f" else partial_dtype(element, "sum")
+        return dtype.type(0)
+    return np.zeros(0, element).sum()
+
+
+def check_not_empty(op: object, elements: int) -> None:
+    """Raise InputError for ``min``/``max`` over no elements (NumPy raises too: the extreme of
+    nothing is undefined), before any work."""
+    if elements == 0 and op in ("min", "max"):
+        raise InputError(
+            f"reduce={op!r} over an empty input (0 elements): the {op}imum of nothing is "
+            f"undefined (np.{op} raises too); check the input's length first, or use "
+            f"reduce='sum' (0 for no elements)"
+        )

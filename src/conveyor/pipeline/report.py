@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.trace.ceiling import LinkCeiling, link_ceiling
-from conveyor.trace.timeline import LANES, Span, Timeline
+from conveyor.trace.timeline import WORK_LANES, Span, Timeline
 
 _UNREAD: Any = object()
 
@@ -98,8 +98,10 @@ class Report:
     def overlap(self) -> float | None:
         """The share of copy time that ran while the compute lane was busy, in [0, 1]:
         ``(|CI ∩ C| + |CO ∩ C|) / (|CI| + |CO|)`` over the time covered by the copy-in (CI),
-        copy-out (CO) and compute (C) lanes. None without copies or device timing."""
-        return self.timeline.overlap
+        copy-out (CO) and compute (C) lanes. None without copies or device timing, and for a
+        zero-copy stream (its data is not copied; a reduction's partials are, and show in the
+        copy-out lane)."""
+        return None if self.zero_copy else self.timeline.overlap
 
     @property
     def busy_seconds(self) -> dict[str, float]:
@@ -115,10 +117,18 @@ class Report:
     @property
     def exposed_transfer_seconds(self) -> float | None:
         """Stream wall time minus compute busy time, in seconds: when compute is the bound,
-        the transfer time not hidden under compute (fill and drain included); None without a
-        compute span."""
-        exposed = self.timeline.exposed_transfer_ns
+        the transfer time not hidden under compute (fill and drain included). None without a
+        compute span, and when no data was staged or copied (zero-copy): then the time with
+        no kernel running is :attr:`device_idle_seconds`, not a transfer's."""
+        exposed = None if self.zero_copy else self.timeline.exposed_transfer_ns
         return None if exposed is None else exposed / 1e9
+
+    @property
+    def device_idle_seconds(self) -> float | None:
+        """Stream wall time minus compute busy time, in seconds, whatever the reason (waiting
+        for data, or for the host to issue work); None without a compute span."""
+        idle = self.timeline.idle_ns
+        return None if idle is None else idle / 1e9
 
     @property
     def host_stall_seconds(self) -> float:
@@ -141,18 +151,30 @@ class Report:
             + _ratio(self.ceiling_ratio_out, ceiling.d2h_gbps if ceiling else None),
         ]
         wall = timeline.wall_ns
-        busy = [(lane, timeline.busy_ns(lane)) for lane in LANES if timeline.lane(lane)]
+        # The work lanes only: host-wait is the host blocked on the device, not work; it is
+        # the host stall below.
+        busy = [(lane, timeline.busy_ns(lane)) for lane in WORK_LANES if timeline.lane(lane)]
         if busy and wall > 0:
             lines.append("  lane        busy ms  share of wall")
             for lane, ns in busy:
                 lines.append(f"  {lane:<10} {ns / 1e6:8.2f}  {ns / wall:6.0%}")
-        overlap = "n/a" if self.overlap is None else f"{self.overlap:.0%}"
-        exposed = self.exposed_transfer_seconds
-        lines.append(
-            f"  overlap {overlap}, bound {self.bound or 'n/a'}, exposed transfer "
-            + ("n/a" if exposed is None else f"{exposed * 1e3:.2f} ms")
-            + f", host stall {self.host_stall_seconds * 1e3:.2f} ms"
-        )
+        stall = self.host_stall_seconds
+        stall_text = f"host stall {stall * 1e3:.2f} ms" + (
+            f" ({stall * 1e9 / wall:.0%} of wall)" if wall > 0 else "")
+        if self.zero_copy:
+            idle = self.device_idle_seconds
+            lines.append(
+                f"  zero-copy (no data copies): bound {self.bound or 'n/a'}, device idle "
+                + ("n/a" if idle is None else f"{idle * 1e3:.2f} ms") + f", {stall_text}"
+            )
+        else:
+            overlap = "n/a" if self.overlap is None else f"{self.overlap:.0%}"
+            exposed = self.exposed_transfer_seconds
+            lines.append(
+                f"  overlap {overlap}, bound {self.bound or 'n/a'}, exposed transfer "
+                + ("n/a" if exposed is None else f"{exposed * 1e3:.2f} ms")
+                + f", {stall_text}"
+            )
         lines.append(f"  peak device memory {self.peak_device_bytes / 2**20:.1f} MiB")
         return "\n".join(lines)
 

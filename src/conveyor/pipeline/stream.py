@@ -10,6 +10,7 @@ import numpy as np
 from conveyor import config
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
+from conveyor.pipeline import reduce as reducing
 from conveyor.pipeline import validate
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
@@ -144,6 +145,8 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
         )
     elif reduce is not None and not callable(reduce) and reduce not in ("sum", "min", "max"):
         raise InputError(f"reduce={reduce!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+    first = sources[0]
+    reducing.check_not_empty(reduce, int(np.prod(first.shape, dtype=np.int64)))
     plan = make_plan(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -160,7 +163,10 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
     if plan.block_count == 0:
         for sink in sinks:
             sink.commit()
-        return Report(device=dev.spec, depth=depth, outputs=[s.result for s in sinks])
+        result = reducing.combine(reduce, [], reduce_dtype or first.dtype,
+                                  kernel=reduce_dtype is not None) if reduce else None
+        return Report(device=dev.spec, depth=depth, outputs=[s.result for s in sinks],
+                      result=result)
     use_zero_copy = _zero_copy(zero_copy, dev, halo, sources, sinks)
     engine = Engine(
         dev, plan, compute, sources, sinks,

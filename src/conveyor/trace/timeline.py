@@ -24,6 +24,8 @@ HOST_LANES = ("stage-in", "stage-out", "host-wait", "combine")
 #: Every lane, in the order a block passes through them (the order of tracks and plot rows).
 LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "host-wait", "combine")
 COPY_LANES = ("copy-in", "copy-out")
+#: Lanes that move the stream's data between host and device (host staging and device copies).
+TRANSFER_LANES = ("stage-in", "copy-in", "copy-out", "stage-out")
 #: Lanes that do the stream's work; the busiest of them is the bound (host-wait is a symptom).
 WORK_LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "combine")
 
@@ -47,6 +49,25 @@ class Span:
 #: What the engine records for each device command: (lane, block index, event, bytes). The
 #: event is a backend Event; only its ``profile_ns()`` is read, after the stream.
 Record = tuple[str, int, Any, int]
+
+
+@dataclass(frozen=True)
+class Between:
+    """The device time between two markers on one in-order queue: from the end of ``before``
+    (the queue reached the work) to the end of ``after`` (the work is done). It times what a
+    Python callable enqueued between them, which no event of conveyor's own covers; it reads
+    like an event, through ``profile_ns()``."""
+
+    before: Any
+    after: Any
+
+    def profile_ns(self) -> tuple[int, int] | None:
+        """(start, end) in device ns, or None when either marker has no timestamps."""
+        first = self.before.profile_ns()
+        last = self.after.profile_ns()
+        if first is None or last is None:
+            return None
+        return first[1], max(last[1], first[1])
 
 
 def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -194,15 +215,24 @@ class Timeline:
         return lane if busy[lane] > 0 else None
 
     @property
-    def exposed_transfer_ns(self) -> int | None:
-        """Wall time minus compute busy time, in ns: how long the stream ran without a kernel
-        running. When compute is the bound this is the transfer (and host) time that was not
-        hidden under compute, pipeline fill and drain included; 0 is perfect overlap. When a
-        copy or staging lane is the bound it is at least that lane's excess over compute.
-        None when there is no compute span."""
+    def idle_ns(self) -> int | None:
+        """Wall time minus compute busy time, in ns: how long the stream ran with no kernel
+        running (the device waited for data, or for the host to issue work). None when there
+        is no compute span."""
         if not self.lane("compute"):
             return None
         return max(self.wall_ns - self.busy_ns("compute"), 0)
+
+    @property
+    def exposed_transfer_ns(self) -> int | None:
+        """:attr:`idle_ns` of a stream that moved data: when compute is the bound this is the
+        transfer (and host) time that was not hidden under compute, pipeline fill and drain
+        included; 0 is perfect overlap. When a copy or staging lane is the bound it is at least
+        that lane's excess over compute. None when there is no compute span, or when nothing
+        was staged or copied (then the idle time is no transfer's)."""
+        if not any(self.lane(lane) for lane in TRANSFER_LANES):
+            return None
+        return self.idle_ns
 
     @property
     def host_stall_ns(self) -> int:
