@@ -22,6 +22,7 @@ before any memory is allocated, with an :class:`InputError` that says what to ch
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -169,13 +170,21 @@ class ChunkedSource(Source):
     at a time; the last chunks used are kept, since consecutive blocks share them."""
 
     def __init__(self, name: str, dtype: np.dtype, row_shape: tuple[int, ...],
-                 chunk_rows: Sequence[int], load: Callable[[int], np.ndarray]) -> None:
+                 chunk_rows: Sequence[int], load: Callable[[int], np.ndarray],
+                 close: Callable[[], None] | None = None) -> None:
         self.name = name
+        self._close = close
         self.dtype = dtype
         self.starts = np.concatenate([[0], np.cumsum(chunk_rows, dtype=np.int64)])
         self.shape = (int(self.starts[-1]), *row_shape)
         self._load = load
         self._kept: dict[int, np.ndarray] = {}
+
+    def close(self) -> None:
+        """Close the file and let go of the chunks kept."""
+        self._kept = {}
+        if self._close is not None:
+            self._close()
 
     def _chunk(self, index: int) -> np.ndarray:
         chunk = self._kept.get(index)
@@ -278,6 +287,9 @@ def npy(path: PathLike) -> FileSource:
         raise InputError(f"{path} is Fortran-ordered: save np.ascontiguousarray(a) instead")
     if not shape:
         raise InputError(f"{path} holds a scalar: inputs must be arrays")
+    if any(d < 0 for d in shape):
+        raise InputError(f"{path} has a header with a negative shape {shape}: the file is "
+                         f"damaged; write it again with np.save")
     _check_size(target, offset, shape, dtype, "its header says")
     return FileSource(target, dtype, shape, offset)
 
@@ -317,36 +329,56 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     names = [columns] if isinstance(columns, str) else list(columns)
     schema = file.schema_arrow
     dtype = _column_dtype(str(path), schema, names)
-    groups = [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)]
+    meta = file.metadata
+    groups = [meta.row_group(i).num_rows for i in range(file.num_row_groups)]
+    for i in range(file.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            column = group.column(j)
+            stats = column.statistics
+            if (column.path_in_schema in names and stats is not None
+                    and stats.has_null_count and stats.null_count):
+                _refuse_nulls(str(path), column.path_in_schema, stats.null_count,
+                              f"row group {i}")
+    size = target.stat().st_size
 
     def load(index: int) -> np.ndarray:
-        table = file.read_row_group(index, columns=names)
+        with _shrink_guard(str(path), target, size):
+            table = file.read_row_group(index, columns=names)
         return _table_rows(str(path), table, names, dtype)
 
-    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load)
+    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load,
+                         file.close)
 
 
 def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     """Numeric column(s) of an Arrow IPC (Feather v2) file as an input, one record batch at a
-    time, memory-mapped."""
+    time. Read with file reads, not a memory map, so a file that shrinks while it is read is
+    an InputError, not a SIGBUS."""
     pa = _pyarrow("ipc")
     import pyarrow
 
+    from conveyor.pipeline import ipcfile
+
     target = _existing(path)
     try:
-        reader = pa.open_file(pyarrow.memory_map(str(target), "r"))
+        batches = ipcfile.record_batches(target)
+        file = pyarrow.OSFile(str(target))
+        reader = pa.open_file(file)
     except Exception as exc:
         raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
     names = [columns] if isinstance(columns, str) else list(columns)
     dtype = _column_dtype(str(path), reader.schema, names)
-    batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    _arrow_nulls(str(path), reader.schema, names, batches)
+    size = target.stat().st_size
 
     def load(index: int) -> np.ndarray:
-        return _table_rows(str(path), pyarrow.Table.from_batches([batches[index]]), names,
-                           dtype)
+        with _shrink_guard(str(path), target, size):
+            batch = reader.get_batch(index)
+        return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
 
     return ChunkedSource(str(path), dtype, _row_shape(columns, names),
-                         [b.num_rows for b in batches], load)
+                         [b.rows for b in batches], load, file.close)
 
 
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:
@@ -418,6 +450,48 @@ def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
         raise InputError(f"columns {names} of {path} have different types {dtypes}: stream "
                          f"them as separate inputs")
     return dtypes[0]
+
+
+@contextlib.contextmanager
+def _shrink_guard(name: str, path: Path, size: int) -> Iterator[None]:
+    """A failed read of a file that is now shorter than when it was opened is an InputError
+    (as a .npy's is); other failures pass as they are."""
+    try:
+        yield
+    except Exception as exc:
+        try:
+            now = path.stat().st_size
+        except OSError:
+            now = -1
+        if now < size:
+            raise InputError(f"{name} got shorter while it was read: rerun on a complete "
+                             f"file") from exc
+        raise
+
+
+def _refuse_nulls(path: str, name: str, count: int, where: str) -> None:
+    raise InputError(f"column {name!r} of {path} has {count} nulls ({where}): fill them "
+                     f"(pyarrow.compute.fill_null) before streaming")
+
+
+def _nodes(arrow_type: Any) -> int:
+    """Field nodes an Arrow IPC record batch holds for a column of ``arrow_type``."""
+    children = getattr(arrow_type, "num_fields", 0)
+    return 1 + sum(_nodes(arrow_type.field(i).type) for i in range(children))
+
+
+def _arrow_nulls(path: str, schema: Any, names: list[str], batches: Sequence[Any]) -> None:
+    """Refuse nulls in ``names`` from the batches' metadata, before any work."""
+    counts = [_nodes(schema.field(i).type) for i in range(len(schema.names))]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    for index, batch in enumerate(batches):
+        if len(batch.null_counts) != starts[-1]:
+            return  # nodes not as expected: the batch's own check runs when it is read
+        for name in names:
+            field = schema.get_field_index(name)
+            count = batch.null_counts[starts[field]] if field >= 0 else 0
+            if count:
+                _refuse_nulls(path, name, count, f"record batch {index}")
 
 
 def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...]:
