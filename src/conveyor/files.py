@@ -9,8 +9,9 @@ ceiling).
   ``flock`` on it while it is written. The lock lets :func:`remove_stale_parts` tell a part of
   a run that was killed (its lock died with it) from one being written now; a part appears
   under its ``.part`` name only once it is locked.
-- :func:`commit_part` and :func:`atomic_write` fsync, give the file the mode of the file it
-  replaces (else ``0666 & ~umask``) and rename it over the target.
+- :func:`commit_part` (outputs) and :func:`atomic_write` (text files: the trace, the link
+  ceiling) fsync, give the file the mode of the file it replaces (else ``0666 & ~umask``) and
+  rename it over the target.
 """
 
 from __future__ import annotations
@@ -153,10 +154,12 @@ def target_mode(target: Path) -> int:
 
 
 def atomic_write(path: PathLike, write: Callable[[IO[str]], None], durable: bool = True) -> None:
-    """Write a text file atomically: ``write(handle)`` fills a temporary file beside it,
-    which is fsynced (when ``durable``) and renamed over ``path``, keeping its mode."""
+    """Write a text file atomically: ``write(handle)`` fills a part file beside it (see
+    :func:`new_part`), which is fsynced (when ``durable``) and renamed over ``path``, keeping
+    its mode. Parts of ``path`` left by killed writers are removed first."""
     target = Path(os.path.realpath(path))
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    remove_stale_parts(target)
+    fd, part = new_part(target)
     try:
         try:
             with os.fdopen(os.dup(fd), "w") as handle:
@@ -164,9 +167,9 @@ def atomic_write(path: PathLike, write: Callable[[IO[str]], None], durable: bool
         except BaseException:
             os.close(fd)
             raise
-        commit_part(fd, Path(tmp), target, durable)
+        commit_part(fd, part, target, durable)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
         raise
 
 

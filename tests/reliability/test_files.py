@@ -155,6 +155,15 @@ def test_parts_of_another_target_are_not_touched(tmp_path):
     assert _parts(tmp_path) == [".c.npy.x.abcdefgh.part"]
 
 
+def test_atomic_writes_of_side_files_remove_stale_parts_too(tmp_path):
+    from conveyor.files import atomic_write
+
+    (tmp_path / ".run.json.abcdefgh.part").write_text("{half")  # a killed trace write
+    with pytest.warns(RuntimeWarning, match="removed .*run.json.abcdefgh.part"):
+        atomic_write(tmp_path / "run.json", lambda handle: handle.write("{}"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
 # -- item 8: the mode of a replaced output ------------------------------------------------
 @pytest.mark.parametrize("mode", [0o600, 0o640, 0o664], ids=oct)
 def test_overwriting_an_output_keeps_its_mode(device, tmp_path, mode):

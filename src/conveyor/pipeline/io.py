@@ -170,10 +170,8 @@ class ChunkedSource(Source):
     at a time; the last chunks used are kept, since consecutive blocks share them."""
 
     def __init__(self, name: str, dtype: np.dtype, row_shape: tuple[int, ...],
-                 chunk_rows: Sequence[int], load: Callable[[int], np.ndarray],
-                 close: Callable[[], None] | None = None) -> None:
+                 chunk_rows: Sequence[int], load: Callable[[int], np.ndarray]) -> None:
         self.name = name
-        self._close = close
         self.dtype = dtype
         self.starts = np.concatenate([[0], np.cumsum(chunk_rows, dtype=np.int64)])
         self.shape = (int(self.starts[-1]), *row_shape)
@@ -181,10 +179,8 @@ class ChunkedSource(Source):
         self._kept: dict[int, np.ndarray] = {}
 
     def close(self) -> None:
-        """Close the file and let go of the chunks kept."""
+        """Let go of the chunks kept (the file stays open: the source may be streamed again)."""
         self._kept = {}
-        if self._close is not None:
-            self._close()
 
     def _chunk(self, index: int) -> np.ndarray:
         chunk = self._kept.get(index)
@@ -347,8 +343,7 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
             table = file.read_row_group(index, columns=names)
         return _table_rows(str(path), table, names, dtype)
 
-    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load,
-                         file.close)
+    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load)
 
 
 def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
@@ -363,8 +358,7 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     target = _existing(path)
     try:
         batches = ipcfile.record_batches(target)
-        file = pyarrow.OSFile(str(target))
-        reader = pa.open_file(file)
+        reader = pa.open_file(pyarrow.OSFile(str(target)))
     except Exception as exc:
         raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
     names = [columns] if isinstance(columns, str) else list(columns)
@@ -378,7 +372,7 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
         return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
 
     return ChunkedSource(str(path), dtype, _row_shape(columns, names),
-                         [b.rows for b in batches], load, file.close)
+                         [b.rows for b in batches], load)
 
 
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:
