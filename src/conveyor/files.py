@@ -123,7 +123,7 @@ def remove_stale_parts(target: Path) -> list[Path]:
                 removed.append(part)
                 warnings.warn(f"conveyor: removed {part} ({size} bytes), the temporary file of "
                               f"an earlier run of {target} that did not finish",
-                              RuntimeWarning, stacklevel=4)
+                              RuntimeWarning, stacklevel=5)  # the caller of cv.stream
         finally:
             os.close(fd)
     return removed
@@ -138,6 +138,8 @@ def commit_part(fd: int, part: Path, target: Path, durable: bool = True) -> None
         os.fchmod(fd, target_mode(target))
     finally:
         os.close(fd)
+    # Checked when the sink was made; checked again in case a node took the file's place since.
+    output_target(target, f"output {target}")
     os.replace(part, target)
 
 

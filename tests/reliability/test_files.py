@@ -205,6 +205,17 @@ def test_an_output_onto_a_fifo_is_refused(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
+def test_a_node_put_in_the_outputs_place_during_the_run_is_not_replaced(tmp_path):
+    target = tmp_path / "y.bin"
+    sink = cv.raw_out(target, np.float32, (4,))
+    sink.open()
+    os.mkfifo(target)
+    with pytest.raises(cv.InputError, match="is a FIFO"):
+        sink.commit()
+    sink.abort()
+    assert stat.S_ISFIFO(os.lstat(target).st_mode) and _parts(tmp_path) == []
+
+
 def test_an_output_through_a_symlink_to_a_device_node_is_refused(tmp_path):
     link = tmp_path / "null.bin"
     link.symlink_to(os.devnull)
@@ -327,6 +338,13 @@ def test_npy_with_a_negative_shape_names_the_file(tmp_path):
             f, {"descr": "<f4", "fortran_order": False, "shape": (-2,)})
     with pytest.raises(cv.InputError, match="neg.npy has a header with a negative shape"):
         cv.npy(path)
+
+
+def test_raw_with_a_negative_row_count_other_than_minus_one_is_refused(tmp_path):
+    path = tmp_path / "x.bin"
+    np.zeros(12, np.float32).tofile(path)
+    with pytest.raises(cv.InputError, match="x.bin: shape .* may have -1 only for axis 0"):
+        cv.raw(path, np.float32, (-5, 3))
 
 
 @pytest.mark.parametrize("kind", ["parquet", "arrow"])

@@ -300,7 +300,7 @@ def raw(path: PathLike, dtype: Any, shape: Sequence[int] | None = None,
         raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype")
     size = target.stat().st_size - offset
     dims = list(shape) if shape is not None else [-1]
-    if any(d < 0 for d in dims[1:]) or not dims:
+    if not dims or dims[0] < -1 or any(d < 0 for d in dims[1:]):
         raise InputError(f"raw input {path}: shape {shape} may have -1 only for axis 0")
     row_bytes = math.prod(dims[1:]) * dt.itemsize
     if dims[0] < 0:
