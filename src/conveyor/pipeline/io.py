@@ -28,7 +28,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -363,7 +363,10 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
         raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
     names = [columns] if isinstance(columns, str) else list(columns)
     dtype = _column_dtype(str(path), reader.schema, names)
-    _arrow_nulls(str(path), reader.schema, names, batches)
+    for name in names:
+        for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
+            if count:
+                _refuse_nulls(str(path), name, count, f"record batch {index}")
     size = target.stat().st_size
 
     def load(index: int) -> np.ndarray:
@@ -463,29 +466,9 @@ def _shrink_guard(name: str, path: Path, size: int) -> Iterator[None]:
         raise
 
 
-def _refuse_nulls(path: str, name: str, count: int, where: str) -> None:
+def _refuse_nulls(path: str, name: str, count: int, where: str) -> NoReturn:
     raise InputError(f"column {name!r} of {path} has {count} nulls ({where}): fill them "
                      f"(pyarrow.compute.fill_null) before streaming")
-
-
-def _nodes(arrow_type: Any) -> int:
-    """Field nodes an Arrow IPC record batch holds for a column of ``arrow_type``."""
-    children = getattr(arrow_type, "num_fields", 0)
-    return 1 + sum(_nodes(arrow_type.field(i).type) for i in range(children))
-
-
-def _arrow_nulls(path: str, schema: Any, names: list[str], batches: Sequence[Any]) -> None:
-    """Refuse nulls in ``names`` from the batches' metadata, before any work."""
-    counts = [_nodes(schema.field(i).type) for i in range(len(schema.names))]
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-    for index, batch in enumerate(batches):
-        if len(batch.null_counts) != starts[-1]:
-            return  # nodes not as expected: the batch's own check runs when it is read
-        for name in names:
-            field = schema.get_field_index(name)
-            count = batch.null_counts[starts[field]] if field >= 0 else 0
-            if count:
-                _refuse_nulls(path, name, count, f"record batch {index}")
 
 
 def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 MAGIC = b"ARROW1"
 _CONTINUATION = 0xFFFFFFFF
@@ -114,3 +115,21 @@ def _batch(meta: bytes) -> BatchInfo:
     count, first = header.vector(1)  # nodes: [FieldNode {length: long, null_count: long}]
     nulls = tuple(struct.unpack_from("<q", buf, first + 16 * i + 8)[0] for i in range(count))
     return BatchInfo(rows, nulls)
+
+
+def column_nulls(schema: Any, name: str, batches: list[BatchInfo]) -> list[int]:
+    """The null count of top-level column ``name`` (of the PyArrow ``schema``) in each batch;
+    empty when the batches' field nodes do not match the schema (then nothing is known)."""
+    counts = [_nodes(schema.field(i).type) for i in range(len(schema.names))]
+    field = schema.get_field_index(name)
+    if field < 0 or any(len(b.null_counts) != sum(counts) for b in batches):
+        return []
+    node = sum(counts[:field])
+    return [b.null_counts[node] for b in batches]
+
+
+def _nodes(arrow_type: Any) -> int:
+    """Field nodes a record batch holds for a column of ``arrow_type``: its own, then its
+    children's, depth first."""
+    children = getattr(arrow_type, "num_fields", 0)
+    return 1 + sum(_nodes(arrow_type.field(i).type) for i in range(children))
