@@ -22,12 +22,13 @@ before any memory is allocated, with an :class:`InputError` that says what to ch
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -177,6 +178,10 @@ class ChunkedSource(Source):
         self._load = load
         self._kept: dict[int, np.ndarray] = {}
 
+    def close(self) -> None:
+        """Let go of the chunks kept (the file stays open: the source may be streamed again)."""
+        self._kept = {}
+
     def _chunk(self, index: int) -> np.ndarray:
         chunk = self._kept.get(index)
         if chunk is None:
@@ -278,6 +283,9 @@ def npy(path: PathLike) -> FileSource:
         raise InputError(f"{path} is Fortran-ordered: save np.ascontiguousarray(a) instead")
     if not shape:
         raise InputError(f"{path} holds a scalar: inputs must be arrays")
+    if any(d < 0 for d in shape):
+        raise InputError(f"{path} has a header with a negative shape {shape}: the file is "
+                         f"damaged; write it again with np.save")
     _check_size(target, offset, shape, dtype, "its header says")
     return FileSource(target, dtype, shape, offset)
 
@@ -292,7 +300,7 @@ def raw(path: PathLike, dtype: Any, shape: Sequence[int] | None = None,
         raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype")
     size = target.stat().st_size - offset
     dims = list(shape) if shape is not None else [-1]
-    if any(d < 0 for d in dims[1:]) or not dims:
+    if not dims or dims[0] < -1 or any(d < 0 for d in dims[1:]):
         raise InputError(f"raw input {path}: shape {shape} may have -1 only for axis 0")
     row_bytes = math.prod(dims[1:]) * dt.itemsize
     if dims[0] < 0:
@@ -317,10 +325,22 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     names = [columns] if isinstance(columns, str) else list(columns)
     schema = file.schema_arrow
     dtype = _column_dtype(str(path), schema, names)
-    groups = [file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)]
+    meta = file.metadata
+    groups = [meta.row_group(i).num_rows for i in range(file.num_row_groups)]
+    for i in range(file.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            column = group.column(j)
+            stats = column.statistics
+            if (column.path_in_schema in names and stats is not None
+                    and stats.has_null_count and stats.null_count):
+                _refuse_nulls(str(path), column.path_in_schema, stats.null_count,
+                              f"row group {i}")
+    size = target.stat().st_size
 
     def load(index: int) -> np.ndarray:
-        table = file.read_row_group(index, columns=names)
+        with _shrink_guard(str(path), target, size):
+            table = file.read_row_group(index, columns=names)
         return _table_rows(str(path), table, names, dtype)
 
     return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load)
@@ -328,25 +348,34 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
 
 def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     """Numeric column(s) of an Arrow IPC (Feather v2) file as an input, one record batch at a
-    time, memory-mapped."""
+    time. Read with file reads, not a memory map, so a file that shrinks while it is read is
+    an InputError, not a SIGBUS."""
     pa = _pyarrow("ipc")
     import pyarrow
 
+    from conveyor.pipeline import ipcfile
+
     target = _existing(path)
     try:
-        reader = pa.open_file(pyarrow.memory_map(str(target), "r"))
+        batches = ipcfile.record_batches(target)
+        reader = pa.open_file(pyarrow.OSFile(str(target)))
     except Exception as exc:
         raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
     names = [columns] if isinstance(columns, str) else list(columns)
     dtype = _column_dtype(str(path), reader.schema, names)
-    batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    for name in names:
+        for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
+            if count:
+                _refuse_nulls(str(path), name, count, f"record batch {index}")
+    size = target.stat().st_size
 
     def load(index: int) -> np.ndarray:
-        return _table_rows(str(path), pyarrow.Table.from_batches([batches[index]]), names,
-                           dtype)
+        with _shrink_guard(str(path), target, size):
+            batch = reader.get_batch(index)
+        return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
 
     return ChunkedSource(str(path), dtype, _row_shape(columns, names),
-                         [b.num_rows for b in batches], load)
+                         [b.rows for b in batches], load)
 
 
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:
@@ -418,6 +447,28 @@ def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
         raise InputError(f"columns {names} of {path} have different types {dtypes}: stream "
                          f"them as separate inputs")
     return dtypes[0]
+
+
+@contextlib.contextmanager
+def _shrink_guard(name: str, path: Path, size: int) -> Iterator[None]:
+    """A failed read of a file that is now shorter than when it was opened is an InputError
+    (as a .npy's is); other failures pass as they are."""
+    try:
+        yield
+    except Exception as exc:
+        try:
+            now = path.stat().st_size
+        except OSError:
+            now = -1
+        if now < size:
+            raise InputError(f"{name} got shorter while it was read: rerun on a complete "
+                             f"file") from exc
+        raise
+
+
+def _refuse_nulls(path: str, name: str, count: int, where: str) -> NoReturn:
+    raise InputError(f"column {name!r} of {path} has {count} nulls ({where}): fill them "
+                     f"(pyarrow.compute.fill_null) before streaming")
 
 
 def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...]:

@@ -3,7 +3,9 @@
 An ndarray output becomes an :class:`ArraySink`; ``"y.npy"``, :func:`npy_out` and
 :func:`raw_out` a :class:`FileSink`, written block by block into a temporary file in the
 target's folder and renamed over the target only once the whole stream has succeeded, so a
-failed or interrupted run leaves no partial or corrupt output.
+failed or interrupted run leaves no partial or corrupt output. The file replaced keeps its
+mode; a symlink is written through; a FIFO or device node is refused; the temporary file of a
+killed run is removed by the next run of the same target (:mod:`conveyor.files`).
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from conveyor import files
 from conveyor.errors import InputError
 from conveyor.pipeline.io import FileRows, PathLike
 
@@ -90,15 +92,8 @@ class FileSink(Sink):
         self.offset = 0
         self._fd: int | None = None
         self._tmp: Path | None = None
-        folder = self.path.parent
-        if not folder.is_dir():
-            raise InputError(f"output {self.name}: folder {folder} does not exist: create it "
-                             f"or write elsewhere")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise InputError(f"output {self.name}: folder {folder} is not writable: write "
-                             f"elsewhere or fix its permissions")
-        if self.path.is_dir():
-            raise InputError(f"output {self.name} is a folder: name a file")
+        # The file replaced at commit: a symlink's target (written through), never a node.
+        self.target = files.output_target(self.path, f"output {self.name}")
 
     def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Fill in the shape and dtype the stream decides; InputError if they disagree."""
@@ -119,10 +114,11 @@ class FileSink(Sink):
         return FileRows(self, lo, hi)
 
     def open(self) -> None:
-        """Create the temporary file, with its header, at the output's full size."""
-        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
-                                    suffix=".part")
-        self._fd, self._tmp = fd, Path(name)
+        """Create the temporary file, with its header, at the output's full size, first
+        deleting the parts of this target left by runs that were killed (with a warning)."""
+        files.remove_stale_parts(self.target)
+        fd, part = files.new_part(self.target)
+        self._fd, self._tmp = fd, part
         if self.header:
             with os.fdopen(os.dup(fd), "wb") as f:
                 header = {"descr": np.lib.format.dtype_to_descr(self.dtype),
@@ -145,14 +141,11 @@ class FileSink(Sink):
             done += os.pwritev(self._fd, [view[done:]], position + done)
 
     def commit(self) -> None:
-        """Flush to disk and rename over the target."""
+        """Flush to disk and rename over the target, keeping the mode of the file it
+        replaces."""
         assert self._fd is not None and self._tmp is not None
-        if self.durable:
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
-        os.chmod(self._tmp, 0o666 & ~_umask())
-        os.replace(self._tmp, self.path)
+        fd, self._fd = self._fd, None
+        files.commit_part(fd, self._tmp, self.target, self.durable)
         self._tmp = None
 
     def abort(self) -> None:
@@ -165,12 +158,6 @@ class FileSink(Sink):
             with contextlib.suppress(OSError):
                 self._tmp.unlink()
             self._tmp = None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # -- the public constructors ------------------------------------------------------------------

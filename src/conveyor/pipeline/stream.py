@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from conveyor import config
+from conveyor import config, files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
 from conveyor.pipeline import reduce as reducing
@@ -16,7 +17,7 @@ from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.plan import make_plan
 from conveyor.pipeline.report import Report
-from conveyor.pipeline.sinks import ArraySink, Sink, as_sink
+from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
 
 
 def stream(
@@ -95,6 +96,8 @@ def stream(
     use_strict = config.strict_mode() if strict is None else bool(strict)
     if trace is not None and not isinstance(trace, str):
         raise InputError("trace= takes a file path (str)")
+    if trace is not None:
+        files.output_target(trace, f"trace={trace!r}")  # before any work, not after it
     sources: list[Source] = []
     sinks: list[Sink] = []
     try:
@@ -107,6 +110,7 @@ def stream(
                     _file_dtype(compute, len(sources), i, sources[0].dtype))
             for i, o in enumerate(outputs or ())
         ]
+        _check_files(sources, sinks, compute)
         report = _run(compute, sources, sinks, dev, depth, block_bytes, memory_limit, halo,
                       reduce, args, progress, zero_copy, workers, use_strict)
     except BaseException:
@@ -119,8 +123,27 @@ def stream(
     if trace is not None:
         from conveyor.trace.export import save_chrome_trace
 
-        save_chrome_trace(report.timeline, trace)
+        try:
+            save_chrome_trace(report.timeline, trace)
+        except OSError as exc:  # the outputs are committed: a side file must not lose them
+            warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
+                          f"itself succeeded", RuntimeWarning, stacklevel=2)
     return report
+
+
+def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute) -> None:
+    """Refuse two file outputs naming one file, and (for a callable, which gets PyOpenCL /
+    DLPack arrays that have no byte order) arrays that are not in the machine's byte order.
+    An output that is also an input is fine: inputs keep reading the old file, which the
+    output replaces only when the stream succeeded."""
+    paths = [s for s in sinks if isinstance(s, FileSink)]
+    for i, first in enumerate(paths):
+        for second in paths[i + 1 :]:
+            if files.same_file(first.target, second.target):
+                raise InputError(f"outputs {first.name} and {second.name} are one file: name "
+                                 f"a different file for each output")
+    if callable(compute) and not isinstance(compute, Kernel):
+        validate.check_byte_order(sources, sinks)
 
 
 def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device, depth: int,

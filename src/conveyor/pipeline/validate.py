@@ -135,3 +135,17 @@ def check_kernel(
             f"declare it as a pointer to a numeric type"
         )
     return element
+
+
+def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """InputError for an input or output (anything with ``dtype`` and ``name``) whose dtype is
+    not in the machine's byte order: a Python callable gets device arrays, which have none."""
+    for kind, arrays in (("input", inputs), ("output", outputs)):
+        for index, array in enumerate(arrays):
+            dtype = array.dtype
+            if dtype is not None and not dtype.isnative:
+                raise InputError(
+                    f"{kind} {index} ({array.name}) has dtype {dtype.str}, not in this "
+                    f"machine's byte order, which a Python callable's device arrays need: "
+                    f"pass a.astype(a.dtype.newbyteorder('='))"
+                )

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from conveyor import config
 from conveyor.errors import ConveyorError
+from conveyor.files import atomic_write
 
 FILE_NAME = "link-bandwidth.json"
 FORMAT = 1
@@ -99,14 +98,6 @@ def save_link_ceiling(spec: str, name: str, figures: dict[str, float],
     entry: dict[str, Any] = {key: float(value) for key, value in figures.items()}
     entry["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     devices[device_key(spec, name)] = entry
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-link-")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"format": FORMAT, "devices": devices}, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    document = {"format": FORMAT, "devices": devices}
+    atomic_write(path, lambda handle: json.dump(document, handle, indent=1))
     return path

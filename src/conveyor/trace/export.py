@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from conveyor.files import atomic_write
 from conveyor.trace.timeline import LANES, Timeline
 
 
@@ -42,13 +41,7 @@ def chrome_trace(timeline: Timeline, process: str = "conveyor") -> dict[str, Any
 
 
 def save_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None:
-    """Write the trace to ``path`` atomically (temp file, then rename)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=".tmp-trace-")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(chrome_trace(timeline), handle)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write the trace to ``path`` atomically (temp file, then rename; keeps the mode of a
+    file it replaces). Raises OSError when it cannot be written."""
+    document = chrome_trace(timeline)
+    atomic_write(path, lambda handle: json.dump(document, handle), durable=False)
