@@ -121,6 +121,16 @@ def test_vector_pointer_is_refused_with_how_to_write_it(device):
     assert "vload4" in message
 
 
+def test_local_pointer_for_a_stream_buffer_is_refused(device):
+    source = """__kernel void k(__global const float *x, __local float *y, ulong offset,
+                                 ulong n) {}"""
+    k = opencl(device).compile(source, "k")
+    x = np.arange(N, dtype=np.float32)
+    with pytest.raises(InputError, match=r"'y' .* is __local memory but receives output 0: "
+                                         r"declare it __global"):
+        cv.stream(k, [x], [np.empty_like(x)], device=device)
+
+
 def test_types_come_from_the_driver_also_from_the_disk_cache(device, private_cache):
     k = opencl(device).compile(MACRO_TYPE, "scale")
     assert {p.origin for p in k.params} == {"driver"}
