@@ -21,6 +21,7 @@ from conveyor.errors import InputError
 if TYPE_CHECKING:
     from conveyor.kernels.signature import Param
 
+
 def caster(param: Param) -> Callable[[Any], Any]:
     """The function that casts one argument for scalar parameter ``param`` (InputError when
     no cast means anything); for a type conveyor does not know, NumPy scalars pass as given."""
