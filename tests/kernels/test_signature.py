@@ -49,10 +49,29 @@ def test_void_parameter_list_is_empty():
     assert parse_params(OPENCL, "nothing") == ()
 
 
-def test_vector_types_have_no_dtype():
+def test_vector_types_are_element_type_and_width():
     v, pair = parse_params(OPENCL, "vec")
-    assert v.is_pointer and v.dtype is None
-    assert pair.dtype is None and pair.type_text == "int2 pair"
+    assert v.is_pointer and v.dtype == np.float32 and v.width == 4 and v.base == "float4"
+    assert pair.dtype == np.int32 and pair.width == 2 and pair.type_text == "int2 pair"
+
+
+def test_typedefs_and_using_resolve():
+    source = """typedef unsigned int count_t; typedef count_t idx;
+    using real = double;
+    typedef float *fptr;
+    __kernel void k(__global real *x, idx i, fptr p, struct s v) {}"""
+    x, i, p, v = parse_params(source, "k")
+    assert x.dtype == np.float64 and x.base == "real"
+    assert i.dtype == np.uint32
+    assert p.dtype is None and not p.is_pointer  # a pointer typedef is not an element type
+    assert v.dtype is None
+
+
+def test_address_spaces():
+    c, a, b, *_ = parse_params(OPENCL, "vadd")
+    assert c.address == "global"
+    (tile,) = parse_params(OPENCL, "tiled")
+    assert tile.address == "local"
 
 
 def test_cuda_global_kernel():

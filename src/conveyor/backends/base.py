@@ -331,6 +331,12 @@ class Device(Closeable, ABC):
     def compiler_identity(self) -> str:
         """Everything besides source and options that changes a built binary (cache key)."""
 
+    def source_macros(self) -> dict[str, str]:
+        """The macros this device's compiler predefines (``__OPENCL_VERSION__``,
+        ``__CUDA_ARCH__``, extensions): conveyor's preprocessor defines them too before it
+        reads a kernel's parameter types, so ``#if`` picks the branch the compiler picks."""
+        return {}
+
     @abstractmethod
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:
         """Compile ``source``; CompileError with the log on failure."""
@@ -339,7 +345,11 @@ class Device(Closeable, ABC):
     def load_kernel(
         self, binary: bytes, name: str, options: Sequence[str], params: Sequence[Param]
     ) -> Kernel:
-        """Load ``binary`` and return its kernel ``name``; CompileError if it is missing."""
+        """Load ``binary`` and return its kernel ``name``; CompileError if it is missing.
+
+        ``params`` are read from the preprocessed source; the kernel's own ``params`` take the
+        driver's report where it gives one (``kernels/argtypes.py``), and InputError says
+        where the two disagree in a way the driver can tell (CUDA's argument sizes)."""
 
     @abstractmethod
     def device_array(

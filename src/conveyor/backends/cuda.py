@@ -40,6 +40,7 @@ from conveyor import hazards
 from conveyor.backends import base
 from conveyor.backends.cuda_array import DeviceArray
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
+from conveyor.kernels.argtypes import check_sizes
 from conveyor.kernels.signature import Param, arg_converters
 
 _IMPORT_ERROR: Exception | None = None
@@ -628,6 +629,12 @@ class Device(base.Device):
             f"cuda.core {cc.__version__}",
         ])
 
+    def source_macros(self) -> dict[str, str]:
+        # What NVRTC predefines for the device pass that decides the kernel's code.
+        digits = "".join(c for c in self.arch if c.isdigit()) or "0"
+        return {"__CUDACC__": "1", "__CUDACC_RTC__": "1", "__CUDA_ARCH__": str(int(digits) * 10),
+                "__cplusplus": "201703L"}
+
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:
         program_options = _program_options(self.arch, options)
         logs = io.StringIO()
@@ -654,6 +661,7 @@ class Device(base.Device):
                 f"could not load kernel {name!r} from its binary on {self.name} "
                 f"(is it declared extern \"C\" __global__?): {exc}"
             ) from exc
+        params = check_sizes(name, params, _argument_sizes(core_kernel), self.name)
         return Kernel(self, code, core_kernel, name, params)
 
     def device_array(self, buf: base.DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype,
@@ -668,6 +676,15 @@ class Device(base.Device):
         self._current()
         self._reference_stream.sync()
         self._reference_stream.close()
+
+
+def _argument_sizes(core_kernel: Any) -> list[int] | None:
+    """The size in bytes of each argument of a loaded kernel (cuKernelGetParamInfo, through
+    cuda.core's ``Kernel.arguments_info``); None where the driver cannot say (before 12.4)."""
+    try:
+        return [int(info.size) for info in core_kernel.arguments_info]
+    except Exception:  # NotImplementedError / CUDAError on drivers without cuFuncGetParamInfo
+        return None
 
 
 def _driver_version() -> str:

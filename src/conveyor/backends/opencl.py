@@ -24,6 +24,7 @@ import pyopencl as cl
 from conveyor import hazards
 from conveyor.backends import base
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
+from conveyor.kernels.argtypes import DriverArg, from_driver
 from conveyor.kernels.signature import Param, arg_converters
 
 _COMPLETE = cl.command_execution_status.COMPLETE
@@ -461,14 +462,27 @@ class Device(base.Device):
             "opencl", platform.name, platform.version, self.cl_device.name,
             self.cl_device.version, self.info.driver_version,
             ".".join(str(v) for v in cl.VERSION),
+            ARG_INFO_OPTION,  # every build adds it, and it changes the binary
         ])
+
+    def source_macros(self) -> dict[str, str]:
+        macros = {"__OPENCL_VERSION__": _version_number(self.cl_device.version),
+                  "__ENDIAN_LITTLE__": "1" if self.cl_device.endian_little else "0"}
+        try:
+            macros["__OPENCL_C_VERSION__"] = _version_number(self.cl_device.opencl_c_version)
+        except (cl.Error, AttributeError):  # OpenCL 1.0 devices have no such query
+            pass
+        for extension in str(self.cl_device.extensions).split():
+            macros[extension] = "1"
+        return macros
 
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:
         # cache_dir=False below: PyOpenCL's own build cache stores pickles on some platforms;
         # conveyor keeps its own cache, which holds no pickle.
         program = cl.Program(self.context, source)
         try:
-            program.build(options=list(options), devices=[self.cl_device], cache_dir=False)
+            program.build(options=_with_arg_info(options), devices=[self.cl_device],
+                          cache_dir=False)
         except cl.RuntimeError as exc:
             log = _build_log(program, self.cl_device) or str(exc)
             raise CompileError(f"OpenCL build failed on {self.name}", log=log,
@@ -482,13 +496,15 @@ class Device(base.Device):
                     params: Sequence[Param]) -> Kernel:
         try:
             program = cl.Program(self.context, [self.cl_device], [binary])
-            program.build(options=list(options), devices=[self.cl_device], cache_dir=False)
+            program.build(options=_with_arg_info(options), devices=[self.cl_device],
+                          cache_dir=False)
             cl_kernel = cl.Kernel(program, name)
         except cl.Error as exc:
             raise CompileError(
                 f"could not load kernel {name!r} from its binary on {self.name}: "
                 f"{_code_name(exc.code)}"
             ) from exc
+        params = from_driver(name, params, _arg_info(cl_kernel), self.name)
         return Kernel(self, cl_kernel, name, params)
 
     def device_array(self, buf: base.DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype,
@@ -500,6 +516,55 @@ class Device(base.Device):
 
     def _release(self) -> None:
         self._host_queue.finish()
+
+
+ARG_INFO_OPTION = "-cl-kernel-arg-info"
+_ADDRESS_NAMES = {
+    cl.kernel_arg_address_qualifier.GLOBAL: "global",
+    cl.kernel_arg_address_qualifier.LOCAL: "local",
+    cl.kernel_arg_address_qualifier.CONSTANT: "constant",
+    cl.kernel_arg_address_qualifier.PRIVATE: "private",
+}
+
+
+def _with_arg_info(options: Sequence[str]) -> list[str]:
+    """The build options with ``-cl-kernel-arg-info``, so the driver can report each kernel
+    argument's type (conveyor checks arrays and casts scalars against it)."""
+    options = list(options)
+    return options if ARG_INFO_OPTION in options else [*options, ARG_INFO_OPTION]
+
+
+def _arg_info(cl_kernel: cl.Kernel) -> list[DriverArg] | None:
+    """What the driver reports about each argument of ``cl_kernel``; None where it reports
+    nothing (KERNEL_ARG_INFO_NOT_AVAILABLE, or a driver without clGetKernelArgInfo)."""
+    info = cl.kernel_arg_info
+    reported: list[DriverArg] = []
+    try:
+        for index in range(int(cl_kernel.num_args)):
+            address = cl_kernel.get_arg_info(index, info.ADDRESS_QUALIFIER)
+            type_name = str(cl_kernel.get_arg_info(index, info.TYPE_NAME)).strip("\0 ")
+            qualifier = int(cl_kernel.get_arg_info(index, info.TYPE_QUALIFIER))
+            try:
+                name = str(cl_kernel.get_arg_info(index, info.NAME)).strip("\0 ")
+            except cl.Error:
+                name = ""
+            reported.append(DriverArg(
+                name=name, address=_ADDRESS_NAMES.get(address, "private"),
+                type_name=type_name,
+                is_const=bool(qualifier & cl.kernel_arg_type_qualifier.CONST),
+            ))
+    except (cl.Error, cl.LogicError, AttributeError):
+        return None
+    return reported
+
+
+def _version_number(text: str) -> str:
+    """"OpenCL C 1.2 pocl" -> "120", as ``__OPENCL_VERSION__`` spells a version."""
+    for word in str(text).split():
+        major, dot, minor = word.partition(".")
+        if dot and major.isdigit() and minor[:1].isdigit():
+            return str(int(major) * 100 + int(minor[:1]) * 10)
+    return "120"
 
 
 def _build_log(program: cl.Program, device: cl.Device) -> str:

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conveyor import config, hazards
-from conveyor.errors import CompileError
+from conveyor.errors import CompileError, InputError
 from conveyor.kernels.buildlock import build_lock
 from conveyor.kernels.cache import KernelCache, cache_key
+from conveyor.kernels.preprocess import expand
 from conveyor.kernels.signature import Param, parse_params
 
 if TYPE_CHECKING:
@@ -61,6 +62,22 @@ def build_identity(device: Device) -> str:
     return f"{identity}|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}" if forced else identity
 
 
+def source_params(
+    device: Device, source: str, name: str, options: Sequence[str]
+) -> tuple[Param, ...]:
+    """The parameters of kernel ``name`` read from ``source`` after preprocessing it as
+    ``device``'s compiler would (its predefined macros, the ``-D``/``-I`` of ``options``).
+    The loaded kernel's driver corrects or checks them (``kernels/argtypes.py``). InputError
+    when ``source`` defines no kernel ``name``."""
+    macros = tuple(sorted(device.source_macros().items()))
+    try:
+        return parse_params(expand(source, tuple(options), macros), name)
+    except InputError:
+        # Not found after expansion (an #if conveyor's preprocessor decided otherwise than
+        # the compiler will): the raw text, or its error naming the kernels it has.
+        return parse_params(source, name)
+
+
 def clear_memo() -> None:
     """Forget the kernels loaded in this process (the next compile goes to the disk cache)."""
     with _lock:
@@ -80,7 +97,6 @@ def compile_kernel(
     Raises InputError when ``name`` is not a kernel in ``source`` and CompileError (with the
     build log) when the source does not build.
     """
-    params = parse_params(source, name)
     options = tuple(options)
     disk = default_cache() if cache is True else cache or None
     key = cache_key(build_identity(device), options, source)
@@ -96,6 +112,7 @@ def compile_kernel(
     if pending is not None:
         return pending.result()
     try:
+        params = source_params(device, source, name, options)
         kernel = _build_and_load(device, source, name, options, params, key, disk)
     except BaseException as exc:
         with _lock:
@@ -123,7 +140,7 @@ class KernelFuture:
         self.source = source
         self.name = name
         self.options = options
-        self.params = parse_params(source, name)  # a wrong name fails now, not later
+        self.params = source_params(device, source, name, options)  # a wrong name fails now
         self._disk = default_cache()
         self._key = cache_key(build_identity(device), options, source)
         self._binary = _compiler_pool().submit(

@@ -2,6 +2,10 @@
 
 conveyor needs the types to cast scalar arguments (``args=(2.5,)`` becomes the kernel's
 ``float``) and to check that arrays handed to a stream have the element type the kernel expects.
+The text read here is the source after ``kernels/preprocess.py`` expanded its macros; typedef
+names (``typedef double real;``, ``using real = double;``) are resolved to what they name, and
+vector types (``float4``) are recognised as their element type and width. What the driver
+reports about the loaded kernel overrides this where it can (``kernels/argtypes.py``).
 """
 
 from __future__ import annotations
@@ -36,13 +40,27 @@ _QUALIFIERS = {
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
+# OpenCL C's (2, 3, 4, 8, 16 lanes) and CUDA's (1 to 4 lanes) vector types.
+_VECTOR = re.compile(
+    r"(char|uchar|short|ushort|int|uint|long|ulong|longlong|ulonglong|half|float|double)"
+    r"(1|2|3|4|8|16)"
+)
+_VECTOR_ELEMENTS = {"longlong": "long long", "ulonglong": "unsigned long long"}
+_TYPEDEF = re.compile(r"\btypedef\s+([^;{}()]+?)\s+(\w+)\s*;")
+_USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
+
 
 @dataclass(frozen=True)
 class Param:
     """One kernel parameter: its name, whether it is a pointer, and its element/scalar dtype.
 
-    ``dtype`` is None for types conveyor does not know (structs, vector types); such scalars
-    must be passed as NumPy values of the right type.
+    ``dtype`` is None for types conveyor does not know (structs); such scalars must be passed
+    as NumPy values of the right type. For a vector type (``float4``) ``dtype`` is the element
+    type and ``width`` the number of lanes. ``base`` is the type's name as written, without
+    qualifiers or ``*`` (``real`` for a typedef). ``address`` is the OpenCL address space
+    ("global", "local", "constant", "private") where known, else "". ``origin`` says where
+    the type came from: "source" (the preprocessed text), "driver" (OpenCL's argument info)
+    or "source+sizes" (the text, checked against the CUDA kernel's argument sizes).
     """
 
     name: str
@@ -50,6 +68,25 @@ class Param:
     dtype: np.dtype | None
     is_const: bool
     type_text: str
+    width: int = 1
+    base: str = ""
+    address: str = ""
+    origin: str = "source"
+
+    @property
+    def type_name(self) -> str:
+        """The type as a short C spelling: ``float*``, ``real*``, ``ulong``."""
+        return (self.base or "?") + ("*" if self.is_pointer else "")
+
+    def describe(self) -> str:
+        """The type with what conveyor resolved it to, for messages: ``real* (float64)``."""
+        if self.dtype is None:
+            resolved = "a type conveyor cannot resolve"
+        elif self.width > 1:
+            resolved = f"{self.width} x {self.dtype}"
+        else:
+            resolved = str(self.dtype)
+        return f"{self.type_name} ({resolved})"
 
 
 def parse_params(source: str, name: str) -> tuple[Param, ...]:
@@ -74,7 +111,40 @@ def parse_params(source: str, name: str) -> tuple[Param, ...]:
     body = text[start : i - 1].strip()
     if not body or body == "void":
         return ()
-    return tuple(_parse_one(part) for part in body.split(","))
+    names = typedefs(text)
+    return tuple(_parse_one(part, names) for part in body.split(","))
+
+
+def typedefs(source: str) -> dict[str, str]:
+    """Every ``typedef TYPE NAME;`` and ``using NAME = TYPE;`` of ``source``, NAME -> TYPE
+    (pointer typedefs are left out: a parameter of one is not an element type)."""
+    text = _COMMENTS.sub(" ", source)
+    found: dict[str, str] = {}
+    for target, name in _TYPEDEF.findall(text):
+        found[name] = " ".join(target.split())
+    for name, target in _USING.findall(text):
+        found[name] = " ".join(target.split())
+    return {k: v for k, v in found.items() if "*" not in v and "[" not in v}
+
+
+def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | None, int]:
+    """The element dtype and lane count of type ``base`` (a scalar, a vector such as
+    ``float4``, or a typedef in ``names``); (None, 1) when it is none of these."""
+    names = names or {}
+    for _ in range(16):  # typedef chains; a loop of them resolves to nothing
+        words = [w for w in base.split() if w not in _QUALIFIERS]
+        base = " ".join(words)
+        known = _SCALARS.get(base)
+        if known is not None:
+            return np.dtype(known), 1
+        vector = _VECTOR.fullmatch(base)
+        if vector is not None:
+            element = _VECTOR_ELEMENTS.get(vector.group(1), vector.group(1))
+            return np.dtype(_SCALARS[element]), int(vector.group(2))
+        if base not in names:
+            break
+        base = names[base]
+    return None, 1
 
 
 def kernel_names(source: str) -> list[str]:
@@ -84,7 +154,13 @@ def kernel_names(source: str) -> list[str]:
     return re.findall(pattern, text)
 
 
-def _parse_one(text: str) -> Param:
+_ADDRESS = {
+    "__global": "global", "global": "global", "__constant": "constant",
+    "constant": "constant", "__local": "local", "local": "local",
+}  # fmt: skip
+
+
+def _parse_one(text: str, names: dict[str, str]) -> Param:
     text = " ".join(text.replace("*", " * ").split())
     tokens = text.split(" ")
     is_pointer = "*" in tokens
@@ -92,9 +168,10 @@ def _parse_one(text: str) -> Param:
     words = [t for t in tokens[:-1] if t != "*"]
     is_const = "const" in words
     base = " ".join(w for w in words if w not in _QUALIFIERS)
-    dtype_name = _SCALARS.get(base)
-    dtype = np.dtype(dtype_name) if dtype_name else None
-    return Param(name=name, is_pointer=is_pointer, dtype=dtype, is_const=is_const, type_text=text)
+    dtype, width = resolve(base, names)
+    address = next((_ADDRESS[w] for w in words if w in _ADDRESS), "")
+    return Param(name=name, is_pointer=is_pointer, dtype=dtype, is_const=is_const,
+                 type_text=text, width=width, base=base, address=address)
 
 
 def arg_converters(
@@ -102,18 +179,11 @@ def arg_converters(
 ) -> list[Callable[[Any], Any]]:
     """One function per parameter turning a launch argument into what the driver takes:
     ``pointer`` for pointer parameters (the backend's buffer unwrapping), a cast to the declared
-    type for known scalars, and the value as given otherwise (it must already be a NumPy
-    scalar of the right type)."""
+    type for known scalars, and for other types a NumPy scalar as given. A value no cast
+    means (None, a string, an array for a scalar) is an InputError (``kernels/argcast.py``)."""
+    from conveyor.kernels.argcast import caster
+
     converters: list[Callable[[Any], Any]] = []
     for param in params:
-        if param.is_pointer:
-            converters.append(pointer)
-        elif param.dtype is not None:
-            converters.append(param.dtype.type)
-        else:
-            converters.append(_as_given)
+        converters.append(pointer if param.is_pointer else caster(param))
     return converters
-
-
-def _as_given(value: Any) -> Any:
-    return value

@@ -475,7 +475,8 @@ class Engine(Closeable):
                       for buf, spec in zip(in_bufs, self.plan.inputs, strict=True)]
             arrays += [self._device_array(buf, spec.shape[1:], spec.dtype, block.rows)
                        for buf, spec in zip(out_bufs, self.plan.outputs, strict=True)]
-            result = self.compute(*arrays, queue=self.compute_q.native,
+            # args= follow the arrays, as they follow the buffers of a kernel.
+            result = self.compute(*arrays, *self.args, queue=self.compute_q.native,
                                   offset=offset, n=n)
             if self.reduce is not None:
                 slot.partial = _to_host(result)

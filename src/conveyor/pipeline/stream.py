@@ -45,11 +45,17 @@ def stream(
     A kernel receives the block's buffers (inputs, then outputs), then ``args``, then
     ``ulong offset, ulong n``: the index of the block's first element in the whole array and
     the block's element count (for N-D arrays, elements of input 0: rows times elements per
-    row). A callable is called once
-    per block as ``compute(*input_arrays, *output_arrays, queue=, offset=, n=)`` with device
-    arrays (PyOpenCL arrays on OpenCL; DLPack / CUDA-array-interface objects on CUDA) and must
-    enqueue its work on ``queue``, the driver's own queue (a ``pyopencl.CommandQueue``, or a
-    ``cuda.core`` Stream).
+    row). A kernel's parameter types are what its compiler reports (OpenCL) or its
+    preprocessed source says, checked against the compiled argument sizes (CUDA); a pointer
+    to a vector type (``float4*``) is refused, since ``n`` counts scalars. Each value of
+    ``args`` is cast to the type the kernel declares for it (3.7 to an ``int`` is 3); None,
+    strings and arrays are refused with an InputError before any work.
+
+    A callable is called once per block as
+    ``compute(*input_arrays, *output_arrays, *args, queue=, offset=, n=)`` with device arrays
+    (PyOpenCL arrays on OpenCL; DLPack / CUDA-array-interface objects on CUDA), then ``args``
+    as given, and must enqueue its work on ``queue``, the driver's own queue (a
+    ``pyopencl.CommandQueue``, or a ``cuda.core`` Stream).
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,

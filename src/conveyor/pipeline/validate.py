@@ -10,6 +10,8 @@ import numpy as np
 
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
+from conveyor.kernels.argcast import caster
+from conveyor.kernels.signature import Param
 from conveyor.pipeline.plan import ArraySpec
 from conveyor.pipeline.reduce import BUILTIN_OPS
 
@@ -95,32 +97,23 @@ def check_kernel(
     if reduce is not None:
         arrays.append(("the per-element reduce buffer", None))
     for param, (what, dtype) in zip(params, arrays, strict=False):
-        if not param.is_pointer:
+        _check_buffer(kernel.name, param, what, dtype)
+    for param, value in zip(params[buffers:], args, strict=False):
+        if param.is_pointer:
+            given = "an array" if isinstance(value, np.ndarray) else "a scalar"
             raise InputError(
-                f"kernel parameter {param.name!r} ({param.type_text}) receives {what}, so it "
-                f"must be a pointer; the convention is buffers, then args, then offset, n"
+                f"kernel parameter {param.name!r} is a pointer ({param.type_text}) but receives "
+                f"{given} from args=: args= takes scalars only; list every array the kernel "
+                f"reads or writes in inputs= or outputs= (streamed block by block)"
             )
-        if dtype is not None and param.dtype is not None and param.dtype != dtype:
-            raise InputError(
-                f"kernel parameter {param.name!r} is {param.type_text} but {what} has dtype "
-                f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype}))"
-            )
-    for param in params[buffers:]:
+    for index, (param, value) in enumerate(zip(params[buffers:], args, strict=False)):
+        _check_arg(param, index, value)
+    for param in params[buffers + len(args):]:
         if param.is_pointer:
             raise InputError(
-                f"kernel parameter {param.name!r} is a pointer but receives a scalar from "
-                f"args= or offset/n: list every buffer in inputs= or outputs="
+                f"kernel parameter {param.name!r} is a pointer but receives offset/n: "
+                f"the convention is buffers, then args, then ulong offset, ulong n"
             )
-    for param, value in zip(params[buffers:], args, strict=False):
-        if param.dtype is None:
-            continue
-        try:
-            param.dtype.type(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InputError(
-                f"args: {value!r} cannot be passed as kernel parameter {param.name!r} "
-                f"({param.type_text}): pass a {param.dtype} value"
-            ) from exc
     if reduce is None:
         return None
     if not isinstance(reduce, str) or reduce not in BUILTIN_OPS:
@@ -149,3 +142,69 @@ def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
                     f"machine's byte order, which a Python callable's device arrays need: "
                     f"pass a.astype(a.dtype.newbyteorder('='))"
                 )
+
+
+def _check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -> None:
+    """``param`` receives ``what`` (an input or output of ``dtype``, or the reduce buffer)."""
+    if not param.is_pointer:
+        raise InputError(
+            f"kernel parameter {param.name!r} ({param.type_text}) receives {what}, so it "
+            f"must be a pointer; the convention is buffers, then args, then offset, n"
+        )
+    if param.address == "local":
+        raise InputError(
+            f"kernel parameter {param.name!r} ({param.type_text}) is __local memory but "
+            f"receives {what}: declare it __global"
+        )
+    if param.width > 1:
+        element = param.base[: -len(str(param.width))] if param.base else str(param.dtype)
+        raise InputError(
+            f"kernel parameter {param.name!r} of kernel {kernel!r} is {param.describe()}, a "
+            f"vector type, but conveyor counts offset and n in scalars (elements of input 0), "
+            f"so the kernel would run {param.width}x past its buffer: declare it as "
+            f"{element}* and load {param.width} lanes at a time inside the kernel "
+            f"(vload{param.width}(i, p) / vstore{param.width} in OpenCL C, "
+            f"reinterpret_cast<{param.base}*>(p) in CUDA C)"
+        )
+    if dtype is None:
+        return
+    if param.dtype is None:
+        if dtype.kind == "V":  # a structured array for a struct pointer: nothing to compare
+            return
+        raise InputError(
+            f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot check "
+            f"that {what} (dtype {dtype}) matches it: declare it as a pointer to a scalar "
+            f"type such as {_c_name(dtype)}*"
+        )
+    if param.dtype != dtype:
+        raise InputError(
+            f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
+            f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype})) or "
+            f"declare the parameter {_c_name(dtype)}*"
+        )
+
+
+def _check_arg(param: Param, index: int, value: Any) -> None:
+    """``args[index]`` suits scalar parameter ``param`` (a cast that means something)."""
+    if param.width > 1:
+        raise InputError(
+            f"args[{index}]: kernel parameter {param.name!r} is {param.describe()}, a vector "
+            f"passed by value, which conveyor does not pass: declare {param.width} scalar "
+            f"parameters instead"
+        )
+    try:
+        caster(param)(value)
+    except InputError as exc:
+        raise InputError(f"args[{index}]: {exc}") from None
+
+
+_C_NAMES = {
+    "int8": "char", "uint8": "uchar", "int16": "short", "uint16": "ushort", "int32": "int",
+    "uint32": "uint", "int64": "long", "uint64": "ulong", "float16": "half",
+    "float32": "float", "float64": "double", "bool": "bool",
+}  # fmt: skip
+
+
+def _c_name(dtype: np.dtype) -> str:
+    """The OpenCL C name of a NumPy dtype (CUDA C: unsigned int for uint, and so on)."""
+    return _C_NAMES.get(str(dtype), str(dtype))

@@ -1,0 +1,94 @@
+"""Turn a scalar launch argument into the kernel parameter's type, or refuse it.
+
+The casts a user can mean are kept (3.7 to an ``int`` parameter is 3, 2 to a ``float`` is
+2.0, a NumPy scalar or a 0-d array of any numeric type); what no cast means is an InputError
+naming the parameter: None (NumPy would make it NaN), strings (NumPy would parse them),
+arrays with elements (they would fail mid-stream in the driver), complex numbers for real
+parameters, and values outside the parameter type's range.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+
+if TYPE_CHECKING:
+    from conveyor.kernels.signature import Param
+
+
+def caster(param: Param) -> Callable[[Any], Any]:
+    """The function that casts one argument for scalar parameter ``param`` (InputError when
+    no cast means anything); for a type conveyor does not know, NumPy scalars pass as given."""
+    dtype = param.dtype
+    if dtype is None or param.width > 1:
+
+        def as_given(value: Any) -> Any:
+            if isinstance(value, np.generic) and not isinstance(value, np.str_ | np.bytes_):
+                return value
+            raise _refused(param, value, "conveyor does not know this type, so the value must "
+                                         "be a NumPy scalar of it (e.g. a structured np.void)")
+
+        return as_given
+
+    def cast(value: Any) -> Any:
+        return cast_scalar(param, value)
+
+    return cast
+
+
+def cast_scalar(param: Param, value: Any) -> Any:
+    """``value`` as a NumPy scalar of ``param``'s dtype; InputError naming the parameter if
+    no cast means anything (see the module docstring)."""
+    dtype = param.dtype
+    assert dtype is not None
+    if value is None:
+        raise _refused(param, value, "None has no value (NumPy would pass NaN or fail)")
+    if isinstance(value, str | bytes | np.str_ | np.bytes_):
+        raise _refused(param, value, "a string is not a number")
+    if isinstance(value, np.ndarray):
+        if value.ndim != 0:
+            raise _refused(param, value, f"an array of shape {value.shape} is not a scalar; "
+                                         f"arrays go in inputs= (streamed block by block)")
+        value = value[()]
+    if isinstance(value, np.generic):
+        if isinstance(value, np.void):
+            raise _refused(param, value, "a structured value is not a number")
+        value = value.item()
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, numbers.Number):
+        raise _refused(param, value, f"a {type(value).__name__} is not a number")
+    if isinstance(value, complex) and dtype.kind != "c":
+        raise _refused(param, value, "a complex number has no real-valued cast")
+    if dtype.kind in "iu" and isinstance(value, numbers.Real) and not isinstance(
+        value, numbers.Integral
+    ):
+        if not math.isfinite(float(value)):
+            raise _refused(param, value, "an infinite or NaN value has no integer cast")
+        value = math.trunc(value)  # the documented cast: 3.7 -> 3, -3.7 -> -3
+    return _checked(dtype.type, value, param)
+
+
+def _checked(make: Callable[[Any], Any], value: Any, param: Param) -> Any:
+    try:
+        with np.errstate(over="raise"):  # float overflow (1e40 to a float32) raises too
+            return make(value)
+    except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
+        raise _refused(param, value, f"it does not fit ({exc})") from exc
+
+
+def _refused(param: Param, value: Any, why: str) -> InputError:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    wanted = f"a {param.dtype} value" if param.dtype is not None else "a NumPy scalar"
+    return InputError(
+        f"{shown} cannot be passed as kernel parameter {param.name!r} ({param.type_text}): "
+        f"{why}; pass {wanted}"
+    )

@@ -1,0 +1,89 @@
+"""Expand a kernel's source with a C preprocessor before its parameter list is read.
+
+A kernel may spell its parameter types with macros (``#define T float`` ... ``const T *x``),
+or choose them with ``-D`` options and ``#if``; reading the raw text would take ``T`` for an
+unknown type and let any dtype through. NVRTC reports no parameter types, so on CUDA the
+expanded text is what conveyor reads (cross-checked against the loaded kernel's argument
+sizes); on OpenCL the driver's own report comes first and the expanded text only resolves
+typedef names and stands in where a driver reports nothing.
+
+The preprocessor is pcpp (pure Python). Headers it cannot find (the compiler's own, such as
+``cuda_fp16.h``) are left as they are; a source it cannot expand is read unexpanded.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.kernels.argtypes import warn_once as _warn_once
+
+
+def expand(source: str, options: Sequence[str] = (), macros: tuple[tuple[str, str], ...] = (),
+           ) -> str:
+    """``source`` with its macros expanded and its ``#if`` branches chosen.
+
+    ``options`` are the build options (their ``-D`` and ``-I`` are honoured); ``macros`` are
+    what the device's compiler predefines (``Device.source_macros``). Returns ``source``
+    unchanged (with a warning, once) when pcpp is missing or fails on it.
+    """
+    return _expand(source, tuple(options), tuple(macros))
+
+
+@functools.lru_cache(maxsize=256)
+def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str], ...]) -> str:
+    try:
+        from pcpp.preprocessor import Action, OutputDirective, Preprocessor
+    except ImportError:  # pragma: no cover - pcpp is a dependency
+        _warn_once("pcpp is not installed: kernel parameter types are read from the source "
+                   "without expanding its macros (pip install pcpp)")
+        return source
+
+    class _Quiet(Preprocessor):
+        """pcpp that passes unknown headers through and keeps its complaints to itself."""
+
+        def on_include_not_found(self, is_malformed: bool, is_system_include: bool,
+                                 curdir: str, includepath: str) -> Any:
+            raise OutputDirective(Action.IgnoreAndPassThrough)
+
+        def on_error(self, file: str, line: int, msg: str) -> None:
+            self.return_code += 1
+
+        def on_directive_unknown(self, directive: Any, toks: Any, ifpassthru: Any,
+                                 precedingtoks: Any) -> Any:
+            # #error / #warning belong to the real compiler; #pragma and the rest pass through.
+            return True if directive.value in ("error", "warning") else None
+
+    defines, includes = _defines_and_includes(options)
+    try:
+        pre = _Quiet()
+        pre.line_directive = None
+        for name, value in (*macros, *defines):
+            pre.define(f"{name} {value}")
+        for path in includes:
+            pre.add_path(path)
+        pre.parse(source, "kernel")
+        out = io.StringIO()
+        pre.write(out)
+    except Exception as exc:  # pcpp fails on some inputs: read the unexpanded source
+        _warn_once(f"conveyor's preprocessor could not expand a kernel source ({exc}): its "
+                   f"parameter types are read unexpanded")
+        return source
+    return out.getvalue()
+
+
+def _defines_and_includes(options: tuple[str, ...]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The ``-D NAME[=VALUE]`` and ``-I PATH`` of a build's options (joined or separate)."""
+    defines: list[tuple[str, str]] = []
+    includes: list[str] = []
+    items = iter(options)
+    for item in items:
+        option = item + next(items, "") if item in ("-D", "-I") else item
+        if option.startswith("-D") and len(option) > 2:
+            name, _, value = option[2:].partition("=")
+            defines.append((name, value if value else "1"))
+        elif option.startswith("-I") and len(option) > 2:
+            includes.append(option[2:])
+    return defines, includes
