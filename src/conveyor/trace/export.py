@@ -48,7 +48,15 @@ def save_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(chrome_trace(timeline), handle)
+        # mkstemp made it 0600; give it the mode any new file gets (as outputs do).
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
