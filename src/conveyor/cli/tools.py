@@ -139,7 +139,8 @@ def run_cache(options: argparse.Namespace) -> int:
         print("the kernel cache is off (CONVEYOR_NO_CACHE is set)")
         return 0
     if not cache.path.exists():  # checked first: asking the cache would create the folder
-        print(f"kernel cache {cache.path}: empty (the folder is made by the first build)")
+        print(f"kernel cache {cache.path}: 0 entries (the folder does not exist yet; the "
+              f"first build makes it)")
         return 0
     if options.action == "clear":
         removed = cache.clear()
