@@ -38,6 +38,18 @@ def test_compile_error_message_carries_the_log():
     assert str(cv.CompileError("build failed")) == "build failed"
 
 
+def test_compile_error_log_names_the_users_file():
+    log = ("error: /root/.cache/pocl/kcache/tempfile_T5nESS.cl:3:17: use of undeclared x\n"
+           "default_program(3): error: identifier \"x\" is undefined\n"
+           "<kernel>:3:17: error: use of undeclared identifier 'x'")
+    error = _round_trip(cv.CompileError("build failed", log=log, source_name="k.cl"))
+    assert error.source_name == "k.cl"
+    assert str(error).splitlines()[1:] == [
+        "error: k.cl:3:17: use of undeclared x", 'k.cl(3): error: identifier "x" is undefined',
+        "k.cl:3:17: error: use of undeclared identifier 'x'"]
+    assert "tempfile_" in str(cv.CompileError("build failed", log=log))  # no name: as it was
+
+
 def test_compile_error_survives_pickling():
     copy = _round_trip(cv.CompileError("build failed", log="the log", source="the source"))
     assert (copy.message, copy.log, copy.source) == ("build failed", "the log", "the source")

@@ -1,6 +1,8 @@
 """``conveyor demo`` (what ``make demo`` runs; also ``python -m conveyor.demo``): stream a
 dataset 8× larger than the memory limit it sets through a kernel on the default device, check
-it, say how fast it went, write a Chrome trace and a timeline PNG (with matplotlib).
+it, say how fast it went; with ``--trace`` / ``--plot``, write a Chrome trace and a timeline
+PNG (with matplotlib) there. It writes nothing else, and replaces an existing file only with
+``--force``.
 
 Runs on the default device: a CUDA or OpenCL GPU where there is one, PoCL's CPU device
 elsewhere. ``--device SPEC`` picks another; ``--mib`` sets the size of each input.
@@ -33,21 +35,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conveyor.demo", description=__doc__)
     add_options(parser)
     options = parser.parse_args(argv)
+    from conveyor.cli.files import refuse_to_replace
+
+    try:
+        refuse_to_replace([options.trace, options.plot], options.force)
+    except cv.InputError as exc:
+        parser.error(str(exc))
     return run(options.device, options.mib, options.trace, options.plot)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The demo's command-line options (shared with ``conveyor demo``)."""
     parser.add_argument("--device", default=None, help="device spec (default: the best)")
-    parser.add_argument("--mib", type=int, default=256, help="MiB per input (default 256)")
-    parser.add_argument("--trace", default="conveyor-demo.json", help="Chrome trace to write")
-    parser.add_argument("--plot", default="conveyor-demo.png",
-                        help="timeline PNG to write (needs matplotlib: conveyor[plot])")
+    parser.add_argument("--mib", type=int, default=256, metavar="N", help="MiB per input")
+    parser.add_argument("--trace", metavar="JSON", help="write a Chrome trace here")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="write a timeline PNG here (needs matplotlib: conveyor[plot])")
+    parser.add_argument("--force", action="store_true",
+                        help="replace trace and plot files that already exist")
 
 
-def run(device_spec: str | None, mib: int, trace: str, plot: str | None) -> int:
+def run(device_spec: str | None, mib: int, trace: str | None, plot: str | None) -> int:
     """Stream 2 x ``mib`` MiB through saxpy with a memory limit of 1/8 of the data; check the
-    result against NumPy; write the Chrome trace and (with matplotlib) the timeline PNG."""
+    result against NumPy; write the Chrome trace and (with matplotlib) the timeline PNG where
+    ``trace`` and ``plot`` say (None: not at all)."""
     if mib < 1:
         raise cv.InputError(f"--mib {mib}: give at least 1 MiB per input")
     dev = cv.device(device_spec)
@@ -75,7 +86,11 @@ def run(device_spec: str | None, mib: int, trace: str, plot: str | None) -> int:
     print(report)
     print(f"result checked against NumPy: all {rows} elements equal")
     print(f"peak device memory {report.peak_device_bytes / 2**20:.1f} MiB "
-          f"<= limit {memory_limit / 2**20:.0f} MiB; trace written to {trace}")
+          f"<= limit {memory_limit / 2**20:.0f} MiB")
+    if trace:
+        print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+    if not trace and not plot:
+        print("to see the timeline: add --trace demo.json --plot demo.png")
     if plot:
         if importlib.util.find_spec("matplotlib") is None:
             print("no timeline PNG: matplotlib is not installed (pip install 'conveyor[plot]')")

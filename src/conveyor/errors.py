@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ConveyorError(Exception):
     """Base class of every error conveyor raises on purpose."""
@@ -23,16 +25,40 @@ class BackendError(ConveyorError):
 
 
 class CompileError(ConveyorError):
-    """A kernel failed to build. ``log`` holds the compiler's log, with line numbers."""
+    """A kernel failed to build. ``log`` holds the compiler's log, with line numbers.
 
-    def __init__(self, message: str, log: str = "", source: str = "") -> None:
-        super().__init__(message, log, source)
+    ``source_name`` (e.g. the kernel file's path), when set, replaces the compiler's name for
+    the source in the printed log (PoCL's ``.../kcache/tempfile_XXXX.cl``, NVRTC's
+    ``default_program``, NVIDIA OpenCL's ``<kernel>``), so each line points at the user's file.
+    """
+
+    def __init__(self, message: str, log: str = "", source: str = "",
+                 source_name: str = "") -> None:
+        super().__init__(message, log, source, source_name)
         self.message = message
         self.log = log
         self.source = source
+        self.source_name = source_name
 
     def __str__(self) -> str:
-        return f"{self.message}\n{self.log}" if self.log else self.message
+        log = name_source(self.log, self.source_name) if self.source_name else self.log
+        return f"{self.message}\n{log}" if log else self.message
+
+
+# The names compilers give the source they were handed: PoCL writes it to a temporary file
+# (tempfile_XXXX.cl in its kernel cache), NVRTC calls it default_program, NVIDIA's OpenCL
+# <kernel>, AMD's comgr .../CompileSource; each is followed by a line number.
+_COMPILER_SOURCE_NAMES = re.compile(
+    r"(?:[^\s:'\"]*/)?tempfile_\w+\.cl(?=[:(])"
+    r"|\bdefault_program(?=\(\d)"
+    r"|<kernel>(?=:\d)"
+    r"|(?:[^\s:'\"]*/)?CompileSource(?=:\d)"
+)
+
+
+def name_source(log: str, source_name: str) -> str:
+    """``log`` with the compiler's name for the source replaced by ``source_name``."""
+    return _COMPILER_SOURCE_NAMES.sub(lambda _: source_name, log)
 
 
 class OutOfMemoryError(ConveyorError):

@@ -1,0 +1,32 @@
+"""The ``conveyor`` command: devices, map, reduce, demo, bench, cache.
+
+Exit codes: 0 success; 2 bad usage or input (argparse errors, a bare ``conveyor`` or
+``conveyor cache``, and every InputError: the one-line message says what to change, in the
+command's own options); 1 a runtime failure (a kernel that does not build, a driver error);
+130 interrupted (Ctrl-C or SIGTERM, at any point after the interpreter started: while NumPy or a
+driver loads, while devices are found, or mid-stream). A failed or interrupted ``map`` leaves no
+output file behind: outputs are renamed into place only when the whole stream has succeeded.
+
+This module imports nothing but ``sys`` before :func:`main` is inside its ``try``: everything
+heavy loads under the Ctrl-C handler (``import conveyor`` is lazy for the same reason).
+"""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False  # not typing's: see conveyor/__init__.py
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    try:
+        from conveyor.cli.commands import run
+
+        return run(sys.argv[1:] if argv is None else list(argv))
+    except KeyboardInterrupt:
+        # A Ctrl-C before a command started (imports, parsing): nothing was written.
+        print("conveyor: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,7 @@
+"""``python -m conveyor.cli``: the ``conveyor`` command."""
+
+import sys
+
+from conveyor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""Parse the command line, run the sub-command, turn its errors into exit codes and one
+line each (in the command's own terms)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import conveyor
+from conveyor.cli import parser as cli_parser
+from conveyor.cli import words
+from conveyor.errors import CompileError, ConveyorError, InputError
+
+Runner = Callable[[argparse.Namespace], int]
+
+
+def run(argv: Sequence[str]) -> int:
+    """Parse ``argv`` and run its command; return the exit code (see :mod:`conveyor.cli`)."""
+    parser = cli_parser.build(conveyor.__version__)
+    options = parser.parse_args(cli_parser.join_signed_values(argv))
+    if options.command is None:  # a bare "conveyor": the help, as a usage error
+        parser.print_help(sys.stderr)
+        return 2
+    if options.command == "cache" and options.action is None:
+        print(options.usage_help(), file=sys.stderr, end="")
+        return 2
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _runner(options.command)(options)
+    except InputError as exc:
+        _say(options, f"{_one_line(exc)}")
+        return 2
+    except KeyboardInterrupt:
+        _say(options, "interrupted; no output was written" if options.command == "map"
+             else "interrupted")
+        return 130
+    except CompileError as exc:
+        # The log as the compiler wrote it, its lines naming the kernel file.
+        print(f"conveyor {options.command}: {exc}", file=sys.stderr)
+        return 1
+    except ConveyorError as exc:
+        _say(options, str(exc))
+        return 1
+    except OSError as exc:
+        _say(options, f"{exc}: check the path and its permissions")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _runner(command: str) -> Runner:
+    from conveyor.cli import streaming, tools
+
+    runners: dict[str, Runner] = {
+        "devices": tools.run_devices, "map": streaming.run_map,
+        "reduce": streaming.run_reduce, "demo": tools.run_demo, "bench": tools.run_bench,
+        "cache": tools.run_cache,
+    }
+    return runners[command]
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # the same clean-up as Ctrl-C: no partial output stays
+
+
+def _say(options: argparse.Namespace, message: str) -> None:
+    text = words.cli_terms(message, getattr(options, "input_names", ()))
+    print(f"conveyor {options.command}: {text}", file=sys.stderr)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,147 @@
+"""``-i`` inputs of ``conveyor map`` / ``reduce``: files by suffix, ``FILE:COLUMN`` for
+Parquet/Arrow, ``--dtype``/``--shape`` for raw binary, and ``--cast`` as they are read."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+import conveyor as cv
+from conveyor.errors import InputError
+from conveyor.kernels.signature import Param
+from conveyor.pipeline.io import FileRows, Source
+
+TABLE_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
+
+
+class Input:
+    """One ``-i`` argument: its text as given, the file, and the columns it names."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.path = text
+        self.columns: list[str] | None = None
+        head, sep, tail = text.rpartition(":")
+        # FILE:COLUMN only where FILE is a table and the whole text names no file.
+        if (sep and tail and Path(head).suffix.lower() in TABLE_SUFFIXES
+                and not Path(text).exists()):
+            self.path = head
+            self.columns = [c for c in tail.split(",") if c]
+
+    @property
+    def kind(self) -> str:
+        """"npy", "table" or "raw", from the file's suffix."""
+        suffix = Path(self.path).suffix.lower()
+        if suffix == ".npy":
+            return "npy"
+        return "table" if suffix in TABLE_SUFFIXES else "raw"
+
+
+def check_options(inputs: Sequence[Input], options: argparse.Namespace) -> None:
+    """InputError for options that would be ignored: --dtype/--shape with no raw input,
+    --column with no Parquet/Arrow input that takes it, FILE:COLUMN on a non-table file."""
+    for item in inputs:
+        if item.columns is not None and item.kind != "table":
+            raise InputError(f"-i {item.text}: only Parquet/Arrow inputs take :COLUMN")
+    kinds = {item.kind for item in inputs}
+    described = [item.text for item in inputs if item.kind != "raw"]
+    for flag in ("dtype", "shape"):
+        if getattr(options, flag) is not None and "raw" not in kinds:
+            raise InputError(
+                f"--{flag} describes raw binary inputs and no input is raw ({', '.join(described)}"
+                f" carr{'ies' if len(described) == 1 else 'y'} their own): drop --{flag}"
+                + ("; to convert an input's type use --cast DTYPE" if flag == "dtype" else "")
+            )
+    if options.columns and not any(i.kind == "table" and i.columns is None for i in inputs):
+        raise InputError("--column names the column of Parquet/Arrow inputs given without "
+                         ":COLUMN, and there is none: drop --column")
+
+
+def open_input(item: Input, options: argparse.Namespace) -> Source:
+    """The source of one input (checked now: a missing file or column is an InputError)."""
+    if item.kind == "npy":
+        return cv.npy(item.path)
+    if item.kind == "table":
+        names = item.columns or options.columns
+        if not names:
+            raise InputError(f"{item.path}: say which column to read: -i {item.path}:NAME "
+                             f"(or --column NAME)")
+        columns: str | list[str] = names[0] if len(names) == 1 else list(names)
+        if Path(item.path).suffix.lower() in (".parquet", ".pq"):
+            return cv.parquet(item.path, columns)
+        return cv.arrow(item.path, columns)
+    if options.dtype is None:
+        raise InputError(f"{item.path} is not .npy, .parquet or .arrow: for a raw binary file "
+                         f"give --dtype (e.g. float32) and, for N-D data, --shape -1,3")
+    return cv.raw(item.path, _dtype(options.dtype, "--dtype"), _shape(options.shape))
+
+
+def apply_casts(sources: list[Source], inputs: Sequence[Input], params: Sequence[Param],
+                casts: Sequence[str]) -> list[Source]:
+    """``sources`` with each ``--cast [NAME:]DTYPE`` applied; NAME is the kernel parameter
+    that receives the input or the input's ``-i`` text."""
+    result = list(sources)
+    for cast in casts:
+        name, sep, type_text = cast.rpartition(":")
+        dtype = _dtype(type_text, f"--cast {cast}")
+        if not sep:
+            targets = list(range(len(result)))
+        else:
+            targets = [i for i, item in enumerate(inputs)
+                       if name in (item.text, item.path)
+                       or (i < len(params) and params[i].name == name)]
+            if not targets:
+                known = [p.name for p in params[: len(inputs)]] + [i.text for i in inputs]
+                raise InputError(f"--cast {cast}: {name!r} is no input; name one of "
+                                 f"{', '.join(known)}, or give --cast {type_text} for all")
+        for index in targets:
+            if result[index].dtype != dtype:
+                result[index] = CastSource(result[index], dtype)
+    return result
+
+
+class CastSource(Source):
+    """Another source's rows converted to ``dtype`` as they are read (on the stream's own
+    thread: a cast input is read without the parallel file path)."""
+
+    def __init__(self, inner: Source, dtype: np.dtype) -> None:
+        self.inner = inner
+        self.dtype = dtype
+        self.shape = inner.shape
+        self.name = f"{inner.name} as {dtype}"
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of the inner source, converted."""
+        rows = self.inner.rows(lo, hi)
+        if isinstance(rows, FileRows):
+            held = np.empty(rows.shape, self.inner.dtype)
+            rows.read_into(held)
+            return held.astype(self.dtype)
+        return np.asarray(rows).astype(self.dtype)
+
+    def close(self) -> None:
+        """Close the inner source."""
+        self.inner.close()
+
+
+def _dtype(text: str, where: str) -> np.dtype:
+    try:
+        dtype = np.dtype(text)
+    except TypeError as exc:
+        raise InputError(f"{where}: {text!r} is not a NumPy dtype: use e.g. float32") from exc
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise InputError(f"{where}: {dtype} is not a numeric dtype: use e.g. float32")
+    return dtype
+
+
+def _shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
+    except ValueError as exc:
+        raise InputError(f"--shape {text!r}: give integers separated by commas, e.g. -1,3")\
+            from exc

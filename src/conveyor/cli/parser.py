@@ -1,0 +1,181 @@
+"""The ``conveyor`` command's options: every one with help text that states its default."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from typing import Any
+
+_SIZE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+
+# Options whose value may start with "-" (``--shape -1,3``, ``--arg -2.5``): argparse would take
+# "-1,3" for an option, so such a pair is joined into ``--shape=-1,3`` before parsing.
+_SIGNED_VALUE_OPTIONS = ("--shape", "--arg")
+_SIGNED_VALUE = re.compile(r"^-(?:[0-9.]|inf|nan)", re.I)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Appends "(default: X)" to an option's help when it has a default worth stating."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("%(default)" in text or "default:" in text or not action.option_strings
+                or action.default in (None, False, [], argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def build(version: str) -> argparse.ArgumentParser:
+    """The parser of the whole command; each sub-command's ``run`` is set as a default."""
+    parser = argparse.ArgumentParser(
+        prog="conveyor", formatter_class=_Formatter,
+        description="Stream data larger than device memory through GPU kernels.",
+        epilog="Exit codes: 0 done, 2 bad usage or input (nothing written), 1 runtime failure, "
+               "130 interrupted.\n'conveyor COMMAND --help' shows a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"conveyor {version}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    devices = _sub(commands, "devices", "list devices (and measure their link)")
+    devices.add_argument("--measure", action="store_true",
+                         help="measure pinned/pageable copy bandwidth each way and cache it")
+
+    for name, helptext in (("map", "stream files through a kernel into output files"),
+                           ("reduce", "fold a kernel's per-element values over files")):
+        _stream_options(_sub(commands, name, helptext), name)
+
+    demo = _sub(commands, "demo", "stream a dataset 8x the memory limit it sets")
+    from conveyor.demo import add_options
+
+    add_options(demo)
+
+    bench = _sub(commands, "bench", "link bandwidth, and conveyor vs a naive loop")
+    bench.add_argument("--device", metavar="SPEC", help="device spec (default: the best)")
+    bench.add_argument("--mib", type=_positive, default=64, metavar="N", help="MiB per input")
+    bench.add_argument("--runs", type=_positive, default=5, metavar="N",
+                       help="runs of each; the median is reported, with the spread")
+    bench.add_argument("--max-spread", type=float, default=25.0, metavar="PCT",
+                       help="say the machine is too noisy to compare when the runs spread "
+                            "(max - min) / median by this many percent or more")
+
+    cache = _sub(commands, "cache", "the kernel cache: info or clear")
+    cache.add_argument("action", nargs="?", choices=("info", "clear"),
+                       help="info: where it is, entries and size; clear: delete the entries")
+    cache.set_defaults(usage_help=cache.format_help)  # a bare "conveyor cache" prints it
+    return parser
+
+
+def _sub(commands: Any, name: str, helptext: str) -> argparse.ArgumentParser:
+    sub: argparse.ArgumentParser = commands.add_parser(
+        name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".",
+        formatter_class=_Formatter)
+    return sub
+
+
+def _stream_options(sub: argparse.ArgumentParser, name: str) -> None:
+    sub.add_argument("kernel_file", metavar="KERNEL_FILE",
+                     help="OpenCL C (.cl) or CUDA C (.cu) source")
+    sub.add_argument("--kernel", required=True, metavar="NAME", help="kernel to run (required)")
+    sub.add_argument("-i", "--input", action="append", required=True, dest="inputs",
+                     metavar="FILE", help="input file, repeat for more: .npy; .parquet or "
+                     ".arrow/.feather as FILE:COLUMN (FILE:A,B for a 2-D input); anything "
+                     "else is raw binary (give --dtype)")
+    if name == "map":
+        sub.add_argument("-o", "--output", action="append", required=True, dest="outputs",
+                         metavar="FILE.npy", help="output .npy file (repeat for more)")
+        sub.add_argument("--halo", type=_natural, default=0, metavar="H",
+                         help="extra rows before and after each input block")
+        sub.add_argument("--plot", metavar="PNG", help="write a timeline figure "
+                         "(needs matplotlib: pip install 'conveyor[plot]')")
+    else:
+        sub.add_argument("--op", choices=("sum", "min", "max"), default="sum",
+                         help="how to fold the kernel's per-element values")
+    sub.add_argument("--arg", action="append", default=[], dest="args", metavar="VALUE",
+                     help="scalar kernel argument after the buffers (repeat for more)")
+    sub.add_argument("--dtype", help="element type of raw binary inputs, e.g. float32")
+    sub.add_argument("--shape", help="shape of raw binary inputs, e.g. -1,3 (default: 1-D)")
+    sub.add_argument("--column", action="append", default=None, dest="columns", metavar="NAME",
+                     help="Parquet/Arrow column for inputs given without :COLUMN (repeat for "
+                          "a 2-D input)")
+    sub.add_argument("--cast", action="append", default=[], metavar="[NAME:]DTYPE",
+                     help="convert an input to DTYPE as it is read; NAME is the kernel "
+                          "parameter or the -i text (default: every input)")
+    sub.add_argument("--device", metavar="SPEC",
+                     help="device spec: cuda, cuda:1, opencl, opencl:0:1, cpu, gpu "
+                          "(default: $CONVEYOR_DEVICE, else the best)")
+    sub.add_argument("--memory-limit", type=size, metavar="SIZE",
+                     help="device memory the stream may use, e.g. 1GiB, 512MiB (default: half "
+                          "the device's memory)")
+    sub.add_argument("--block-bytes", type=size, metavar="SIZE",
+                     help="bytes of one block of the widest array, e.g. 64MiB (default: from "
+                          "--memory-limit)")
+    sub.add_argument("--depth", type=_positive, default=3, metavar="N",
+                     help="blocks in flight at once")
+    sub.add_argument("--workers", type=_positive, metavar="N",
+                     help="staging threads (default: chosen from the CPU count)")
+    sub.add_argument("--trace", metavar="JSON", help="write a Chrome trace (opens in Perfetto)")
+    sub.add_argument("--force", action="store_true",
+                     help="replace output, trace and plot files that already exist")
+    sub.add_argument("--json", action="store_true",
+                     help="print the result and the report's figures as one JSON object")
+    sub.add_argument("-q", "--quiet", action="store_true",
+                     help="print only the result (reduce: the value; map: nothing)")
+    sub.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bar on stderr (default: only when stderr is a terminal)")
+
+
+def join_signed_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--shape -1,3`` (and ``--arg -2``) written as ``--shape=-1,3``."""
+    joined: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if (token in _SIGNED_VALUE_OPTIONS and i + 1 < len(argv)
+                and _SIGNED_VALUE.match(argv[i + 1])):
+            joined.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        joined.append(token)
+        i += 1
+    return joined
+
+
+def size(text: str) -> int:
+    """A byte count from ``text``: 4096, 1e9, 64K, 64KiB, 512MiB, 1GiB (K = 1000, KiB = 1024)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 1GiB, 512MiB, 1e9")
+    number, unit = match.groups()
+    unit = (unit or "").lower()
+    base = 1024 if "i" in unit else 1000
+    scale = base ** "bkmgt".index(unit[0]) if unit and unit[0] != "b" else 1
+    try:
+        value = int(float(number) * scale)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 1GiB") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least 1 byte")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return value
+
+
+def _natural(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 0")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from exc
+

@@ -1,0 +1,171 @@
+"""``conveyor map`` and ``conveyor reduce``: check cheaply, build the kernel, stream, print.
+
+Output: the report table and what was written (default); only the result (``-q``: reduce's
+value, nothing for map); or one JSON object (``--json``). The progress bar goes to stderr
+only when stderr is a terminal, unless ``--progress``/``--no-progress`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import conveyor as cv
+from conveyor.cli import words
+from conveyor.cli.files import refuse_to_replace
+from conveyor.cli.inputs import Input, apply_casts, check_options, open_input
+from conveyor.errors import CompileError, InputError
+
+KERNEL_SUFFIXES = {".cl": "opencl", ".cu": "cuda"}
+
+
+def run_map(options: argparse.Namespace) -> int:
+    """``conveyor map``: stream the inputs through the kernel into the ``-o`` files."""
+    for path in options.outputs:
+        if Path(path).suffix.lower() != ".npy":
+            raise InputError(f"-o {path}: outputs are .npy files; name it {path}.npy")
+    if options.plot and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib: pip install 'conveyor[plot]'")
+    refuse_to_replace([*options.outputs, options.trace, options.plot], options.force)
+    report = _stream(options, outputs=[cv.npy_out(p) for p in options.outputs])
+    if options.plot:
+        from conveyor.trace.plot import plot_timeline
+
+        plot_timeline(report.timeline, options.plot, title=f"conveyor map {options.kernel}")
+    if options.json:
+        _print_json(options, report, outputs=list(options.outputs))
+    elif not options.quiet:
+        print(report)
+        print(f"wrote {', '.join(options.outputs)}")
+        if options.trace:
+            print(f"trace written to {options.trace}")
+        if options.plot:
+            print(f"timeline written to {options.plot}")
+    return 0
+
+
+def run_reduce(options: argparse.Namespace) -> int:
+    """``conveyor reduce``: fold the kernel's per-element values; print the result."""
+    refuse_to_replace([options.trace], options.force)
+    report = _stream(options, outputs=[], reduce=options.op)
+    if options.json:
+        _print_json(options, report, result=report.result)
+    elif options.quiet:
+        print(_plain(report.result))
+    else:
+        print(report)
+        if options.trace:
+            print(f"trace written to {options.trace}")
+        print(f"{options.op} = {_plain(report.result)}")
+    return 0
+
+
+def _stream(options: argparse.Namespace, outputs: list[Any],
+            reduce: str | None = None) -> cv.Report:
+    """Check everything that can be checked cheaply, then build the kernel and stream."""
+    kernel_path = Path(options.kernel_file)
+    backend = KERNEL_SUFFIXES.get(kernel_path.suffix.lower())
+    if backend is None:
+        raise InputError(f"{kernel_path}: name OpenCL C sources .cl and CUDA C sources .cu")
+    try:
+        source = kernel_path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read kernel file {kernel_path} ({exc.strerror}): "
+                         f"check the path") from exc
+    from conveyor.kernels.signature import parse_params
+
+    parse_params(source, options.kernel)  # a wrong --kernel fails before any file is read
+    inputs = [Input(text) for text in options.inputs]
+    options.input_names = [item.text for item in inputs]  # errors name inputs by these
+    check_options(inputs, options)
+    sources = []
+    try:
+        for item in inputs:
+            sources.append(open_input(item, options))
+        dev = cv.device(options.device)
+        if dev.backend != backend:
+            other = "cuda" if backend == "cuda" else "opencl"
+            raise InputError(
+                f"{kernel_path.name} is {'CUDA' if backend == 'cuda' else 'OpenCL'} C but "
+                f"{dev.spec} is an {dev.backend} device: pass --device {other}, or write the "
+                f"kernel as {'.cl' if dev.backend == 'opencl' else '.cu'}"
+            )
+        try:
+            with words.compiler_output():
+                kernel = dev.compile(source, options.kernel)
+        except CompileError as exc:
+            exc.source_name = str(kernel_path)  # the log points at the user's file
+            raise
+        sources = apply_casts(sources, inputs, kernel.params, options.cast)
+    except BaseException:
+        for opened in sources:
+            opened.close()
+        raise
+    progress = sys.stderr.isatty() and not options.quiet and not options.json
+    return cv.stream(kernel, sources, outputs, device=dev, memory_limit=options.memory_limit,
+                     block_bytes=options.block_bytes, depth=options.depth,
+                     workers=options.workers, halo=getattr(options, "halo", 0), reduce=reduce,
+                     args=[_number(a) for a in options.args],
+                     progress=progress if options.progress is None else options.progress,
+                     trace=options.trace)
+
+
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise InputError(f"--arg {text!r} is not a number: pass scalars like 2 or 2.5") from exc
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy result as plain Python (a number, or nested lists for an array)."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    return value
+
+
+def _print_json(options: argparse.Namespace, report: cv.Report, **extra: Any) -> None:
+    figures: dict[str, Any] = {
+        "command": options.command, "kernel": options.kernel, "device": report.device,
+        **{key: _plain(value) for key, value in extra.items()},
+        "seconds": report.seconds, "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
+        "gbps_in": report.gbps_in, "gbps_out": report.gbps_out, "blocks": report.blocks,
+        "block_rows": report.block_rows, "depth": report.depth,
+        "zero_copy": report.zero_copy, "peak_device_bytes": report.peak_device_bytes,
+    }
+    if report.blocks:
+        figures.update({
+            "overlap": report.overlap, "bound": report.bound,
+            "exposed_transfer_seconds": report.exposed_transfer_seconds,
+            "host_stall_seconds": report.host_stall_seconds,
+            "busy_seconds": report.busy_seconds,
+            "ceiling_ratio_in": report.ceiling_ratio_in,
+            "ceiling_ratio_out": report.ceiling_ratio_out,
+        })
+    if options.trace:
+        figures["trace"] = options.trace
+    if getattr(options, "plot", None):
+        figures["plot"] = options.plot
+    print(json.dumps(_finite(figures)))
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such floats are written as the strings "nan", "inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value

@@ -1,0 +1,153 @@
+"""``conveyor devices``, ``demo``, ``bench`` and ``cache``."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+import conveyor as cv
+from conveyor.cli.files import refuse_to_replace
+from conveyor.errors import ConveyorError
+
+
+def run_devices(options: argparse.Namespace) -> int:
+    """The device table, known misconfigurations, and (``--measure``) link bandwidth."""
+    from conveyor.backends.diagnose import problems
+
+    found = cv.devices()
+    rows = [("SPEC", "BACKEND", "KIND", "MEMORY", "CUS", "SVM", "UNIFIED", "NAME")]
+    for dev in found:
+        rows.append((dev.spec, dev.backend, dev.kind, f"{dev.global_mem_bytes / 2**30:.1f} GiB",
+                     str(dev.compute_units), "yes" if dev.svm else "no",
+                     "yes" if dev.host_unified else "no", dev.name))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if not found:
+        print("no device found: install pocl-binary-distribution, or a GPU driver")
+    for problem in problems(found, probe=True):
+        print(f"note: {problem}")
+    if options.measure:
+        _measure_all(found)
+    return 0
+
+
+def _measure_all(found: list[cv.Device]) -> None:
+    from conveyor.measure import link_bandwidth
+
+    print("\nlink bandwidth, GB/s (best of 3 copies of 64 MiB):")
+    print(f"{'SPEC':<14}{'pinned in':>10}{'pinned out':>11}{'pageable in':>12}"
+          f"{'pageable out':>13}")
+    for dev in found:
+        try:
+            figures = link_bandwidth(dev)
+        except ConveyorError as exc:
+            print(f"{dev.spec:<14}cannot measure: {' '.join(str(exc).split())}")
+            continue
+        print(f"{dev.spec:<14}{figures.pinned_h2d_gbps:>10.2f}{figures.pinned_d2h_gbps:>11.2f}"
+              f"{figures.pageable_h2d_gbps:>12.2f}{figures.pageable_d2h_gbps:>13.2f}")
+        try:
+            from conveyor.trace.ceiling import save_link_ceiling
+
+            where = save_link_ceiling(dev.spec, dev.name, figures.as_dict())
+        except (ImportError, OSError, ConveyorError) as exc:
+            print(f"  (not cached: {' '.join(str(exc).split())})")
+        else:
+            print(f"  cached in {where}")
+
+
+def run_demo(options: argparse.Namespace) -> int:
+    """``conveyor demo``: see :mod:`conveyor.demo`."""
+    from conveyor import demo
+
+    refuse_to_replace([options.trace, options.plot], options.force)
+    return demo.run(options.device, options.mib, options.trace, options.plot)
+
+
+def run_bench(options: argparse.Namespace) -> int:
+    """Link bandwidth, then ``--runs`` runs each of conveyor and a naive blocking loop on
+    saxpy: medians with their spread, and a warning when the spread is too large to compare."""
+    from conveyor.demo import SAXPY
+    from conveyor.measure import link_bandwidth, naive_loop
+
+    dev = cv.device(options.device)
+    print(f"device: {dev.spec} {dev.name} ({dev.kind}, {dev.backend})")
+    link = link_bandwidth(dev)
+    print(f"link, GB/s: pinned in {link.pinned_h2d_gbps:.2f}, out {link.pinned_d2h_gbps:.2f}; "
+          f"pageable in {link.pageable_h2d_gbps:.2f}, out {link.pageable_d2h_gbps:.2f}")
+    rows = options.mib * 2**20 // 4
+    rng = np.random.default_rng(0)
+    x = rng.random(rows, dtype=np.float32)
+    y = rng.random(rows, dtype=np.float32)
+    out = np.zeros_like(x)
+    naive_out = np.zeros_like(x)
+    kernel = dev.compile(SAXPY, "saxpy")
+    fast: list[float] = []
+    slow: list[float] = []
+    block_rows = 0
+    zero_copy = False
+    # One warm-up run of each (pools, queues, first touches), not counted; then alternate, so
+    # a slow spell of the machine hits both.
+    for run in range(options.runs + 1):
+        report = cv.stream(kernel, [x, y], [out], device=dev, args=(2.0,))
+        block_rows, zero_copy = report.block_rows, report.zero_copy
+        naive = naive_loop(dev, kernel, [x, y], naive_out, block_rows, args=(2.0,))
+        if not np.array_equal(out, naive_out):
+            raise ConveyorError("conveyor and the naive loop disagree: please report this")
+        if run:
+            fast.append(report.seconds)
+            slow.append(naive)
+    moved = x.nbytes + y.nbytes + out.nbytes
+    print(f"saxpy, 2 x {options.mib} MiB in, {options.mib} MiB out, blocks of {block_rows} rows; "
+          f"median of {options.runs} run{'s' if options.runs > 1 else ''} (min-max) after a "
+          f"warm-up:")
+    print(f"  conveyor   {_seconds(fast, moved)}{'  (zero-copy)' if zero_copy else ''}")
+    print(f"  naive loop {_seconds(slow, moved)}")
+    ratios = [s / f for f, s in zip(fast, slow, strict=True)]
+    print(f"  conveyor is {statistics.median(ratios):.2f}x the naive loop "
+          f"({min(ratios):.2f}x-{max(ratios):.2f}x); pinned link ceiling "
+          f"{link.pinned_h2d_gbps:.2f} GB/s in")
+    spread = max(_spread(fast), _spread(slow), _spread(ratios))
+    if spread >= options.max_spread:
+        print(f"too noisy to compare: runs spread {spread:.0f}% (max - min over median; "
+              f"--max-spread {options.max_spread:g}); close other programs, or raise --runs "
+              f"or --mib")
+    return 0
+
+
+def _seconds(times: Sequence[float], moved: int) -> str:
+    middle = statistics.median(times)
+    return (f"{middle * 1e3:9.2f} ms  {moved / middle / 1e9:7.2f} GB/s in+out  "
+            f"({min(times) * 1e3:.2f}-{max(times) * 1e3:.2f} ms, spread {_spread(times):.0f}%)")
+
+
+def _spread(values: Sequence[float]) -> float:
+    """(max - min) / median, in percent."""
+    middle = statistics.median(values)
+    return 100.0 * (max(values) - min(values)) / middle if middle > 0 else 0.0
+
+
+def run_cache(options: argparse.Namespace) -> int:
+    """``cache info`` / ``cache clear``; neither creates the cache folder."""
+    from conveyor.kernels.build import default_cache
+
+    cache = default_cache()
+    if cache is None:
+        print("the kernel cache is off (CONVEYOR_NO_CACHE is set)")
+        return 0
+    if not cache.path.exists():  # checked first: asking the cache would create the folder
+        print(f"kernel cache {cache.path}: 0 entries (the folder does not exist yet; the "
+              f"first build makes it)")
+        return 0
+    if options.action == "clear":
+        removed = cache.clear()
+        print(f"removed {removed} entries from {cache.path}")
+        return 0
+    info = cache.info()
+    state = "on" if info.enabled else "off (the directory was refused; see the warning)"
+    print(f"kernel cache {info.path}: {state}, {info.entries} entries, "
+          f"{info.total_bytes / 2**20:.1f} MiB")
+    return 0

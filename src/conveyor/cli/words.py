@@ -1,0 +1,94 @@
+"""The library's advice in the command's terms, and compiler output kept in its place.
+
+conveyor's errors speak Python (``block_bytes=``, ``a.astype(np.float32)``, ``args=``); the
+command prints them with the option that does the same (``--block-bytes``, ``--cast``,
+``--arg``) and names each input by the file it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+
+_Rule = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
+
+_RULES: list[_Rule] = [
+    (re.compile(r"use smaller blocks \(block_bytes=\), a lower depth, or raise memory_limit"),
+     "use smaller blocks (--block-bytes), a lower --depth, or raise --memory-limit"),
+    (re.compile(r"use block_bytes >= (\d+)"), r"use --block-bytes \1 or more"),
+    (re.compile(r"block_bytes=(\d+)"), r"--block-bytes \1"),
+    (re.compile(r"a smaller block_bytes or depth"), "a smaller --block-bytes or --depth"),
+    (re.compile(r"\bblock_bytes\b"), "--block-bytes"),
+    (re.compile(r"\bmemory_limit\b"), "--memory-limit"),
+    (re.compile(r"\bhalo=(\d+)"), r"--halo \1"),
+    (re.compile(r"a smaller halo\b"), "a smaller --halo"),
+    (re.compile(r"^depth must be"), "--depth must be"),
+    (re.compile(r"(\d+) inputs, (\d+) outputs, (\d+) args, then offset and n"),
+     r"\1 inputs (-i), \2 outputs (-o), \3 --arg values, then offset and n"),
+    (re.compile(r"(\d+) inputs, 1 partial buffer, (\d+) args, then offset and n"),
+     r"\1 inputs (-i), 1 buffer for the per-element values, \2 --arg values, then offset "
+     r"and n"),
+    (re.compile(r"from args= or offset/n: list every buffer in inputs= or outputs="),
+     "from --arg or offset/n: give every buffer as -i (or -o)"),
+    (re.compile(r"^args: (.+?) cannot be passed"), r"--arg \1 cannot be passed"),
+    (re.compile(r"stream them as separate inputs"),
+     "give each as its own input: -i FILE:COLUMN"),
+]
+
+_ASTYPE = re.compile(
+    r"kernel parameter '(?P<param>\w+)' is (?P<type>.+?) but input (?P<index>\d+) has dtype "
+    r"(?P<dtype>\w+): pass an array of (?P<want>\w+) \(e\.g\. a\.astype\(np\.\w+\)\)"
+)
+_INPUT_INDEX = re.compile(r"\binput (\d+)\b(?! \()")
+
+# What a compiler prints on its own stderr besides the log conveyor already holds.
+_COMPILER_SUMMARY = re.compile(r"^\d+ (?:errors?|warnings?)( and \d+ warnings?)? generated\.$")
+
+
+def cli_terms(message: str, inputs: Sequence[str] = ()) -> str:
+    """``message`` (one line) in the command's options; ``inputs`` are the ``-i`` texts."""
+    message = _ASTYPE.sub(lambda m: _cast_advice(m, inputs), message)
+    for pattern, replacement in _RULES:
+        message = pattern.sub(replacement, message)
+
+    def name_input(match: re.Match[str]) -> str:
+        index = int(match.group(1))
+        return f"input {index} ({inputs[index]})" if index < len(inputs) else match.group(0)
+
+    return _INPUT_INDEX.sub(name_input, message)
+
+
+def _cast_advice(match: re.Match[str], inputs: Sequence[str]) -> str:
+    index = int(match["index"])
+    where = f" ({inputs[index]})" if index < len(inputs) else ""
+    return (f"kernel parameter '{match['param']}' is {match['type']} but input {index}{where} "
+            f"has dtype {match['dtype']}: add --cast {match['param']}:{match['want']}, or "
+            f"change the kernel's type")
+
+
+@contextlib.contextmanager
+def compiler_output() -> Iterator[None]:
+    """Hold what a compiler writes to the process's stderr (fd 2) while the block runs; then
+    print it, less the "N errors generated." summary lines of a log conveyor prints anyway.
+
+    PoCL's Clang writes such lines straight to fd 2, ahead of the command's own message.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    held = tempfile.TemporaryFile()
+    os.dup2(held.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        held.seek(0)
+        text = held.read().decode(errors="replace")
+        held.close()
+        kept = [line for line in text.splitlines() if not _COMPILER_SUMMARY.match(line.strip())]
+        if any(line.strip() for line in kept):
+            print("\n".join(kept), file=sys.stderr)
