@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from conveyor import config
 from conveyor.errors import InputError
 from conveyor.memory.pool import BlockPool
 
@@ -39,7 +40,7 @@ class PinnedPool(BlockPool["PinnedBuffer"]):
     def __init__(self, device: Device, limit: int | None = None, *, svm: bool = False) -> None:
         allocate = device.alloc_svm if svm else device.alloc_pinned
         where = "shared virtual" if svm else "pinned host"
-        super().__init__(allocate, page_bin, limit=limit, where=where)
+        super().__init__(allocate, page_bin, limit=limit, keep=config.pool_keep(), where=where)
         self.device = device
         self.svm = svm
 
