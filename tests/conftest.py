@@ -54,6 +54,35 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 GPU_DEVICES = [d for d in DEVICES if d.kind == "gpu"]
 
 
+#: Tests that start processes, send signals or run hundreds of streams. With every Hypothesis
+#: test they are marked ``slow`` (pytest_collection_modifyitems below), so a quick run skips
+#: them with ``pytest -m "not slow"``; ``make test`` and CI run everything.
+SLOW_TESTS = frozenset({
+    "test_eight_processes_compile_one_kernel_at_once",
+    "test_a_thousand_streams_keep_held_bytes_flat",
+    "test_a_thousand_streams_leave_no_threads_or_files_open",
+    "test_sigint_at_random_points_leaves_the_process_usable",
+    "test_sigint_mid_stream_cleans_up_and_the_next_stream_is_right",
+    "test_sigint_mid_map_leaves_no_output",
+    "test_demo_runs_green",
+    "test_second_process_hits_the_disk_cache",
+    "test_unchanged_second_run_in_a_new_process_hits",
+    "test_temp_file_of_a_killed_writer_is_ignored",
+    "test_a_second_process_waits_for_the_holder",
+    "test_a_hung_holder_is_given_up_on",
+    "test_a_killed_holder_leaves_no_lock",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the Hypothesis tests and SLOW_TESTS ``slow``."""
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        function = getattr(item, "function", None)
+        if name in SLOW_TESTS or getattr(function, "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=DEVICES, ids=[d.spec for d in DEVICES])
 def device(request: pytest.FixtureRequest) -> cv.Device:
     """Each usable device in turn."""

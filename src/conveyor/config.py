@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from fractions import Fraction
 from pathlib import Path
 
 from conveyor.errors import InputError
@@ -17,12 +18,24 @@ DEVICE_VAR = "CONVEYOR_DEVICE"
 CACHE_DIR_VAR = "CONVEYOR_CACHE_DIR"
 NO_CACHE_VAR = "CONVEYOR_NO_CACHE"
 STRICT_VAR = "CONVEYOR_STRICT"
+#: Most idle bytes each memory pool keeps between streams (a size: 512MiB, 2GiB, 0); unset:
+#: what the last stream used (memory/pool.py).
+POOL_KEEP_VAR = "CONVEYOR_POOL_KEEP"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 #: PyOpenCL appends this variable's words to every build's options (outside conveyor's control):
 #: the kernel cache key must cover it, or a binary built under it is served to runs without it.
 PYOPENCL_BUILD_OPTIONS_VAR = "PYOPENCL_BUILD_OPTIONS"
 # gpu, cpu, cuda, opencl, cuda:N, opencl:P, opencl:P:D (the specs backends.device() takes)
 _DEVICE_SPEC = re.compile(r"(gpu|cpu|cuda|opencl)|cuda:\d+|opencl:\d+(:\d+)?")
+# A size: a number, then optional unit; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024
+# (a bare K/M/G/T is refused: it means either).
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([a-z]*)", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+SIZE_FORMS = "bytes as an int, or a string like '512MiB', '2GiB', '1.5GB' (KiB = 1024, KB = 1000)"
 
 
 def _get(name: str) -> str | None:
@@ -60,6 +73,26 @@ def parse_bool(name: str, value: str | None, default: bool) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise InputError(f"{name}={value!r} is not a boolean: use 1 or 0")
+
+
+def parse_size(name: str, value: str) -> int:
+    """Bytes in a size string such as "512MiB", "1.5GB", "4096" or "1e5"; InputError naming
+    ``name`` for anything else (a bare K/M/G/T, a fraction of a byte, a negative size)."""
+    match = _SIZE.fullmatch(value.strip())
+    unit = match.group(3).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise InputError(f"{name}={value!r} is not a size: use {SIZE_FORMS}")
+    number = Fraction(match.group(1)) * 10 ** int(match.group(2) or 0) * _SIZE_UNITS[unit]
+    if number.denominator != 1:
+        raise InputError(f"{name}={value!r} is not a whole number of bytes: use {SIZE_FORMS}")
+    return int(number)
+
+
+def pool_keep() -> int | None:
+    """Idle bytes a memory pool keeps between streams (``CONVEYOR_POOL_KEEP``, a size), or
+    None when unset: then each pool keeps what the last stream used."""
+    value = _get(POOL_KEEP_VAR)
+    return None if value is None else parse_size(POOL_KEEP_VAR, value)
 
 
 def cache_disabled() -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -176,3 +178,98 @@ def test_register_host_wraps_without_page_locking(ocl):
     with ocl.register_host(array) as registration:
         assert registration.page_locked is False
         assert registration.array is array
+
+
+# -- fork (issue 13, item 3) ----------------------------------------------------------------
+# PoCL's threads do not survive fork(): a child forked after the parent made a context used to
+# hang for ever in its first stream. Every child here runs under a timeout and is killed on
+# expiry, so a regression fails instead of hanging the suite.
+CHILD_SECONDS = 120
+DOUBLE = """
+__kernel void double_it(__global const float *a, __global float *c, ulong offset, ulong n) {
+    size_t i = get_global_id(0);
+    if (i < n) c[i] = 2.0f * a[i];
+}
+"""
+
+
+def _stream_on(spec: str) -> float:
+    """One short stream on the device ``spec``; its output's sum (runs in forked children)."""
+    dev = cv.device(spec)
+    a = np.arange(1000, dtype=np.float32)
+    c = np.zeros_like(a)
+    cv.stream(dev.compile(DOUBLE, "double_it"), [a], [c], device=dev)
+    return float(c.sum())
+
+
+def _stream_or_error(spec: str) -> str:
+    try:
+        return f"ok {_stream_on(spec)}"
+    except cv.BackendError as exc:
+        return f"BackendError {exc}"
+
+
+def test_a_pool_forked_after_a_stream_raises_backend_error_naming_spawn(ocl):
+    import multiprocessing
+
+    assert _stream_on(ocl.spec) == 999 * 1000
+    with multiprocessing.get_context("fork").Pool(1) as workers:
+        pending = workers.apply_async(_stream_or_error, (ocl.spec,))
+        try:
+            answer = pending.get(timeout=CHILD_SECONDS)
+        except multiprocessing.TimeoutError:
+            workers.terminate()
+            pytest.fail("the forked worker's stream hung")
+    assert answer.startswith("BackendError fork:"), answer
+    assert "get_context('spawn')" in answer
+    assert _stream_on(ocl.spec) == 999 * 1000  # the parent goes on working
+
+
+def test_os_fork_after_a_stream_raises_in_the_child_and_never_hangs(ocl):
+    import os
+    import time
+
+    _stream_on(ocl.spec)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running the parent's clean-up
+        try:
+            os.write(write_end, _stream_or_error(ocl.spec).encode()[:4000])
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    deadline = time.monotonic() + CHILD_SECONDS
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's stream hung")
+        time.sleep(0.05)
+    with os.fdopen(read_end, "rb") as reader:
+        answer = reader.read().decode()
+    assert answer.startswith("BackendError fork:"), answer
+
+
+FORK_FIRST = f"""
+import os, sys
+pid = os.fork()  # before any OpenCL context exists, in parent or child
+import numpy as np, conveyor as cv
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_opencl import _stream_on
+print(os.getpid(), _stream_on(sys.argv[1]), flush=True)
+if pid:
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.slow
+def test_a_child_forked_before_any_context_works(ocl):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FORK_FIRST, ocl.spec], capture_output=True,
+                          text=True, timeout=CHILD_SECONDS)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    assert len(lines) == 4 and lines[1] == lines[3] == str(999.0 * 1000), done.stdout

@@ -81,6 +81,45 @@ def test_negative_dimension_raises_input_error(device):
         cv.pinned.empty((4, -1), np.float32, device=device)
 
 
+# Issue 13, item 11: sizes are checked with Python integers. (2**32, 2**32) float32 wrapped to
+# 0 bytes in int64 and failed later as "cannot reshape"; a float or str dimension was a raw
+# TypeError.
+HUGE = (2**32, 2**32)
+SIZE_CHECKED = {
+    "empty": lambda d, shape: cv.pinned.empty(shape, np.float32, device=d),
+    "zeros": lambda d, shape: cv.pinned.zeros(shape, np.float32, device=d),
+    "empty_like": lambda d, shape: cv.pinned.empty_like(_Like(shape), device=d),
+    "zeros_like": lambda d, shape: cv.pinned.zeros_like(_Like(shape), device=d),
+}
+
+
+class _Like:
+    """Something with a shape and a dtype, as empty_like reads them (NumPy cannot make an
+    array this big to pass instead)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.dtype = np.dtype(np.float32)
+
+
+@pytest.mark.parametrize("make", SIZE_CHECKED.values(), ids=SIZE_CHECKED.keys())
+def test_a_shape_too_big_to_address_raises_input_error_naming_its_bytes(device, make):
+    with pytest.raises(cv.InputError, match=r"73786976294838206464 bytes, more than any array"):
+        make(device, HUGE)
+
+
+@pytest.mark.parametrize("make", SIZE_CHECKED.values(), ids=SIZE_CHECKED.keys())
+@pytest.mark.parametrize(
+    ("shape", "phrase"),
+    [((4, -1), "negative dimension in shape"), (2.5, r"shape=2\.5 \(float\): pass an int"),
+     ((3, "4"), "has a dimension that is not an int"), ((2, 2.0), "not an int")],
+    ids=["negative", "float", "str-dim", "float-dim"],
+)
+def test_bad_shapes_raise_input_error(device, make, shape, phrase):
+    with pytest.raises(cv.InputError, match=phrase):
+        make(device, shape)
+
+
 # -- async round trip ----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.uint8, np.complex64])
 @pytest.mark.parametrize("shape", [(1000,), (7, 33), (3, 4, 5)])

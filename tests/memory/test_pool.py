@@ -10,7 +10,13 @@ import pytest
 
 import conveyor as cv
 from conveyor.memory.pinned import page_bin
-from conveyor.memory.pool import BlockPool, device_bin
+from conveyor.memory.pool import (
+    KEEP_FACTOR,
+    STALE_STREAMS,
+    BlockPool,
+    DevicePool,
+    device_bin,
+)
 
 MIB = 1 << 20
 
@@ -233,6 +239,106 @@ def test_trim_returns_the_bytes_it_freed(pool):
     assert pool.trim() == 3 * MIB
     assert pool.stats().held_bytes == 0
     assert pool.trim() == 0
+
+
+# -- the keep budget between streams (issue 13, item 6) ---------------------------------------
+def _stream_of(pool, *sizes):
+    """What a stream does to a pool: acquire its ring, give it back, settle."""
+    blocks = [pool.acquire(nbytes) for nbytes in sizes]
+    for block in blocks:
+        pool.release(block)
+    return pool.settle()
+
+
+def test_settle_keeps_at_most_twice_what_the_largest_recent_stream_used(pool):
+    for mib in range(1, 12):  # eleven streams of eleven lengths: one size class each
+        _stream_of(pool, mib * MIB, mib * MIB)
+        stats = pool.stats()
+        assert stats.keep_bytes == KEEP_FACTOR * 2 * mib * MIB
+        assert stats.held_bytes <= stats.keep_bytes
+    stats = pool.stats()
+    assert stats.held_bytes == (11 + 10) * 2 * MIB  # the last two streams; before: 132 MiB
+    assert stats.trims == 18 and stats.trimmed_bytes == 90 * MIB
+
+
+def test_alternating_streams_keep_finding_their_blocks(pool):
+    for _ in range(6):
+        _stream_of(pool, 4 * MIB)
+        _stream_of(pool, MIB, MIB)
+    stats = pool.stats()
+    assert stats.misses == 3 and stats.trims == 0
+    assert stats.held_bytes == 6 * MIB
+
+
+def test_a_size_class_idle_for_a_while_is_given_back(pool):
+    _stream_of(pool, 8 * MIB)
+    pool.keep = 100 * MIB  # the budget alone would keep it
+    for _ in range(STALE_STREAMS - 1):
+        _stream_of(pool, MIB)
+    assert pool.stats().held_bytes == 9 * MIB  # idle for STALE_STREAMS - 1 streams: kept
+    _stream_of(pool, MIB)
+    stats = pool.stats()
+    assert stats.held_bytes == MIB
+    assert (stats.trims, stats.trimmed_bytes, stats.keep_bytes) == (1, 8 * MIB, 100 * MIB)
+
+
+def test_a_keep_of_zero_holds_nothing_between_streams(pool):
+    pool.keep = 0
+    _stream_of(pool, MIB, 3 * MIB)
+    stats = pool.stats()
+    assert (stats.held_bytes, stats.keep_bytes, stats.trimmed_bytes) == (0, 0, 4 * MIB)
+
+
+def test_settle_leaves_blocks_in_use_alone(pool):
+    kept = pool.acquire(2 * MIB)
+    pool.keep = 0
+    _stream_of(pool, MIB)
+    assert pool.stats().in_use_bytes == 2 * MIB
+    pool.release(kept)
+    assert pool.stats().held_bytes == 2 * MIB  # given back at the next settle
+    pool.settle()
+    assert pool.stats().held_bytes == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1GiB", True])
+def test_keep_must_be_none_or_bytes(pool, bad):
+    with pytest.raises(cv.InputError, match="pool keep"):
+        pool.keep = bad
+
+
+def test_conveyor_pool_keep_sets_every_new_pools_budget(device, monkeypatch):
+    monkeypatch.setenv("CONVEYOR_POOL_KEEP", "3MiB")
+    made = DevicePool(device)
+    try:
+        assert made.keep == 3 * MIB
+        _stream_of(made, 2 * MIB, 2 * MIB)
+        stats = made.stats()
+        assert (stats.held_bytes, stats.keep_bytes) == (2 * MIB, 3 * MIB)
+    finally:
+        made.close()
+    monkeypatch.setenv("CONVEYOR_POOL_KEEP", "lots")
+    with pytest.raises(cv.InputError, match="CONVEYOR_POOL_KEEP='lots' is not a size"):
+        DevicePool(device)
+
+
+def test_a_stream_settles_both_pools(device):
+    a = np.ones(3000, np.float32)
+    c = np.empty_like(a)
+    pools = (device.memory_pool, device.pinned_pool)
+    settled = [pool.stats().trims for pool in pools]
+    keeps = [pool.keep for pool in pools]
+    for pool in pools:
+        pool.keep = 0
+    try:
+        cv.stream(lambda x, y, queue, offset, n: None, [a], [c], device=device,
+                  zero_copy=False, block_bytes=4000)
+        for pool, trims in zip(pools, settled, strict=True):
+            stats = pool.stats()
+            assert (stats.held_bytes, stats.keep_bytes) == (0, 0)
+            assert stats.trims > trims
+    finally:
+        for pool, keep in zip(pools, keeps, strict=True):
+            pool.keep = keep
 
 
 def test_double_release_raises_input_error(pool):

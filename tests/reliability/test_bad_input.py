@@ -289,6 +289,90 @@ def test_0d_output_is_refused(device, monkeypatch):
             [x], [np.array(0.0, np.float32)])
 
 
+# -- wrong-typed parameters (issue 13, item 11) ---------------------------------------------
+# Each was a raw TypeError/AttributeError/ValueError (block_bytes=4096.0: "'float' object has no
+# attribute 'bit_length'"), or worse: a bare array as inputs= streamed each row as an input.
+WRONG_TYPES = {
+    "depth-str": ({"depth": "3"}, r"depth='3' \(a str\) is not a whole number: depth takes "
+                                  r"an int of 1 or more"),
+    "depth-fraction": ({"depth": 2.5}, r"depth=2\.5 is not a whole number"),
+    "depth-bool": ({"depth": True}, r"depth=True is not a whole number"),
+    "depth-zero-float": ({"depth": 0.0}, r"depth must be at least 1, got 0\.0"),
+    "block-bytes-fraction": ({"block_bytes": 4096.5},
+                             r"block_bytes=4096\.5 is not a whole number of bytes: "
+                             r"block_bytes takes None, bytes as an int, or a string like"),
+    "block-bytes-word": ({"block_bytes": "lots"}, r"block_bytes='lots' is not a size"),
+    "halo-fraction": ({"halo": 2.5}, r"halo=2\.5 is not a whole number: halo takes an int"),
+    "workers-negative": ({"workers": -1}, r"workers must be at least 1, got -1: workers takes "
+                                          r"None"),
+    "workers-zero": ({"workers": 0}, r"workers must be at least 1, got 0"),
+    "workers-str": ({"workers": "2"}, r"workers='2' \(a str\) is not a whole number"),
+    "memory-limit-bare-g": ({"memory_limit": "1G"},
+                            r"memory_limit='1G' is not a size: use bytes as an int, or a "
+                            r"string like '512MiB'"),
+    "memory-limit-list": ({"memory_limit": [2**30]},
+                          r"memory_limit=\[1073741824\] \(a list\) is not a whole number"),
+    "memory-limit-nan": ({"memory_limit": float("nan")}, r"memory_limit=nan is not a whole"),
+    "args-object": ({"args": object()}, r"args=<object.*\(a object\): args takes a tuple"),
+}
+
+
+@pytest.mark.parametrize(("options", "phrase"), WRONG_TYPES.values(), ids=WRONG_TYPES.keys())
+def test_wrong_typed_parameters_are_input_errors_naming_them(device, monkeypatch, options,
+                                                             phrase):
+    a, b = data((N,), np.float32, 1), data((N,), np.float32, 2)
+    refuses(device, monkeypatch, phrase, kernel(device, "add"), [a, b],
+            [np.zeros(N, np.float32)], **options)
+
+
+def test_inputs_none_is_an_input_error(device, monkeypatch):
+    refuses(device, monkeypatch, r"inputs=None: inputs takes a list of arrays",
+            kernel(device, "ident"), None, [np.zeros(N, np.float32)])
+
+
+UNAMBIGUOUS = {
+    "integral-floats": {"depth": 3.0, "block_bytes": 4096.0, "halo": 0.0, "workers": 2.0},
+    "numpy-ints": {"depth": np.int64(2), "block_bytes": np.uint32(4096), "workers": np.int8(1)},
+    "exponent-float": {"block_bytes": 1e5},
+    "size-strings": {"block_bytes": "4KiB", "memory_limit": "1GiB"},
+    "size-string-decimal": {"block_bytes": "4.096 kB"},
+}
+
+
+@pytest.mark.parametrize("options", UNAMBIGUOUS.values(), ids=UNAMBIGUOUS.keys())
+def test_unambiguous_forms_are_accepted(device, options):
+    a, b = data((N * 30,), np.float32, 1), data((N * 30,), np.float32, 2)
+    c = np.zeros_like(a)
+    report = cv.stream(kernel(device, "add"), [a, b], [c], device=device, **options)
+    np.testing.assert_array_equal(c, add_reference(a, b))
+    block_bytes = options.get("block_bytes")
+    if block_bytes is not None:
+        expected = {"4KiB": 4096, "4.096 kB": 4096}.get(block_bytes, block_bytes)
+        assert report.block_rows == int(expected) // 4
+
+
+def test_a_bare_input_array_and_output_dtype_are_one_element_lists(device):
+    x = data((N,), np.float32, 3)
+    report = cv.stream(kernel(device, "ident"), x, np.float32, device=device)
+    assert len(report.outputs) == 1
+    np.testing.assert_array_equal(report.outputs[0], x)
+
+
+def test_a_bare_output_array_and_path_input_are_one_element_lists(device, tmp_path):
+    x = data((N, 3), np.float32, 4)
+    np.save(tmp_path / "x.npy", x)
+    y = np.zeros_like(x)
+    cv.stream(kernel(device, "ident"), str(tmp_path / "x.npy"), y, device=device)
+    np.testing.assert_array_equal(y, x)
+
+
+def test_a_bare_scalar_args_is_one_argument(device):
+    x = data((N,), np.float32, 5)
+    y = np.zeros_like(x)
+    cv.stream(kernel(device, "scale"), [x], [y], device=device, args=2.0)
+    np.testing.assert_array_equal(y, x * np.float32(2.0))
+
+
 # -- more than 2^31 elements (GPU) --------
 @pytest.mark.gpu
 @pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])

@@ -73,6 +73,7 @@ BAD_VALUES = {
     "CONVEYOR_CACHE_DIR": ("relative/cache", config.cache_dir, None),
     "CONVEYOR_NO_CACHE": ("maybe", config.cache_disabled, False),
     "CONVEYOR_STRICT": ("2", config.strict_mode, False),
+    "CONVEYOR_POOL_KEEP": ("lots", config.pool_keep, None),
 }
 
 

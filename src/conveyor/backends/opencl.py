@@ -14,6 +14,7 @@ registration reports this as ``page_locked = False``.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -77,6 +78,7 @@ class Event(base.Event):
         self.cl_event = cl_event
 
     def wait(self) -> None:
+        _check_not_forked()
         try:
             self.cl_event.wait()
         except cl.Error as exc:
@@ -136,7 +138,7 @@ class PinnedBuffer(base.PinnedBuffer):
             return
         mapping = self.array.base
         self.array = np.empty(0, np.uint8)
-        if isinstance(mapping, cl.MemoryMap):
+        if isinstance(mapping, cl.MemoryMap) and not _forked:  # the wait would hang there
             mapping.release(self._queue).wait()
         self.cl_buffer.release()
         self.cl_buffer = None
@@ -206,6 +208,7 @@ class Queue(base.Queue):
     """An in-order ``cl.CommandQueue`` with profiling enabled."""
 
     def __init__(self, device: Device) -> None:
+        _check_not_forked()
         self.device = device
         try:
             self.cl_queue: cl.CommandQueue | None = cl.CommandQueue(
@@ -222,6 +225,7 @@ class Queue(base.Queue):
 
     @property
     def _q(self) -> cl.CommandQueue:
+        _check_not_forked()
         if self.cl_queue is None:
             raise BackendError("the queue is closed", call="enqueue")
         return self.cl_queue
@@ -305,9 +309,9 @@ class Queue(base.Queue):
             raise _backend_error(exc, "clFinish") from exc
 
     def close(self) -> None:
-        if self.cl_queue is not None:
+        if self.cl_queue is not None and not _forked:  # finish() would hang in a forked child
             self.cl_queue.finish()
-            self.cl_queue = None
+        self.cl_queue = None
 
 
 def _is_pinned(array: np.ndarray) -> bool:
@@ -378,8 +382,10 @@ class Device(base.Device):
             driver_version=str(cl_device.driver_version),
             platform=cl_device.platform.name.strip(),
         )
+        _check_not_forked()
         super().__init__(info)
         self.cl_device = cl_device
+        _install_fork_hook()  # from the first context on, a forked child cannot use OpenCL
         try:
             self.context = cl.Context([cl_device])
             self._host_queue = cl.CommandQueue(self.context, cl_device)
@@ -390,6 +396,7 @@ class Device(base.Device):
         return Queue(self)
 
     def alloc_device(self, nbytes: int) -> DeviceBuffer:
+        _check_not_forked()
         if nbytes > self.max_alloc_bytes:
             raise InputError(
                 f"{nbytes} bytes is more than {self.name}'s largest allocation "
@@ -408,6 +415,7 @@ class Device(base.Device):
         return DeviceBuffer(buf, nbytes)
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
+        _check_not_forked()
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
         try:
             buf = cl.Buffer(self.context, flags, nbytes)
@@ -423,6 +431,7 @@ class Device(base.Device):
 
     def alloc_svm(self, nbytes: int) -> SvmBuffer:
         """Fine-grained SVM host memory; BackendError where the device has none."""
+        _check_not_forked()
         if not self.fine_grain_svm:
             raise BackendError(
                 f"{self.name} has no fine-grained SVM: use conveyor.pinned.empty instead",
@@ -445,6 +454,7 @@ class Device(base.Device):
         return SvmBuffer(array)
 
     def register_host(self, array: np.ndarray) -> Registration:
+        _check_not_forked()
         access = cl.mem_flags.READ_WRITE if array.flags.writeable else cl.mem_flags.READ_ONLY
         flags = access | cl.mem_flags.USE_HOST_PTR
         try:
@@ -454,6 +464,7 @@ class Device(base.Device):
         return Registration(array, buf)
 
     def user_event(self) -> UserEvent:
+        _check_not_forked()
         return UserEvent(cl.UserEvent(self.context))
 
     def compiler_identity(self) -> str:
@@ -477,6 +488,7 @@ class Device(base.Device):
         return macros
 
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:
+        _check_not_forked()
         # cache_dir=False below: PyOpenCL's own build cache stores pickles on some platforms;
         # conveyor keeps its own cache, which holds no pickle.
         program = cl.Program(self.context, source)
@@ -494,6 +506,7 @@ class Device(base.Device):
 
     def load_kernel(self, binary: bytes, name: str, options: Sequence[str],
                     params: Sequence[Param]) -> Kernel:
+        _check_not_forked()
         try:
             program = cl.Program(self.context, [self.cl_device], [binary])
             program.build(options=_with_arg_info(options), devices=[self.cl_device],
@@ -515,7 +528,8 @@ class Device(base.Device):
         return cl_array.Array(queue._q, shape, dtype, data=_cl_buf(buf))
 
     def _release(self) -> None:
-        self._host_queue.finish()
+        if not _forked:  # finish() would hang in a forked child
+            self._host_queue.finish()
 
 
 ARG_INFO_OPTION = "-cl-kernel-arg-info"
@@ -574,8 +588,44 @@ def _build_log(program: cl.Program, device: cl.Device) -> str:
         return ""
 
 
+# PoCL (and other drivers) keep threads and state that do not survive fork(): a child forked
+# after the parent made an OpenCL context hangs in its first wait (the clock anchor of its
+# first stream) or gets undefined behaviour. Mark such a child and say what to do instead. A
+# child forked before any context exists is unaffected (the hook is installed with the first).
+_forked = False
+_fork_hook_installed = False
+_fork_lock = threading.Lock()
+_FORK_MESSAGE = (
+    "this process was forked after conveyor's OpenCL backend made a context in its parent, "
+    "and OpenCL cannot be used in a forked child (it would hang): start worker processes with "
+    "multiprocessing.get_context('spawn') (or 'forkserver') instead of fork, or fork before "
+    "the parent first uses conveyor"
+)
+
+
+def _mark_forked_child() -> None:
+    global _forked
+    _forked = True
+
+
+def _install_fork_hook() -> None:
+    global _fork_hook_installed
+    with _fork_lock:
+        if not _fork_hook_installed:
+            os.register_at_fork(after_in_child=_mark_forked_child)
+            _fork_hook_installed = True
+
+
+def _check_not_forked() -> None:
+    """BackendError in a child forked after this process's parent used OpenCL."""
+    if _forked:
+        raise BackendError(_FORK_MESSAGE, call="fork", code="INVALID_CONTEXT")
+
+
 def discover() -> list[Device]:
-    """Every OpenCL device on every platform, in platform then device order."""
+    """Every OpenCL device on every platform, in platform then device order; BackendError in
+    a child forked after its parent used OpenCL."""
+    _check_not_forked()
     try:
         platforms = cl.get_platforms()
     except cl.Error:

@@ -12,6 +12,8 @@ Pinned pools use exact-size classes (rounded up to whole 4 KiB pages), not power
 from __future__ import annotations
 
 import contextlib
+import math
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from conveyor import config
 from conveyor.errors import InputError
 from conveyor.memory.pool import BlockPool
 
@@ -39,7 +42,7 @@ class PinnedPool(BlockPool["PinnedBuffer"]):
     def __init__(self, device: Device, limit: int | None = None, *, svm: bool = False) -> None:
         allocate = device.alloc_svm if svm else device.alloc_pinned
         where = "shared virtual" if svm else "pinned host"
-        super().__init__(allocate, page_bin, limit=limit, where=where)
+        super().__init__(allocate, page_bin, limit=limit, keep=config.pool_keep(), where=where)
         self.device = device
         self.svm = svm
 
@@ -139,20 +142,45 @@ def empty(
     """A new uninitialised C-ordered array in pinned memory (or fine-grained SVM with
     ``svm=True``; BackendError where the device has none). OutOfMemoryError if it cannot be had.
     """
-    dev = _resolve(device)
     dt = np.dtype(dtype)
     if dt.hasobject:
         raise InputError(f"pinned arrays cannot hold Python objects (dtype {dt})")
-    shape_tuple = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
-    if any(int(s) < 0 for s in shape_tuple):
-        raise InputError(f"negative dimension in shape {shape_tuple}")
-    count = int(np.prod(shape_tuple, dtype=np.int64))
-    nbytes = count * dt.itemsize
+    shape_tuple = _shape(shape)
+    # Python integers: an int64 product wraps ((2**32, 2**32) of float32 came out as 0 bytes).
+    nbytes = math.prod(shape_tuple) * dt.itemsize
+    if nbytes > sys.maxsize:
+        raise InputError(
+            f"shape {shape_tuple} of {dt} is {nbytes} bytes, more than any array can address "
+            f"({sys.maxsize} bytes): use a smaller shape"
+        )
+    dev = _resolve(device)
     pool = svm_pool(dev) if svm else dev.pinned_pool
     block = pool.acquire(max(nbytes, 1))
     holder = PinnedOwner(pool, block, nbytes)
     raw = np.asarray(holder)
     return raw.view(dt).reshape(shape_tuple)
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    """``shape`` as a tuple of Python ints of 0 or more; InputError for anything else."""
+    dims = (shape,) if _is_count(shape) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise InputError(
+            f"shape={shape!r} ({type(shape).__name__}): pass an int or a tuple of ints"
+        ) from None
+    if not all(_is_count(d) for d in dims):
+        raise InputError(f"shape {dims!r} has a dimension that is not an int: pass ints, "
+                         f"e.g. (1000, 3)")
+    ints = tuple(int(d) for d in dims)
+    if any(d < 0 for d in ints):
+        raise InputError(f"negative dimension in shape {ints}: dimensions are 0 or more")
+    return ints
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
 def zeros(

@@ -5,17 +5,27 @@ once ``event`` has completed, so no queued command can still be reading or writi
 allocation fails (or would pass the limit) the pool climbs a ladder: free the idle blocks it
 holds, wait for fenced blocks and free them, collect garbage (which returns the blocks of
 dropped pinned arrays), retry, and only then raise :class:`OutOfMemoryError`.
+
+Between streams a pool keeps a budget of idle blocks, not everything it ever held: when a
+stream ends, the engine calls :meth:`BlockPool.settle`, which gives back blocks of size classes
+idle for ``STALE_STREAMS`` streams, then the least recently used idle blocks until the idle
+bytes fit the keep budget: ``pool.keep`` (default ``CONVEYOR_POOL_KEEP``) or, when that is
+None, ``KEEP_FACTOR`` times the most bytes in use at once during any of the last
+``STALE_STREAMS`` streams (twice what the largest recent ring used, so two kinds of streams
+taking turns both keep their blocks). So streams of ever-changing lengths no longer pile up one
+set of size classes each.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from conveyor import hazards
+from conveyor import config, hazards
 from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
 
 if TYPE_CHECKING:
@@ -43,6 +53,20 @@ class PoolStats:
     misses: int
     blocks_in_use: int
     limit: int | None
+    #: Most idle bytes kept between streams: ``pool.keep`` when set, else ``KEEP_FACTOR`` times
+    #: the most bytes in use at once during the last ``STALE_STREAMS`` streams; None until a
+    #: stream has ended.
+    keep_bytes: int | None = None
+    #: Blocks (and their bytes) given back by settle() and trim() so far.
+    trims: int = 0
+    trimmed_bytes: int = 0
+
+
+#: A size class no stream has acquired or released for this many streams is given back; the
+#: default keep budget looks back as many streams.
+STALE_STREAMS = 8
+#: The default keep budget is this many times the largest recent stream's bytes in use.
+KEEP_FACTOR = 2
 
 
 def device_bin(nbytes: int) -> int:
@@ -69,6 +93,7 @@ class BlockPool(Generic[B]):
         bin_size: Callable[[int], int],
         *,
         limit: int | None = None,
+        keep: int | None = None,
         where: str = "device",
     ) -> None:
         self.allocate = allocate
@@ -87,6 +112,15 @@ class BlockPool(Generic[B]):
         self._misses = 0
         self._limit: int | None = None
         self.limit = limit
+        self._keep: int | None = None
+        self.keep = keep
+        self._streams = 0  # settle() calls: the pool's clock for "not used for a while"
+        self._last_used: dict[int, int] = {}  # size class -> stream count at its last use
+        self._stream_peak = 0  # most bytes in use since the last settle()
+        self._recent_peaks: deque[int] = deque(maxlen=STALE_STREAMS)
+        self._keep_bytes: int | None = None
+        self._trims = 0
+        self._trimmed_bytes = 0
 
     # -- configuration --------------------------------------------------------------------
     @property
@@ -99,6 +133,19 @@ class BlockPool(Generic[B]):
         if value is not None and value <= 0:
             raise InputError(f"pool limit must be a positive number of bytes, got {value}")
         self._limit = value
+
+    @property
+    def keep(self) -> int | None:
+        """Most idle bytes kept between streams, or None: ``KEEP_FACTOR`` times the most any
+        of the last ``STALE_STREAMS`` streams had in use at once."""
+        return self._keep
+
+    @keep.setter
+    def keep(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise InputError(f"pool keep must be None or 0 or more bytes (an int), got {value!r}")
+        self._keep = value
 
     def bin_size(self, nbytes: int) -> int:
         """The size class (bytes actually held) for a request of ``nbytes``."""
@@ -129,6 +176,7 @@ class BlockPool(Generic[B]):
             if self._in_use.pop(id(block), None) is None:
                 raise InputError("block released twice, or to a pool it did not come from")
             self._in_use_bytes -= size
+            self._last_used[size] = self._streams
             if after is not None and not after.is_done():
                 self._pending.append((after, block))
                 self._pending_bytes += size
@@ -144,7 +192,49 @@ class BlockPool(Generic[B]):
             self._free.clear()
             freed = self._held_bytes
             self._held_bytes = 0
+        with self._lock:
+            self._trims += len(blocks)
+            self._trimmed_bytes += freed
         for block in blocks:
+            block.close()
+        return freed
+
+    def settle(self) -> int:
+        """A stream has ended: give back idle blocks of classes unused for ``STALE_STREAMS``
+        streams, then the least recently used ones until the idle bytes fit the keep budget
+        (``keep``, else ``KEEP_FACTOR`` times the most bytes in use at once during the last
+        ``STALE_STREAMS`` streams). Returns the bytes freed.
+        """
+        with self._lock:
+            self._collect_done()
+            self._streams += 1
+            self._recent_peaks.append(self._stream_peak)
+            budget = self._keep
+            if budget is None:
+                budget = KEEP_FACTOR * max(self._recent_peaks)
+            self._keep_bytes = budget
+            self._stream_peak = self._in_use_bytes
+            newest_first = sorted(self._free, key=lambda s: (self._last_used.get(s, 0), s),
+                                  reverse=True)
+            doomed: list[B] = []
+            kept = 0
+            for size in newest_first:
+                blocks = self._free[size]
+                stale = self._streams - self._last_used.get(size, 0) > STALE_STREAMS
+                fit = 0 if stale else min(len(blocks), max(budget - kept, 0) // size)
+                kept += fit * size
+                doomed.extend(blocks[fit:])
+                del blocks[fit:]
+                if not blocks:
+                    del self._free[size]
+            freed = sum(block.nbytes for block in doomed)
+            self._held_bytes -= freed
+            self._trims += len(doomed)
+            self._trimmed_bytes += freed
+            # Forget classes with nothing idle; a block in use sets its class again on release.
+            for size in [s for s in self._last_used if s not in self._free]:
+                del self._last_used[size]
+        for block in doomed:
             block.close()
         return freed
 
@@ -161,6 +251,9 @@ class BlockPool(Generic[B]):
                 misses=self._misses,
                 blocks_in_use=len(self._in_use),
                 limit=self._limit,
+                keep_bytes=self._keep if self._keep is not None else self._keep_bytes,
+                trims=self._trims,
+                trimmed_bytes=self._trimmed_bytes,
             )
 
     def reset_peak(self) -> None:
@@ -178,6 +271,8 @@ class BlockPool(Generic[B]):
         self._in_use[id(block)] = block
         self._in_use_bytes += size
         self._peak = max(self._peak, self._in_use_bytes)
+        self._stream_peak = max(self._stream_peak, self._in_use_bytes)
+        self._last_used[size] = self._streams
         return block
 
     def _collect_done(self) -> None:
@@ -253,5 +348,6 @@ class DevicePool(BlockPool["DeviceBuffer"]):
     """The device's memory pool: ``device.memory_pool``."""
 
     def __init__(self, device: Device, limit: int | None = None) -> None:
-        super().__init__(device.alloc_device, device_bin, limit=limit, where="device")
+        super().__init__(device.alloc_device, device_bin, limit=limit, keep=config.pool_keep(),
+                         where="device")
         self.device = device

@@ -562,6 +562,10 @@ class Engine(Closeable):
                 if pin is not None:
                     pin_pool.release(pin)
         self.slots, self.ring_in, self.ring_out, self.edges = [], [], [], []
+        # The stream is over: keep only the pools' keep budget of idle blocks (memory/pool.py),
+        # so streams of changing lengths do not pile up size classes.
+        pool.settle()
+        pin_pool.settle()
         for queue in self.queues:
             try:
                 queue.close()

@@ -15,6 +15,7 @@ from conveyor.pipeline import reduce as reducing
 from conveyor.pipeline import validate
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
+from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
 from conveyor.pipeline.plan import make_plan
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
@@ -27,8 +28,8 @@ def stream(
     *,
     device: Device | None = None,
     depth: int = 3,
-    block_bytes: int | None = None,
-    memory_limit: int | None = None,
+    block_bytes: int | str | None = None,
+    memory_limit: int | str | None = None,
     halo: int = 0,
     reduce: str | Callable[[Any, Any], Any] | None = None,
     args: Sequence[Any] = (),
@@ -89,6 +90,10 @@ def stream(
     pool allocation after the ring was built, a kernel build or load after the first block.
     Without it each such hazard warns once per process (``conveyor.hazards``).
 
+    ``inputs`` and ``outputs`` may also be one array, path or dtype alone; counts and sizes may
+    be integral floats, and sizes strings like ``"512MiB"`` or ``"1.5GB"``
+    (``conveyor.pipeline.options``).
+
     Raises InputError (before any work) for arguments that cannot work; the first failure of a
     kernel, callable or staging copy is raised as is, after everything in flight has finished
     and every buffer has gone back to its pool.
@@ -96,6 +101,9 @@ def stream(
     from conveyor.backends import device as default_device
     from conveyor.kernels.build import KernelFuture
 
+    opts = StreamOptions.parse(depth=depth, block_bytes=block_bytes, memory_limit=memory_limit,
+                               halo=halo, workers=workers, args=args)
+    inputs, outputs = as_inputs(inputs), as_outputs(outputs)
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
     dev = device if device is not None else default_device()
@@ -117,8 +125,9 @@ def stream(
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
-        report = _run(compute, sources, sinks, dev, depth, block_bytes, memory_limit, halo,
-                      reduce, args, progress, zero_copy, workers, use_strict)
+        report = _run(compute, sources, sinks, dev, opts.depth, opts.block_bytes,
+                      opts.memory_limit, opts.halo, reduce, opts.args, progress, zero_copy,
+                      opts.workers, use_strict)
     except BaseException:
         for sink in sinks:
             sink.abort()

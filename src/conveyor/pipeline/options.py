@@ -1,0 +1,131 @@
+"""A stream's options, checked and normalised once at the top of ``cv.stream``.
+
+What is unambiguous is accepted: an integral float for a count or a size (``depth=3.0``,
+``block_bytes=1e5``), a size string with a unit (``memory_limit="1GiB"``), one bare array,
+path or dtype where a list of inputs or outputs is expected. Everything else is an
+:class:`InputError` naming the parameter, what was given and what is accepted, raised before
+any work.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from conveyor import config
+from conveyor.errors import InputError
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """The numeric options of one stream, as plain Python values."""
+
+    depth: int = 3
+    block_bytes: int | None = None
+    memory_limit: int | None = None
+    halo: int = 0
+    workers: int | None = None
+    args: tuple[Any, ...] = ()
+
+    @classmethod
+    def parse(cls, *, depth: Any = 3, block_bytes: Any = None, memory_limit: Any = None,
+              halo: Any = 0, workers: Any = None, args: Any = ()) -> StreamOptions:
+        """Check and normalise the options as ``cv.stream`` received them; InputError for
+        anything that cannot be meant as one value."""
+        return cls(
+            depth=count("depth", depth, 1, "at least 1",
+                        "an int of 1 or more (blocks in flight), e.g. depth=3"),
+            block_bytes=size("block_bytes", block_bytes),
+            memory_limit=size("memory_limit", memory_limit),
+            halo=count("halo", halo, 0, "0 or more rows",
+                       "an int of 0 or more (rows each side of a block)"),
+            workers=None if workers is None else count(
+                "workers", workers, 1, "at least 1",
+                "None (the default number) or an int of 1 or more (staging threads)"),
+            args=_args(args),
+        )
+
+
+def count(name: str, value: Any, minimum: int, must: str, accepted: str) -> int:
+    """``value`` as an int of at least ``minimum``: an int, a NumPy integer or an integral
+    float; InputError (naming ``name``, saying it ``must`` be so and what it ``accepted``)
+    for anything else."""
+    number = _whole(value)
+    if number is None:
+        raise InputError(f"{name}={value!r}{_kind(value)} is not a whole number: {name} takes "
+                         f"{accepted}")
+    if number < minimum:
+        raise InputError(f"{name} must be {must}, got {value!r}: {name} takes {accepted}")
+    return number
+
+
+def size(name: str, value: Any) -> int | None:
+    """``value`` as bytes (an int), or None: an int, an integral float (``1e5``) or a size
+    string (``"512MiB"``, ``"1.5GB"``); InputError (naming ``name``) for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return config.parse_size(name, value)
+    number = _whole(value)
+    if number is None:
+        raise InputError(f"{name}={value!r}{_kind(value)} is not a whole number of bytes: "
+                         f"{name} takes None, {config.SIZE_FORMS}")
+    return number
+
+
+def _whole(value: Any) -> int | None:
+    """An int for an int, a NumPy integer or an integral finite float; None otherwise (bools
+    too: ``depth=True`` is a mistake, not 1)."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        as_float = float(value)
+        if math.isfinite(as_float) and as_float.is_integer():
+            return int(as_float)
+    return None
+
+
+def _kind(value: Any) -> str:
+    """`` (a str)`` for values whose repr does not show their type."""
+    if isinstance(value, int | float):
+        return ""
+    return f" (a {type(value).__name__})"
+
+
+def _args(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return tuple(value)
+    if isinstance(value, numbers.Number | np.generic):
+        return (value,)  # one scalar argument
+    raise InputError(f"args={value!r}{_kind(value)}: args takes a tuple of scalar kernel "
+                     f"arguments, e.g. args=(2.0, 7)")
+
+
+def as_inputs(value: Any) -> list[Any]:
+    """``inputs`` as a list: a list or tuple as given; one array, path or source alone is a
+    list of one."""
+    if value is None:
+        raise InputError("inputs=None: inputs takes a list of arrays or files, e.g. [a, b]")
+    return _as_list(value)
+
+
+def as_outputs(value: Any) -> list[Any]:
+    """``outputs`` as a list: None is no outputs; one array, path, sink or dtype alone is a
+    list of one."""
+    return [] if value is None else _as_list(value)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, str | bytes | os.PathLike | np.ndarray):
+        return [value]
+    if isinstance(value, Sequence):
+        return list(value)
+    return [value]
