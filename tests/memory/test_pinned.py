@@ -193,8 +193,11 @@ def test_return_of_a_dropped_array_is_fenced_by_record_use(device):
         del other
     finally:
         gate.set_complete()
-    again = cv.pinned.empty((_odd_nbytes(),), np.uint8, device=device)
-    assert pinned.owner(again).block is block
+    # Once the gate is done the block is free again (which of the two free blocks comes first
+    # differs between backends: the other array's release may carry an event of its own).
+    assert pool.stats().pending_bytes == 0
+    again = [cv.pinned.empty((_odd_nbytes(),), np.uint8, device=device) for _ in range(2)]
+    assert any(pinned.owner(a).block is block for a in again)
     del again
 
 
