@@ -36,7 +36,8 @@ class CompileError(ConveyorError):
                  source_name: str = "") -> None:
         super().__init__(message, log, source, source_name)
         self.message = message
-        self.log = log
+        # NVRTC's log ends in the C string's NUL: no terminal should print it.
+        self.log = log.replace("\0", "").rstrip()
         self.source = source
         self.source_name = source_name
 
@@ -47,10 +48,12 @@ class CompileError(ConveyorError):
 
 # The names compilers give the source they were handed: PoCL writes it to a temporary file
 # (tempfile_XXXX.cl in its kernel cache), NVRTC calls it default_program, NVIDIA's OpenCL
-# <kernel>, AMD's comgr .../CompileSource; each is followed by a line number.
+# <kernel>, AMD's comgr .../CompileSource; each is followed by a line number (NVRTC's summary
+# line also quotes it: 'in the compilation of "default_program"').
 _COMPILER_SOURCE_NAMES = re.compile(
     r"(?:[^\s:'\"]*/)?tempfile_\w+\.cl(?=[:(])"
     r"|\bdefault_program(?=\(\d)"
+    r'|(?<=")default_program(?=")'
     r"|<kernel>(?=:\d)"
     r"|(?:[^\s:'\"]*/)?CompileSource(?=:\d)"
 )

@@ -193,6 +193,7 @@ def test_return_of_a_dropped_array_is_fenced_by_record_use(device):
         del other
     finally:
         gate.set_complete()
+    gate.wait()  # on CUDA the gate's event completes on the device a moment after set_complete
     # Once the gate is done the block is free again (which of the two free blocks comes first
     # differs between backends: the other array's release may carry an event of its own).
     assert pool.stats().pending_bytes == 0
