@@ -10,7 +10,7 @@ import numpy as np
 from conveyor import config
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
-from conveyor.pipeline import validate
+from conveyor.pipeline import overlap, validate
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.plan import make_plan
@@ -144,6 +144,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
         )
     elif reduce is not None and not callable(reduce) and reduce not in ("sum", "min", "max"):
         raise InputError(f"reduce={reduce!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+    in_place = overlap.in_place_inputs(sources, sinks)
     plan = make_plan(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -165,7 +166,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
     engine = Engine(
         dev, plan, compute, sources, sinks,
         args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
-        workers=workers, progress=progress, strict=strict,
+        workers=workers, progress=progress, strict=strict, in_place=in_place,
     )
     report = engine.run()
     for sink in sinks:
