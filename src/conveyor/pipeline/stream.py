@@ -51,7 +51,9 @@ def stream(
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,
-    found in ``report.outputs``.
+    found in ``report.outputs``. An output may be an input itself (in place: NumPy's answer,
+    halo included); an output that overlaps an input in any other way is an InputError
+    (pipeline/overlap.py).
 
     Inputs may also be files: a path to a ``.npy`` file, ``cv.npy(path)``, ``cv.raw(path,
     dtype, shape)``, ``cv.parquet(path, column)``, ``cv.arrow(path, column)``, or
