@@ -444,7 +444,8 @@ class Engine(Closeable):
                 continue
             assert src is not None  # only pinned arrays are copied from directly
             if h:
-                pieces = self._direct_halo_pieces(i, src, block)
+                assert self.halo_rows is not None  # made in _build for pinned inputs with halo
+                pieces = self.halo_rows.direct_pieces(i, src, block, row_bytes)
             else:
                 pieces = [(0, src[block.start : block.stop])]
             for offset, part in pieces:
@@ -452,30 +453,6 @@ class Engine(Closeable):
                 events.append(event)
                 self.records.append(("copy-in", block.index, event, part.nbytes))
         return events
-
-    def _direct_halo_pieces(self, i: int, src: np.ndarray, block: Block
-                            ) -> list[tuple[int, np.ndarray]]:
-        """(byte offset in the slot, pinned rows) that fill input ``i``'s slot with halo: the
-        block's rows, the saved rows before it (in place), one copy per end for pad rows."""
-        assert self.halo_rows is not None  # made in _build for every pinned input with halo
-        h = self.plan.halo
-        row_bytes = self.in_row_bytes[i]
-        lo, hi, before = self._halo_range(block)
-        pads = self.halo_rows.pads(i)
-        assert pads is not None
-        pieces: list[tuple[int, np.ndarray]] = []
-        if before:
-            pieces.append((0, pads[0][:before]))
-        saved = self.halo_rows.before(i, block)
-        if saved is not None:  # in place: rows the block before writes back (before is 0)
-            pieces.append((0, saved))
-            lo = block.start
-            before = h
-        pieces.append((before * row_bytes, src[lo:hi]))
-        after = block.rows + 2 * h - before - (hi - lo)
-        if after:
-            pieces.append(((before + hi - lo) * row_bytes, pads[1][:after]))
-        return pieces
 
     def _copy_in_placed(self, slot: Slot, block: Block, placed: Placed) -> list[Event]:
         """Copy-in of a block page-locked in place: its whole pages straight from the

@@ -38,7 +38,7 @@ class HaloRows(Closeable):
         self._pinned: list[PinnedBuffer] = []
         self._pads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._saved: dict[int, np.ndarray] = {}
-        h = plan.halo
+        self._halo = h = plan.halo
         try:
             for i, source in enumerate(sources):
                 row_shape = source.shape[1:]
@@ -76,6 +76,28 @@ class HaloRows(Closeable):
         if saved is None or block.index == 0:
             return None
         return saved[block.index - 1]
+
+    def direct_pieces(self, i: int, src: np.ndarray, block: Block, row_bytes: int
+                      ) -> list[tuple[int, np.ndarray]]:
+        """(byte offset in the slot, pinned rows) that fill pinned input ``i``'s slot for
+        ``block``: the pad rows (one copy per end), the saved rows before the block (in
+        place), and the rows of ``src`` itself."""
+        h, rows = self._halo, len(src)
+        lo, hi = max(block.start - h, 0), min(block.stop + h, rows)
+        before = lo - (block.start - h)  # pad rows before the first row
+        front, back = self._pads[i]
+        pieces: list[tuple[int, np.ndarray]] = []
+        if before:
+            pieces.append((0, front[:before]))
+        saved = self.before(i, block)
+        if saved is not None:  # before is 0 here: every block but the first starts >= h
+            pieces.append((0, saved))
+            lo, before = block.start, h
+        pieces.append((before * row_bytes, src[lo:hi]))
+        after = block.rows + 2 * h - before - (hi - lo)
+        if after:
+            pieces.append(((before + hi - lo) * row_bytes, back[:after]))
+        return pieces
 
     def close(self) -> None:
         """Give the pinned rows back to the pool."""
