@@ -10,6 +10,8 @@ import pytest
 from streamkit import add_reference, data, kernel
 
 import conveyor as cv
+from conveyor.memory.pool import device_bin
+from conveyor.pipeline.plan import ArraySpec, make_plan
 
 LIMIT = 1 << 20
 ZERO_COPY = pytest.mark.parametrize("zero_copy", [False, None], ids=["copying", "auto"])
@@ -78,3 +80,44 @@ def test_pinned_arrays_return_to_their_pool_after_a_stream(device):
     del pa, pc
     gc.collect()
     assert device.pinned_pool.stats().in_use_bytes == 0
+
+
+# -- depth and block count (issue 13 item 4) --------
+def test_depth_is_capped_at_the_block_count(device):
+    # depth=10**6 on 1,000 elements made 10**6 slots (781 MiB of device memory, minutes).
+    a = data((1000,), np.float32, 4)
+    c = np.empty_like(a)
+    report = cv.stream(kernel(device, "scale"), [a], [c], device=device, args=(np.float32(2),),
+                       depth=10**6, zero_copy=False)
+    assert report.blocks == report.depth == 1
+    assert report.peak_device_bytes == 2 * device_bin(a.nbytes)
+    np.testing.assert_array_equal(c, a * np.float32(2))
+
+
+def test_depth_is_capped_at_the_block_count_of_a_small_block(device):
+    a = data((1000,), np.float32, 5)
+    c = np.empty_like(a)
+    report = cv.stream(kernel(device, "scale"), [a], [c], device=device, args=(np.float32(2),),
+                       depth=50, block_bytes=400, zero_copy=False)
+    assert (report.blocks, report.depth) == (10, 10)
+    np.testing.assert_array_equal(c, a * np.float32(2))
+
+
+def test_plan_makes_its_blocks_on_demand():
+    # iterate(length=2**50) built all 2**26 blocks up front (50 s) before a MemoryError.
+    spec = ArraySpec((2**50,), np.dtype(np.float32))
+    plan = make_plan((spec,), (), depth=3, block_bytes=None, memory_limit=None, halo=0,
+                     global_mem_bytes=2**34, max_alloc_bytes=2**32)
+    blocks = plan.blocks()
+    assert len(blocks) == plan.block_count == 2**50 // plan.block_rows
+    assert blocks[1].start == plan.block_rows
+    assert blocks[-1].stop == 2**50
+    assert [b.index for b in blocks[2:4]] == [2, 3]
+    assert next(iter(blocks)).start == 0
+
+
+def test_a_huge_iterate_length_fails_at_the_end_of_its_chunks(device):
+    chunks = (np.ones(1000, np.float32) for _ in range(3))
+    with pytest.raises(cv.InputError, match="ended after 3000 rows but length="):
+        cv.stream(kernel(device, "ident"), [cv.iterate(chunks, length=2**50)], reduce="sum",
+                  device=device, block_bytes=4000)

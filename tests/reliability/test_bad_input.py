@@ -212,6 +212,34 @@ def test_halo_equal_to_a_block_works(device):
     np.testing.assert_array_equal(y, stencil_reference(x, 3))
 
 
+@pytest.mark.parametrize("pinned", [False, True], ids=["staged", "pinned"])
+def test_halo_longer_than_the_array_copies_each_end_once(device, monkeypatch, pinned):
+    # Issue 13 item 5: pad rows were copied one at a time, 2 * halo copies per stream (227 s
+    # for a large halo). Now one copy per end, and the answer is unchanged.
+    from conveyor.pipeline import engine
+
+    x = data((10, 3), np.float32, 9)
+    y = np.zeros_like(x)
+    copies: list[int] = []  # host copies of rows on the engine's side
+    real = engine.copy_rows
+    monkeypatch.setattr(engine, "copy_rows", lambda d, s: copies.append(1) or real(d, s))
+    copy_ins: list[int] = []  # device copies
+    probe = device.create_queue()
+    queue_type = type(probe)
+    probe.close()
+    real_copy_in = queue_type.copy_in
+    monkeypatch.setattr(queue_type, "copy_in", lambda q, *a, **k: copy_ins.append(1)
+                        or real_copy_in(q, *a, **k))
+    source = cv.pinned.asarray(x, device=device) if pinned else x
+    cv.stream(kernel(device, "sten"), [source], [y], device=device, args=(3, 40), halo=40,
+              zero_copy=False)
+    np.testing.assert_array_equal(y, stencil_reference(x, 40))
+    if pinned:
+        assert (len(copy_ins), copies) == (3, [])  # front pads, the rows, back pads
+    else:
+        assert (len(copy_ins), len(copies)) == (1, 2)  # one edge row each end, repeated
+
+
 def test_negative_halo_is_refused(device, monkeypatch):
     x = data((N,), np.float32, 8)
     refuses(device, monkeypatch, "halo must be 0 or more rows", kernel(device, "sten"), [x],

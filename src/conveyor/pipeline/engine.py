@@ -31,6 +31,7 @@ from conveyor.memory import pinned
 from conveyor.pipeline import inplace as placing
 from conveyor.pipeline import reduce as reducing
 from conveyor.pipeline import staging
+from conveyor.pipeline.halo import HaloRows
 from conveyor.pipeline.inplace import InPlace, Placed
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
@@ -93,6 +94,7 @@ class Engine(Closeable):
         workers: int | None,
         progress: bool,
         strict: bool = False,
+        in_place: frozenset[int] = frozenset(),
     ) -> None:
         self.device = device
         self.strict = strict  # hot-path hazards raise (True) or warn once (conveyor/hazards.py)
@@ -110,6 +112,8 @@ class Engine(Closeable):
         self.reduce = reduce
         self.reduce_dtype = reduce_dtype
         self.zero_copy = zero_copy
+        self.in_place = in_place  # inputs that are also outputs (pipeline/overlap.py)
+        self.halo_rows: HaloRows | None = None  # pad and saved halo rows (pipeline/halo.py)
         self.stager = Stager(workers)
         self.progress = Progress(progress, plan)
         self.direct_in = [self._direct(a) for a in self.inputs]
@@ -184,6 +188,9 @@ class Engine(Closeable):
             if self.inplace is not None:
                 for _ in range(entries):
                     self.edges.append(pin_pool.acquire(self.inplace.edge_bytes()))
+            if plan.halo and (any(self.direct_in) or self.in_place):
+                self.halo_rows = HaloRows(dev, plan, self.sources, self.direct_in,
+                                          self.in_place)
 
     def _inplace(self) -> InPlace | None:
         """Page-locking in place, where it can work: a CUDA device (OpenCL has no in-place
@@ -362,15 +369,24 @@ class Engine(Closeable):
             pin = pin_in[i]
             if pin is None:
                 continue
+            where = f"input {i} of block {block.index}"
             view = _view(pin, block.rows + 2 * h, source.shape[1:], source.dtype)
             lo, hi, before = self._halo_range(block)
-            tasks.append(StageTask(view[before : before + hi - lo], source.rows(lo, hi),
-                                   f"input {i} of block {block.index}"))
-            after = block.rows + 2 * h - before - (hi - lo)
-            # Pad rows repeat the edge row; a few rows, copied here on the engine's thread.
-            for pad in [*range(before), *range(before + hi - lo, before + hi - lo + after)]:
-                edge = 0 if pad < before else self.plan.rows - 1
-                copy_rows(view[pad : pad + 1], source.rows(edge, edge + 1))
+            saved = self.halo_rows.before(i, block) if self.halo_rows is not None else None
+            if saved is not None:  # in place: rows the block before writes back (before is 0)
+                tasks.append(StageTask(view[:h], saved, where))
+                lo = block.start
+            start = h if saved is not None else before  # the slot row that row lo goes to
+            tasks.append(StageTask(view[start : start + hi - lo], source.rows(lo, hi), where))
+            end = start + hi - lo
+            # Pad rows repeat the edge row: copied once, then repeated within the slot.
+            if before:
+                copy_rows(view[before - 1 : before], source.rows(0, 1))
+                np.copyto(view[: before - 1], view[before - 1 : before])
+            if end < len(view):
+                last = self.plan.rows - 1
+                copy_rows(view[end : end + 1], source.rows(last, last + 1))
+                np.copyto(view[end + 1 :], view[end : end + 1])
         return tasks
 
     def _halo_range(self, block: Block) -> tuple[int, int, int]:
@@ -428,11 +444,8 @@ class Engine(Closeable):
                 continue
             assert src is not None  # only pinned arrays are copied from directly
             if h:
-                lo, hi, before = self._halo_range(block)
-                pieces = [(before * row_bytes, src[lo:hi])]
-                pieces += [(k * row_bytes, src[:1]) for k in range(before)]
-                after_start = before + hi - lo
-                pieces += [(k * row_bytes, src[-1:]) for k in range(after_start, rows_in_slot)]
+                assert self.halo_rows is not None  # made in _build for pinned inputs with halo
+                pieces = self.halo_rows.direct_pieces(i, src, block, row_bytes)
             else:
                 pieces = [(0, src[block.start : block.stop])]
             for offset, part in pieces:
@@ -561,6 +574,9 @@ class Engine(Closeable):
             for pin in entry:
                 if pin is not None:
                     pin_pool.release(pin)
+        if self.halo_rows is not None:
+            self.halo_rows.close()
+            self.halo_rows = None
         self.slots, self.ring_in, self.ring_out, self.edges = [], [], [], []
         # The stream is over: keep only the pools' keep budget of idle blocks (memory/pool.py),
         # so streams of changing lengths do not pile up size classes.

@@ -3,7 +3,8 @@
 Every input and output is cut along axis 0. One *row* is everything below axis 0 (one element of
 a 1-D array). A block is ``block_rows`` rows of every array at once; the last block may be
 shorter. A ring slot holds one block of every input (plus ``halo`` rows on each side) and of
-every output in device memory, and the ring holds ``depth`` slots.
+every output in device memory, and the ring holds ``depth`` slots (never more than there are
+blocks).
 
 Block size, in order of precedence:
 
@@ -19,7 +20,9 @@ buffer exceeds the device's largest allocation.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -94,9 +97,9 @@ class Plan:
         start = index * self.block_rows
         return Block(index, start, min(start + self.block_rows, self.rows))
 
-    def blocks(self) -> list[Block]:
-        """Every block, in order."""
-        return [self.block(i) for i in range(self.block_count)]
+    def blocks(self) -> Blocks:
+        """Every block, in order, made on demand (a stream may have millions of blocks)."""
+        return Blocks(self)
 
     @property
     def input_slot_bytes(self) -> tuple[int, ...]:
@@ -115,6 +118,36 @@ class Plan:
         return self.depth * _slot_footprint(self.block_rows, self.halo, self.inputs,
                                             self.outputs, self.scratch_row_bytes,
                                             self.partial_bytes)
+
+
+class Blocks(Sequence[Block]):
+    """The blocks of a plan as a sequence that makes each block when it is asked for: a list
+    of every block of ``iterate(length=2**50)`` took 50 s and ran out of memory."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._count = plan.block_count
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Block: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Block]: ...
+
+    def __getitem__(self, index: int | slice) -> Block | Sequence[Block]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(f"block {index} of {self._count}")
+        return self._plan.block(index)
+
+    def __iter__(self) -> Iterator[Block]:
+        return (self._plan.block(i) for i in range(self._count))
 
 
 def _slot_footprint(
@@ -181,11 +214,17 @@ def make_plan(
     else:
         block_rows = max(DEFAULT_BLOCK_BYTES // widest, 1)
         block_rows = min(block_rows, max(max_alloc_bytes // widest - 2 * halo, 1))
+        if rows:
+            block_rows = min(block_rows, rows)
         block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
-                          partial_bytes)
+                          partial_bytes, rows)
     if rows:
         block_rows = min(block_rows, rows)
     block_rows = max(block_rows, 1)
+    if rows:
+        # No more slots than blocks: depth=10**6 on a short stream held 781 MiB of slots
+        # that no block would ever use.
+        depth = min(depth, -(-rows // block_rows))
     if halo and halo > block_rows and rows > block_rows:
         raise InputError(
             f"halo={halo} rows is more than a block ({block_rows} rows): "
@@ -218,9 +257,15 @@ def _fit(
     limit: int,
     scratch_row_bytes: int = 0,
     partial_bytes: tuple[int, ...] = (),
+    rows: int = 0,
 ) -> int:
-    """Shrink ``block_rows`` until the ring fits ``limit`` (or reaches one row)."""
-    while block_rows > 1 and depth * _slot_footprint(
+    """Shrink ``block_rows`` until the ring fits ``limit`` (or reaches one row). The ring has
+    ``depth`` slots, or fewer where ``rows`` make fewer blocks."""
+
+    def slots(block_rows: int) -> int:
+        return min(depth, -(-rows // block_rows)) if rows else depth
+
+    while block_rows > 1 and slots(block_rows) * _slot_footprint(
         block_rows, halo, inputs, outputs, scratch_row_bytes, partial_bytes
     ) > limit:
         block_rows = max(block_rows * 7 // 8, 1) if block_rows > 8 else block_rows - 1

@@ -11,8 +11,8 @@ import numpy as np
 from conveyor import config, files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
+from conveyor.pipeline import overlap, validate
 from conveyor.pipeline import reduce as reducing
-from conveyor.pipeline import validate
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
@@ -60,7 +60,9 @@ def stream(
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,
-    found in ``report.outputs``.
+    found in ``report.outputs``. An output may be an input itself (in place: NumPy's answer,
+    halo included); an output that overlaps an input in any other way is an InputError
+    (pipeline/overlap.py).
 
     Inputs may also be files: a path to a ``.npy`` file, ``cv.npy(path)``, ``cv.raw(path,
     dtype, shape)``, ``cv.parquet(path, column)``, ``cv.arrow(path, column)``, or
@@ -185,6 +187,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
         raise InputError(f"reduce={reduce!r}: use 'sum', 'min', 'max' or a function f(a, b)")
     first = sources[0]
     reducing.check_not_empty(reduce, int(np.prod(first.shape, dtype=np.int64)))
+    in_place = overlap.in_place_inputs(sources, sinks)
     plan = make_plan(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -209,7 +212,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
     engine = Engine(
         dev, plan, compute, sources, sinks,
         args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
-        workers=workers, progress=progress, strict=strict,
+        workers=workers, progress=progress, strict=strict, in_place=in_place,
     )
     report = engine.run()
     for sink in sinks:

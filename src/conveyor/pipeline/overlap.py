@@ -1,0 +1,163 @@
+"""Inputs and outputs that share memory (or bytes of one file), found before any work.
+
+A stream gives NumPy's answer: every input as it was before any output was written. An input
+that is exactly an output (the same rows at the same bytes: ``inputs=[a], outputs=[a]``) is
+run in place: a block's output rows are written only after its own input rows were read, and
+the halo rows that a block reads from its neighbour before are saved before the first block
+(pipeline/halo.py). Any other overlap (``inputs=[a[:-1]], outputs=[a[1:]]``) would read rows
+that a block before has already overwritten: it is an InputError that says to pass a copy.
+
+Memory is compared with ``np.shares_memory``. Two memory maps of one file have different
+addresses, so arrays backed by a file (``np.memmap``, ``np.load(mmap_mode=)``) and file inputs
+(``cv.npy``, ``cv.raw``) are compared by file and byte range too (the mapping's file and offset
+come from ``/proc/self/maps``; without it, on other systems, only memory is compared). File
+outputs never overlap anything: they are written into a temporary file renamed at the end.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.array_utils import byte_bounds
+
+from conveyor.errors import InputError
+from conveyor.pipeline.io import ArraySource, FileSource, Source
+from conveyor.pipeline.sinks import ArraySink, Sink
+
+#: (st_dev, st_ino, first byte, end byte) of a file range.
+FileRange = tuple[int, int, int, int]
+
+
+@dataclass
+class _Region:
+    """The host bytes of one input or output."""
+
+    array: np.ndarray | None  # the memory, for arrays
+    file: FileRange | None  # the bytes of a file, for file inputs and file-backed arrays
+    rows: int
+    contiguous: bool
+
+
+def in_place_inputs(sources: Sequence[Source], sinks: Sequence[Sink]) -> frozenset[int]:
+    """The inputs that are exactly an output (run in place). InputError, naming both and the
+    fix, for an input that overlaps an output in any other way."""
+    inputs = [_region(s) for s in sources]
+    outputs = [_region(s) for s in sinks]
+    if not any(inputs) or not any(outputs):
+        return frozenset()
+    if _any_file(inputs) and _any_file(outputs):
+        maps = _read_maps()
+        for region in (*inputs, *outputs):
+            if region is not None and region.array is not None and region.file is None:
+                region.file = _mapped_file(region.array, maps)
+    in_place: set[int] = set()
+    for i, source in enumerate(inputs):
+        for j, sink in enumerate(outputs):
+            if source is None or sink is None:
+                continue
+            relation = _relation(source, sink)
+            if relation == "same":
+                in_place.add(i)
+            elif relation == "partial":
+                raise InputError(
+                    f"input {i} and output {j} overlap in memory but are not the same rows "
+                    f"(as in inputs=[a[:-1]], outputs=[a[1:]]): blocks would read rows that "
+                    f"earlier blocks have already overwritten. Pass a copy of the input "
+                    f"(inputs=[x.copy()]) or a separate output array; the very same array as "
+                    f"input and output (in place) is fine"
+                )
+    return frozenset(in_place)
+
+
+def _region(item: Source | Sink) -> _Region | None:
+    if isinstance(item, ArraySource | ArraySink):
+        array = item.array
+        if array.nbytes == 0:
+            return None
+        return _Region(array, None, int(array.shape[0]), bool(array.flags.c_contiguous))
+    if isinstance(item, FileSource):
+        if item.nbytes == 0:
+            return None
+        try:
+            stat = os.stat(item.path)
+        except OSError:
+            return None
+        return _Region(None, (stat.st_dev, stat.st_ino, item.offset, item.offset + item.nbytes),
+                       item.shape[0], True)
+    return None  # file outputs (a temporary file), Parquet/Arrow, iterables
+
+
+def _relation(a: _Region, b: _Region) -> str:
+    """"same" (the same rows at the same bytes), "partial" (other overlap) or "apart"."""
+    if a.array is not None and b.array is not None and np.may_share_memory(a.array, b.array):
+        if (a.contiguous and b.contiguous and a.rows == b.rows
+                and a.array.nbytes == b.array.nbytes
+                and _address(a.array) == _address(b.array)):
+            return "same"
+        # Exact: an output is one contiguous range, so the search stays small.
+        if np.shares_memory(a.array, b.array):
+            return "partial"
+    if a.file is not None and b.file is not None and a.file[:2] == b.file[:2]:
+        if a.file[2] < b.file[3] and b.file[2] < a.file[3]:
+            if a.file == b.file and a.rows == b.rows and a.contiguous and b.contiguous:
+                return "same"
+            return "partial"
+    return "apart"
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _file_backed(array: np.ndarray) -> bool:
+    base: object = array
+    while base is not None:
+        if isinstance(base, np.memmap | mmap.mmap):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
+def _any_file(regions: list[_Region | None]) -> bool:
+    return any(r is not None and (r.file is not None
+                                  or (r.array is not None and _file_backed(r.array)))
+               for r in regions)
+
+
+def _read_maps() -> list[tuple[int, int, int, str]]:
+    """This process's file mappings: (start, end, file offset, path); empty where the system
+    has no /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    maps = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith("/"):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        maps.append((start, end, int(fields[2], 16), fields[5]))
+    return maps
+
+
+def _mapped_file(array: np.ndarray, maps: list[tuple[int, int, int, str]]
+                 ) -> FileRange | None:
+    """The file bytes behind a file-backed array, or None."""
+    if not _file_backed(array):
+        return None
+    low, high = byte_bounds(array)
+    for start, end, offset, path in maps:
+        if start <= low < end:
+            try:
+                stat = os.stat(path)  # a deleted file (" (deleted)") is no longer shared
+            except OSError:
+                return None
+            first = offset + low - start
+            return (stat.st_dev, stat.st_ino, first, first + high - low)
+    return None
