@@ -250,6 +250,40 @@ def test_os_fork_after_a_stream_raises_in_the_child_and_never_hangs(ocl):
     assert answer.startswith("BackendError fork:"), answer
 
 
+def test_a_forked_child_asking_about_a_parents_event_gets_the_fork_error(ocl):
+    # On a GPU the first driver call of a forked child's stream is the pinned pool asking
+    # whether the parent's pending copies are done: it raised PyOpenCL's own error there.
+    import os
+    import time
+
+    gate = ocl.user_event()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                answer = f"no error: {gate.is_done()}"
+            except cv.BackendError as exc:
+                answer = f"BackendError {exc}"
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                answer = f"{type(exc).__name__} {exc}"
+            os.write(write_end, answer.encode()[:4000])
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    deadline = time.monotonic() + CHILD_SECONDS
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    gate.set_complete()
+    with os.fdopen(read_end, "rb") as reader:
+        answer = reader.read().decode()
+    assert answer.startswith("BackendError fork:"), answer
+
+
 FORK_FIRST = f"""
 import os, sys
 pid = os.fork()  # before any OpenCL context exists, in parent or child

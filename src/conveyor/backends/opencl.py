@@ -88,6 +88,9 @@ class Event(base.Event):
             raise BackendError("a command failed", call="clWaitForEvents", code=_code_name(status))
 
     def is_done(self) -> bool:
+        # A pool asks this of the events its parent left pending: the first driver call a
+        # forked child makes on the GPU path, so it must say "fork" too.
+        _check_not_forked()
         return bool(self.cl_event.command_execution_status <= _COMPLETE)
 
     def detached(self) -> Event:
@@ -108,6 +111,7 @@ class UserEvent(Event, base.UserEvent):
     """A ``cl.UserEvent``."""
 
     def set_complete(self) -> None:
+        _check_not_forked()
         self.cl_event.set_status(_COMPLETE)
 
 
@@ -120,7 +124,8 @@ class DeviceBuffer(base.DeviceBuffer):
 
     def close(self) -> None:
         if self.cl_buffer is not None:
-            self.cl_buffer.release()
+            if not _forked:  # a forked child must not call the driver: the parent owns it
+                self.cl_buffer.release()
             self.cl_buffer = None
 
 
@@ -138,9 +143,10 @@ class PinnedBuffer(base.PinnedBuffer):
             return
         mapping = self.array.base
         self.array = np.empty(0, np.uint8)
-        if isinstance(mapping, cl.MemoryMap) and not _forked:  # the wait would hang there
-            mapping.release(self._queue).wait()
-        self.cl_buffer.release()
+        if not _forked:  # a forked child must not call the driver (the wait would hang)
+            if isinstance(mapping, cl.MemoryMap):
+                mapping.release(self._queue).wait()
+            self.cl_buffer.release()
         self.cl_buffer = None
 
 
@@ -154,7 +160,7 @@ class SvmBuffer(base.PinnedBuffer):
     def close(self) -> None:
         alloc = self.array.base
         self.array = np.empty(0, np.uint8)
-        if isinstance(alloc, cl.SVMAllocation):
+        if isinstance(alloc, cl.SVMAllocation) and not _forked:
             alloc.release()
 
 
@@ -168,7 +174,8 @@ class Registration(base.Registration):
 
     def close(self) -> None:
         if self.cl_buffer is not None:
-            self.cl_buffer.release()
+            if not _forked:
+                self.cl_buffer.release()
             self.cl_buffer = None
 
 
