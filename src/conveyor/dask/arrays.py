@@ -101,8 +101,9 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
     Each row chunk is one conveyor reduction on its worker (a kernel's per-element values
     folded on the device, or a callable's partials; ``offset`` is the row in the whole
     array); ``da.reduction`` folds the chunks' partials in chunk order, with the host folds
-    ``cv.stream`` uses (sum, min, max, or any ``f(a, b)`` with a callable). Arguments as in
-    :func:`map_blocks`.
+    ``cv.stream`` uses (sum, min, max, or any ``f(a, b)`` with a callable). A number or an
+    array comes back as is; any other partial (a list, say) in a 0-d object array
+    (``result[()]``). Arguments as in :func:`map_blocks`.
     """
     da = _dask_array()
     job = as_job(compute, device, args, _stream_options(options))
@@ -171,7 +172,12 @@ def _fold(partials: np.ndarray, axis: Any = None, keepdims: bool = False, *, op:
 
 def _final(fold: Callable[..., np.ndarray]) -> Callable[..., Any]:
     def aggregate(partials: np.ndarray, axis: Any = None, keepdims: bool = False) -> Any:
-        return fold(partials)[0]  # the value itself, as cv.stream's report.result
+        value = fold(partials)[0]  # the value itself, as cv.stream's report.result
+        if isinstance(value, np.ndarray | np.generic | int | float | complex):
+            return value
+        wrapped = np.empty((), object)  # dask would take a list for nested blocks
+        wrapped[()] = value
+        return wrapped
 
     return aggregate
 
