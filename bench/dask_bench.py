@@ -43,7 +43,7 @@ def cluster(workers: int, cuda: bool) -> Any:
         from dask_cuda import LocalCUDACluster
 
         return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)))
-    return LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None)
+    return LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=":0")
 
 
 def timed(run: Any, runs: int) -> float:

@@ -41,7 +41,7 @@ def main() -> None:
     options = parser.parse_args()
     x = np.random.default_rng(0).random(options.rows, dtype=np.float32)
     kernel = cvd.kernel(SOURCE, "smooth5")  # built on the workers; the client compiles nothing
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
             Client(cluster):
         dx = da.from_array(x, chunks=options.chunks)
         y = cvd.map_blocks(kernel, dx, halo=2, boundary="nearest", device=options.device)

@@ -51,7 +51,7 @@ def client():
     # The test module's own functions are pickled by value: workers cannot import tests/.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
+                                       dashboard_address=":0")
     with cluster, distributed.Client(cluster) as c:
         yield c
 
@@ -199,7 +199,7 @@ def test_a_chunk_error_is_its_own_type_and_names_chunk_and_worker(two_workers):
 
     y = cvd.map_blocks(fails_at_row_600, da.from_array(x, chunks=300), device=SPEC)
     with pytest.raises(ZeroDivisionError, match="no rows past 600") as info:
-        y.compute()
+        two_workers.compute(y).result()
     note = " ".join(getattr(info.value, "__notes__", []))
     assert "chunk 2 (rows 600:900)" in note and "on worker" in note and "tcp://" in note
     # A kernel given the wrong arguments: the stream's InputError, as in a local stream.
@@ -266,6 +266,36 @@ def test_cli_map_and_reduce_on_a_scheduler(two_workers, tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "2997.0"
 
 
+def test_cli_on_a_local_cluster_it_starts(tmp_path, capsys):
+    from conveyor.cli import main
+
+    (tmp_path / "k.cl").write_text(ROWS)
+    np.save(tmp_path / "x.npy", np.arange(100, dtype=np.int32))
+    assert main(["reduce", str(tmp_path / "k.cl"), "--kernel", "rows", "-i",
+                 str(tmp_path / "x.npy"), "--cluster", "local", "--device", SPEC,
+                 "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    import json
+
+    figures = json.loads(out)
+    assert figures["result"] == int(np.sum(np.arange(100) * 3 + np.arange(100) // 4))
+    assert sum(hi - lo for lo, hi in (r["rows"] for r in figures["ranges"])) == 100
+
+
+def test_wrong_inputs_are_input_errors_before_any_work(two_workers, tmp_path):
+    x = np.arange(10, dtype=np.float32)
+    k = cvd.kernel(AXPY, "axpy")
+    with pytest.raises(cv.InputError, match="use map_blocks for arrays"):
+        cvd.stream(k, [x], [str(tmp_path / "y.npy")], client=two_workers)
+    with pytest.raises(cv.InputError, match="unknown option"):
+        cvd.map_blocks(k, da.from_array(x), progress=True)
+    with pytest.raises(cv.InputError, match="no kernel|kernel"):
+        cvd.kernel(AXPY, "nope")
+    with pytest.raises(cv.InputError, match="agree on axis 0"):
+        cvd.map_blocks(k, da.from_array(x), da.from_array(x[:5]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_cli_local_cuda_without_dask_cuda_is_a_clear_error(tmp_path, capsys):
     import importlib.util
 
@@ -300,7 +330,8 @@ def test_a_killed_worker_is_retried_without_lost_or_doubled_rows(two_workers, tm
     expected = 3 * x
     y = cvd.map_blocks(_killer(str(tmp_path / "map-killed"), 700),
                        da.from_array(x, chunks=300), device=SPEC, block_bytes=400)
-    np.testing.assert_array_equal(y.compute(), expected)
+    # On the cluster by name: the callable must never run in this process.
+    np.testing.assert_array_equal(two_workers.compute(y).result(), expected)
     assert (tmp_path / "map-killed").exists()  # a worker really died mid-chunk
 
     two_workers.wait_for_workers(2, timeout=60)

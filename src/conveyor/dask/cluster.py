@@ -36,7 +36,7 @@ def connect(scheduler: str | None = None, cluster: str | None = None) -> Iterato
         return
     made: Any
     if cluster == "local":
-        made = LocalCluster(processes=True, dashboard_address=None)
+        made = LocalCluster(processes=True, dashboard_address=":0")
     elif cluster == "local-cuda":
         if importlib.util.find_spec("dask_cuda") is None:
             raise InputError("--cluster local-cuda needs dask-cuda (pip install dask-cuda) "
