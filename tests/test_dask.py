@@ -210,6 +210,15 @@ def test_a_chunk_error_is_its_own_type_and_names_chunk_and_worker(two_workers):
         "chunk 1 (rows 500:1000)" in " ".join(info.value.__notes__)
 
 
+def test_a_kernel_that_does_not_build_is_a_compile_error_in_the_client(two_workers):
+    broken = cvd.kernel(AXPY.replace("a * x[i]", "a * x[i] +* 1"), "axpy")
+    y = cvd.map_blocks(broken, da.from_array(np.ones(10, np.float32)), args=(1.0,),
+                       device=SPEC)
+    with pytest.raises(cv.CompileError) as info:
+        two_workers.compute(y).result()
+    assert "chunk 0 (rows 0:10)" in " ".join(info.value.__notes__)
+
+
 def test_files_one_stream_per_worker_equal_a_local_stream(two_workers, tmp_path):
     x = ((np.arange(2000) * 7) % 13).astype(np.float32)
     np.save(tmp_path / "x.npy", x)

@@ -147,7 +147,27 @@ def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, wher
                          args=job.args, first_row=first_row, **job.options)
     except Exception as exc:
         exc.add_note(f"conveyor.dask: {where}, on worker {worker_name()}")
+        _travel_light(exc)
         raise
+
+
+def _travel_light(exc: BaseException) -> None:
+    """Make ``exc`` reach the client as itself: Dask pickles an exception with its chain
+    (``__cause__``, ``__context__``), and a driver's own exception often cannot be pickled
+    (PyOpenCL's errors hold an ``_ErrorRecord``), which would turn a CompileError into a bare
+    Exception carrying its repr. Such a link is cut from the chain and kept as a note."""
+    import pickle
+
+    for attr in ("__cause__", "__context__"):
+        link = getattr(exc, attr)
+        if link is None:
+            continue
+        try:
+            pickle.dumps(link)
+        except Exception:
+            setattr(exc, attr, None)
+            exc.__suppress_context__ = True
+            exc.add_note(f"caused by {type(link).__module__}.{type(link).__name__}: {link}")
 
 
 def worker_name() -> str:
