@@ -190,6 +190,18 @@ def test_workers_build_a_kernel_once_and_keep_it(two_workers):
     assert sum(after.values()) - sum(before.values()) <= len(after)  # at most one per worker
 
 
+def test_warm_builds_on_every_worker_before_the_first_task(two_workers):
+    k = cvd.kernel(AXPY.replace("a * x[i]", "a * x[i] + 1.0f"), "axpy")
+    before = two_workers.run(dask_worker.cached_kernels)
+    specs = cvd.warm(k, client=two_workers, device=SPEC)
+    assert sorted(specs) == sorted(before) and set(specs.values()) == {SPEC}
+    after = two_workers.run(dask_worker.cached_kernels)
+    assert all(after[w] == before[w] + 1 for w in after)
+    x = np.arange(100, dtype=np.float32)
+    cvd.map_blocks(k, da.from_array(x, chunks=50), args=(1.0,), device=SPEC).compute()
+    assert two_workers.run(dask_worker.cached_kernels) == after  # nothing built again
+
+
 def test_a_chunk_error_is_its_own_type_and_names_chunk_and_worker(two_workers):
     x = np.arange(1000, dtype=np.float32)
 

@@ -4,7 +4,8 @@
 - :func:`stream` from files to files, one long stream per worker over its own rows
   (``conveyor.dask.files``);
 - :func:`kernel` names a kernel by its source, built on each worker once and kept there
-  (``conveyor.dask.worker``): the client compiles nothing and opens no device.
+  (``conveyor.dask.worker``): the client compiles nothing and opens no device;
+  :func:`warm` builds it on every worker ahead of the first task.
 
 Needs the extra: ``pip install 'conveyor[dask]'`` (dask[array] and distributed; dask-cuda for
 ``LocalCUDACluster``).
@@ -14,6 +15,6 @@ from __future__ import annotations
 
 from conveyor.dask.arrays import map_blocks, reduce
 from conveyor.dask.files import stream
-from conveyor.dask.worker import KernelSpec, kernel
+from conveyor.dask.worker import KernelSpec, kernel, warm
 
-__all__ = ["KernelSpec", "kernel", "map_blocks", "reduce", "stream"]
+__all__ = ["KernelSpec", "kernel", "map_blocks", "reduce", "stream", "warm"]

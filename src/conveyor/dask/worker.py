@@ -129,6 +129,32 @@ def resolve(job: Job) -> tuple[Any, Any]:
     return dev, built
 
 
+def warm(compute: Any, *, client: Any = None, device: Any = None) -> dict[str, str]:
+    """Build ``compute`` (a Kernel or :func:`kernel`) on every worker of ``client``'s
+    cluster now, before the first task (or a timed run) needs it; {worker address: device
+    spec}. A worker that joins later builds it on its first task. Compile errors are raised
+    as in a task."""
+    from conveyor.dask.files import _client
+
+    job = as_job(compute, device, (), {})
+    if not isinstance(job.compute, KernelSpec):
+        raise InputError("warm() builds kernels: a callable has nothing to build")
+    result: dict[str, str] = _client(client).run(_warm_here, job)
+    return result
+
+
+def _warm_here(job: Job) -> str:
+    assert isinstance(job.compute, KernelSpec)
+    try:
+        dev, _ = resolve(job)
+    except Exception as exc:
+        exc.add_note(f"conveyor.dask: building kernel {job.compute.name!r}, on worker "
+                     f"{worker_name()}")
+        _travel_light(exc)
+        raise
+    return str(dev.spec)
+
+
 def cached_kernels() -> int:
     """How many kernels this process keeps built (tests ask workers this)."""
     with _lock:
