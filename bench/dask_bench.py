@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import statistics
 import time
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 from dask.graph_manipulation import clone
-from distributed import Client, LocalCluster, wait
+from distributed import Client, Nanny, Scheduler, SpecCluster, wait
 
 import conveyor as cv
 import conveyor.dask as cvd
@@ -38,12 +39,21 @@ MIB = 2**20
 
 
 def cluster(workers: int, cuda: bool) -> Any:
-    """A local cluster of ``workers`` processes (one per GPU with dask-cuda)."""
+    """A local cluster of ``workers`` processes, worker i on GPU i: dask-cuda's
+    LocalCUDACluster where it is installed, else one Nanny per worker with its own
+    ``CUDA_VISIBLE_DEVICES`` (harmless on a machine without GPUs)."""
     if cuda:
         from dask_cuda import LocalCUDACluster
 
         return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)))
-    return LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=":0")
+    return SpecCluster(
+        scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0",
+                                                 "host": "127.0.0.1"}},
+        workers={i: {"cls": Nanny, "options": {
+            "nthreads": 1, "host": "127.0.0.1", "silence_logs": logging.WARNING,
+            "env": {"CUDA_VISIBLE_DEVICES": str(i)}}} for i in range(workers)},
+        silence_logs=logging.WARNING,
+    )
 
 
 def timed(run: Any, runs: int) -> float:
@@ -128,10 +138,13 @@ def main() -> None:
     chunk_rows = options.chunk_mib * MIB // 4
     rows = chunk_rows * options.chunks
     figures: dict[str, Any] = {"chunk_mib": options.chunk_mib, "chunks": options.chunks,
-                               "cluster": "LocalCUDACluster" if cuda else "LocalCluster"}
+                               "cluster": "LocalCUDACluster" if cuda else
+                               "SpecCluster, CUDA_VISIBLE_DEVICES=i on worker i"}
     for workers in (1, 2):
         with cluster(workers, cuda) as made, Client(made) as client:
-            cvd.warm(cvd.kernel(SOURCE, "axpb"), client=client, device=options.device)
+            client.wait_for_workers(workers)
+            specs = cvd.warm(cvd.kernel(SOURCE, "axpb"), client=client, device=options.device)
+            print(f"{workers} worker(s) on: {', '.join(sorted(specs.values()))}")
             x = persisted(client, rows, chunk_rows)
             seconds = map_seconds(client, x, options.device, options.runs)
             figures[f"map_{workers}_workers_s"] = seconds
