@@ -2,7 +2,8 @@
 ``cv.stream`` of the same chunk, and against the CuPy ``map_blocks`` idiom.
 
 On a GPU host: ``LocalCUDACluster`` (dask-cuda, one worker per GPU) where it is installed,
-else a ``LocalCluster``. Inputs are persisted on the workers first, and outputs persisted
+else one Nanny per worker with ``CUDA_VISIBLE_DEVICES=i`` (worker i on GPU i). The CuPy idiom
+runs where CuPy is installed. Inputs are persisted on the workers first, and outputs persisted
 (never gathered), so what is timed is the chunks' work, not the client's network.
 
     python3 bench/dask_bench.py                       # GPU host: 1 GiB chunks, 8 chunks
