@@ -127,6 +127,21 @@ def test_map_blocks_merges_chunks_of_other_axes_and_keeps_row_offsets(two_worker
     np.testing.assert_array_equal(y.compute(), expected)
 
 
+def test_map_blocks_of_two_inputs_takes_input_0s_chunks(two_workers):
+    a = np.arange(1000, dtype=np.float32)
+    b = (np.arange(1000) % 5).astype(np.float32)
+    add = AXPY.replace("__global float* y, float a", "__global const float* b, "
+                       "__global float* y, float a").replace("a * x[i]", "a * x[i] + b[i]")
+    y = cvd.map_blocks(cvd.kernel(add, "axpy"), da.from_array(a, chunks=300),
+                       da.from_array(b, chunks=170), args=(2.0,), device=SPEC)
+    assert y.chunks == ((300, 300, 300, 100),)
+    np.testing.assert_array_equal(y.compute(), 2 * a + b + np.arange(1000))
+    filtered = da.from_array(a, chunks=300)
+    filtered = filtered[filtered > 10]
+    with pytest.raises(cv.InputError, match="compute_chunk_sizes"):
+        cvd.map_blocks(cvd.kernel(AXPY, "axpy"), filtered, args=(1.0,))
+
+
 @pytest.mark.parametrize("boundary, mode", [
     ("nearest", {"mode": "edge"}),
     ("reflect", {"mode": "symmetric"}),

@@ -17,6 +17,7 @@ gives it; with ``boundary="none"`` the array's own ends repeat the edge row, as 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -209,6 +210,9 @@ def _rows(da: Any, arrays: Sequence[Any]) -> list[Any]:
         raise InputError("conveyor.dask needs at least one input array")
     data = [da.asarray(a) for a in arrays]
     for i, a in enumerate(data):
+        if any(math.isnan(c) for c in a.chunks[0]):
+            raise InputError(f"input {i} has chunks of unknown length (after a filter, say): "
+                             f"call .compute_chunk_sizes() on it first")
         if a.ndim == 0:
             raise InputError(f"input {i} is 0-d: conveyor streams arrays of rows (axis 0)")
         if a.shape[0] != data[0].shape[0]:
