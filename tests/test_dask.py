@@ -21,9 +21,11 @@ import conveyor.dask as cvd  # noqa: E402
 from conftest import DEVICES  # noqa: E402
 from conveyor.dask import worker as dask_worker  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not DEVICES, reason="no usable device")
+# The kernels here are OpenCL C: the workers use the first OpenCL device under test.
+OPENCL = [d.spec for d in DEVICES if d.backend == "opencl"]
+pytestmark = pytest.mark.skipif(not OPENCL, reason="no usable OpenCL device")
 
-SPEC = DEVICES[0].spec if DEVICES else "opencl:0:0"
+SPEC = OPENCL[0] if OPENCL else "opencl:0:0"
 
 AXPY = """
 __kernel void axpy(__global const float* x, __global float* y, float a, ulong offset, ulong n) {
@@ -74,7 +76,7 @@ def _stencil_reference(x, mode):
 
 def test_first_row_shifts_the_offset_a_kernel_sees(device):
     x = np.arange(100, dtype=np.float32)
-    k = device.compile(AXPY, "axpy")
+    k = device.compile(cv.portable(AXPY), "axpy")
     y = cv.stream(k, [x], [np.float32], args=(1.0,), device=device, first_row=1000).outputs[0]
     np.testing.assert_array_equal(y, x + np.arange(1000, 1100))
     wrapped = cv.stream(k, [x], [np.float32], args=(0.0,), device=device,
@@ -85,12 +87,16 @@ def test_first_row_shifts_the_offset_a_kernel_sees(device):
 
 
 def test_a_kernel_keeps_its_source_and_options(device):
-    k = device.compile(AXPY, "axpy", ["-DUNUSED=1"])
-    assert (k.source, k.name, k.options) == (AXPY, "axpy", ("-DUNUSED=1",))
+    source = cv.portable(AXPY)
+    k = device.compile(source, "axpy", ["-DUNUSED=1"])
+    assert (k.source, k.name, k.options) == (source, "axpy", ("-DUNUSED=1",))
     job = dask_worker.as_job(k, None, (2.0,), {})
-    assert job.compute == cvd.KernelSpec(AXPY, "axpy", ("-DUNUSED=1",))
+    assert job.compute == cvd.KernelSpec(source, "axpy", ("-DUNUSED=1",))
     assert job.device == device.spec
     assert len(pickle.dumps(job)) < 2000  # text, not a loaded kernel or a device
+    future = device.compile(source, "axpy", ["-DOTHER=2"], wait=False)
+    assert dask_worker.as_job(future, None, (), {}).compute.options == ("-DOTHER=2",)
+    assert future.result().source == source
 
 
 def test_the_client_opens_no_device(two_workers, monkeypatch):
@@ -243,7 +249,9 @@ def test_a_kernel_that_does_not_build_is_a_compile_error_in_the_client(two_worke
                        device=SPEC)
     with pytest.raises(cv.CompileError) as info:
         two_workers.compute(y).result()
-    assert "chunk 0 (rows 0:10)" in " ".join(info.value.__notes__)
+    notes = " ".join(info.value.__notes__)
+    assert "chunk 0 (rows 0:10)" in notes and "caused by pyopencl" in notes
+    assert info.value.log  # the build log came along
 
 
 def test_files_one_stream_per_worker_equal_a_local_stream(two_workers, tmp_path):

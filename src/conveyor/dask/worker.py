@@ -181,19 +181,14 @@ def _travel_light(exc: BaseException) -> None:
     """Make ``exc`` reach the client as itself: Dask pickles an exception with its chain
     (``__cause__``, ``__context__``), and a driver's own exception often cannot be pickled
     (PyOpenCL's errors hold an ``_ErrorRecord``), which would turn a CompileError into a bare
-    Exception carrying its repr. Such a link is cut from the chain and kept as a note."""
-    import pickle
-
+    Exception carrying its repr. The chain is cut and kept as notes (type and message)."""
     for attr in ("__cause__", "__context__"):
         link = getattr(exc, attr)
-        if link is None:
+        if link is None or (attr == "__context__" and link is exc.__cause__):
             continue
-        try:
-            pickle.dumps(link)
-        except Exception:
-            setattr(exc, attr, None)
-            exc.__suppress_context__ = True
-            exc.add_note(f"caused by {type(link).__module__}.{type(link).__name__}: {link}")
+        exc.add_note(f"caused by {type(link).__module__}.{type(link).__name__}: {link}")
+    exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
 
 
 def worker_name() -> str:
