@@ -116,6 +116,11 @@ class Kernel(ABC):
     device: Device
     params: Sequence[Param]
     converters: Sequence[Callable[[Any], Any]]
+    #: The source text and build options it was compiled from (set by ``Device.compile``), so
+    #: that another process can build the same kernel (``conveyor.dask`` sends these, never
+    #: the loaded kernel, to its workers). None for a kernel made some other way.
+    source: str | None = None
+    options: tuple[str, ...] = ()
 
     def convert_args(self, args: Sequence[Any]) -> list[Any]:
         """``args`` as the driver takes them; InputError when their number is wrong."""

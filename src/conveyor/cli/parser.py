@@ -123,6 +123,13 @@ def _stream_options(sub: argparse.ArgumentParser, name: str) -> None:
                      help="print only the result (reduce: the value; map: nothing)")
     sub.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="progress bar on stderr (default: only when stderr is a terminal)")
+    where = sub.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run on the Dask cluster of this scheduler (tcp://HOST:8786): one "
+                            "stream per worker over its rows of the files (conveyor[dask])")
+    where.add_argument("--cluster", choices=("local", "local-cuda"),
+                       help="run on a Dask cluster started for this command: local (worker "
+                            "processes) or local-cuda (dask-cuda, one worker per GPU)")
 
 
 def join_signed_values(argv: Sequence[str]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import conveyor as cv
-from conveyor.cli import words
+from conveyor.cli import cluster, words
 from conveyor.cli.files import refuse_to_replace
 from conveyor.cli.inputs import Input, apply_casts, check_options, open_input
 from conveyor.errors import CompileError, InputError
@@ -34,6 +34,8 @@ def run_map(options: argparse.Namespace) -> int:
     if options.plot and importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib: pip install 'conveyor[plot]'")
     refuse_to_replace([*options.outputs, options.trace, options.plot], options.force)
+    if cluster.on_cluster(options):
+        return cluster.run(options, list(options.outputs), None)
     report = _stream(options, outputs=[cv.npy_out(p) for p in options.outputs])
     if options.plot:
         from conveyor.trace.plot import plot_timeline
@@ -54,6 +56,8 @@ def run_map(options: argparse.Namespace) -> int:
 def run_reduce(options: argparse.Namespace) -> int:
     """``conveyor reduce``: fold the kernel's per-element values; print the result."""
     refuse_to_replace([options.trace], options.force)
+    if cluster.on_cluster(options):
+        return cluster.run(options, [], options.op)
     report = _stream(options, outputs=[], reduce=options.op)
     if options.json:
         _print_json(options, report, result=report.result)

@@ -114,6 +114,7 @@ def compile_kernel(
     try:
         params = source_params(device, source, name, options)
         kernel = _build_and_load(device, source, name, options, params, key, disk)
+        kernel.source, kernel.options = source, options
     except BaseException as exc:
         with _lock:
             _in_flight.pop(memo_key, None)
@@ -162,6 +163,7 @@ class KernelFuture:
         hazards.kernel_build(self.device, self.name, "loaded")
         with build_lock(self._key, self._disk):
             kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
+        kernel.source, kernel.options = self.source, self.options
         with _lock:
             return _memo.setdefault(memo_key, kernel)
 

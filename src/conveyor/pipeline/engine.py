@@ -95,8 +95,12 @@ class Engine(Closeable):
         progress: bool,
         strict: bool = False,
         in_place: frozenset[int] = frozenset(),
+        first_row: int = 0,
     ) -> None:
         self.device = device
+        # Row of the whole array that row 0 of these inputs is (cv.stream's first_row): kernels
+        # and callables see offsets in the whole array when a stream runs over one part of it.
+        self.first_row = first_row
         self.strict = strict  # hot-path hazards raise (True) or warn once (conveyor/hazards.py)
         self.clock: ClockAnchor | None = None
         self.nvtx = trace_nvtx.annotator(device.backend)  # None unless CUDA and nvtx
@@ -472,11 +476,13 @@ class Engine(Closeable):
 
     def _compute(self, slot: Slot, block: Block, in_events: list[Event],
                  in_bufs: list[Any], out_bufs: list[Any]) -> Event:
-        offset = block.start * self.row_items
+        offset = (self.first_row + block.start) * self.row_items
         n = block.rows * self.row_items
         if isinstance(self.compute, Kernel):
             buffers = in_bufs + (out_bufs if self.reduce_dtype is None else [slot.dev_red])
-            args = [*buffers, *self.args, np.uint64(offset), np.uint64(n)]
+            # Modulo 2**64: a negative first_row (margin rows before the whole array's row 0)
+            # wraps as the kernel's unsigned arithmetic expects, so offset + i is still right.
+            args = [*buffers, *self.args, np.uint64(offset % (1 << 64)), np.uint64(n)]
             event = self.compute_q.launch(self.compute, n, args, wait_for=in_events)
             timed: Event | Between = event
         else:

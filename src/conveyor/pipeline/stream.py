@@ -38,6 +38,7 @@ def stream(
     zero_copy: bool | None = None,
     workers: int | None = None,
     strict: bool | None = None,
+    first_row: int = 0,
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
@@ -92,6 +93,12 @@ def stream(
     pool allocation after the ring was built, a kernel build or load after the first block.
     Without it each such hazard warns once per process (``conveyor.hazards``).
 
+    ``first_row`` (default 0) is the row of a larger whole array that the inputs' row 0 is:
+    ``offset`` counts from there, so a stream over one part of an array (a Dask chunk, a
+    worker's row range of a file: ``conveyor.dask``) sees the offsets of the whole array. It
+    may be negative for margin rows before the whole array's start that the caller discards
+    (a kernel's ``ulong offset`` then wraps, and ``offset + i`` is still the row's index).
+
     ``inputs`` and ``outputs`` may also be one array, path or dtype alone; counts and sizes may
     be integral floats, and sizes strings like ``"512MiB"`` or ``"1.5GB"``
     (``conveyor.pipeline.options``).
@@ -129,7 +136,7 @@ def stream(
         _check_files(sources, sinks, compute)
         report = _run(compute, sources, sinks, dev, opts.depth, opts.block_bytes,
                       opts.memory_limit, opts.halo, reduce, opts.args, progress, zero_copy,
-                      opts.workers, use_strict)
+                      opts.workers, use_strict, _first_row(first_row))
     except BaseException:
         for sink in sinks:
             sink.abort()
@@ -166,7 +173,8 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute) -> 
 def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device, depth: int,
          block_bytes: int | None, memory_limit: int | None, halo: int,
          reduce: str | Callable[[Any, Any], Any] | None, args: Sequence[Any], progress: bool,
-         zero_copy: bool | None, workers: int | None, strict: bool = False) -> Report:
+         zero_copy: bool | None, workers: int | None, strict: bool = False,
+         first_row: int = 0) -> Report:
     """Check, plan and run a stream of sources into sinks; commit the sinks."""
     reduce_dtype: np.dtype | None = None
     if isinstance(compute, Kernel):
@@ -213,11 +221,20 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
         dev, plan, compute, sources, sinks,
         args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
         workers=workers, progress=progress, strict=strict, in_place=in_place,
+        first_row=first_row,
     )
     report = engine.run()
     for sink in sinks:
         sink.commit()
     return report
+
+
+def _first_row(value: Any) -> int:
+    """``first_row`` as an int (any whole number, negative too); InputError otherwise."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise InputError(f"first_row={value!r}: first_row takes an int, the row of the whole "
+                         f"array that the inputs' row 0 is")
+    return int(value)
 
 
 def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],

@@ -1,0 +1,175 @@
+"""conveyor on Dask (issue 16): 2 workers vs 1, the overhead per chunk against a direct
+``cv.stream`` of the same chunk, and against the CuPy ``map_blocks`` idiom.
+
+On a GPU host: ``LocalCUDACluster`` (dask-cuda, one worker per GPU) where it is installed,
+else one Nanny per worker with ``CUDA_VISIBLE_DEVICES=i`` (worker i on GPU i). The CuPy idiom
+runs where CuPy is installed. Inputs are persisted on the workers first, and outputs persisted
+(never gathered), so what is timed is the chunks' work, not the client's network.
+
+    python3 bench/dask_bench.py                       # GPU host: 1 GiB chunks, 8 chunks
+    python3 bench/dask_bench.py --chunk-mib 1 --chunks 4 --runs 2   # PoCL smoke test
+
+Prints one line per measurement and a JSON object last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import statistics
+import time
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.graph_manipulation import clone
+from distributed import Client, Nanny, Scheduler, SpecCluster, wait
+
+import conveyor as cv
+import conveyor.dask as cvd
+
+SOURCE = cv.portable("""
+__kernel void axpb(__global const float *x, __global float *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = 2.0f * x[i] + 1.0f;
+}
+""")
+MIB = 2**20
+
+
+def cluster(workers: int, cuda: bool) -> Any:
+    """A local cluster of ``workers`` processes, worker i on GPU i: dask-cuda's
+    LocalCUDACluster where it is installed, else one Nanny per worker with its own
+    ``CUDA_VISIBLE_DEVICES`` (harmless on a machine without GPUs)."""
+    if cuda:
+        from dask_cuda import LocalCUDACluster
+
+        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)))
+    return SpecCluster(
+        scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0",
+                                                 "host": "127.0.0.1"}},
+        workers={i: {"cls": Nanny, "options": {
+            "nthreads": 1, "host": "127.0.0.1", "silence_logs": logging.WARNING,
+            "env": {"CUDA_VISIBLE_DEVICES": str(i)}}} for i in range(workers)},
+        silence_logs=logging.WARNING,
+    )
+
+
+def timed(run: Any, runs: int) -> float:
+    """Median seconds of ``runs`` calls of ``run(seed)`` after one warm-up."""
+    run(0)
+    times = []
+    for seed in range(1, runs + 1):
+        start = time.perf_counter()
+        run(seed)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fresh(y: Any, x: Any, seed: int) -> Any:
+    """``y`` under new keys (``x``'s kept): a result still held from the last run under the
+    same keys would otherwise be reused, not recomputed."""
+    return clone(y, omit=x, seed=seed)
+
+
+def persisted(client: Client, rows: int, chunk_rows: int) -> Any:
+    x = da.random.default_rng(0).random(rows, chunks=chunk_rows, dtype=np.float32)
+    x = client.persist(x)
+    wait(x)
+    return x
+
+
+def map_seconds(client: Client, x: Any, device: str | None, runs: int) -> float:
+    kernel = cvd.kernel(SOURCE, "axpb")
+
+    def run(seed: int) -> None:
+        y = client.persist(fresh(cvd.map_blocks(kernel, x, device=device), x, seed))
+        wait(y)
+        del y
+
+    return timed(run, runs)
+
+
+def direct_seconds(client: Client, x: Any, device: str | None, runs: int) -> float:
+    """A plain cv.stream of chunk 0 on the worker that holds it (kernel built beforehand)."""
+
+    def on_worker(chunk: np.ndarray) -> float:
+        dev = cv.device(device)
+        kernel = dev.compile(SOURCE, "axpb")
+        cv.stream(kernel, [chunk], [np.float32], device=dev)  # warm
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            cv.stream(kernel, [chunk], [np.float32], device=dev)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    chunk = client.futures_of(x)[0]  # x has one chunk, held by a worker: no copy through here
+    return float(client.submit(on_worker, chunk, pure=False).result())
+
+
+def cupy_seconds(client: Client, x: Any, runs: int) -> float | None:
+    """What a Dask user writes today: copy each pageable chunk to the GPU, compute, copy back."""
+    if importlib.util.find_spec("cupy") is None:
+        return None
+
+    def idiom(chunk: np.ndarray) -> np.ndarray:
+        import cupy as cp
+
+        return cp.asnumpy(2.0 * cp.asarray(chunk) + 1.0).astype(np.float32)
+
+    def run(seed: int) -> None:
+        y = client.persist(fresh(x.map_blocks(idiom, dtype=np.float32), x, seed))
+        wait(y)
+        del y
+
+    return timed(run, runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chunk-mib", type=int, default=1024, help="MiB per chunk")
+    parser.add_argument("--chunks", type=int, default=8, help="chunks in the array")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs (median)")
+    parser.add_argument("--device", default=None, help="device spec on each worker")
+    options = parser.parse_args()
+    cuda = importlib.util.find_spec("dask_cuda") is not None
+    chunk_rows = options.chunk_mib * MIB // 4
+    rows = chunk_rows * options.chunks
+    figures: dict[str, Any] = {"chunk_mib": options.chunk_mib, "chunks": options.chunks,
+                               "cluster": "LocalCUDACluster" if cuda else
+                               "SpecCluster, CUDA_VISIBLE_DEVICES=i on worker i"}
+    for workers in (1, 2):
+        with cluster(workers, cuda) as made, Client(made) as client:
+            client.wait_for_workers(workers)
+            specs = cvd.warm(cvd.kernel(SOURCE, "axpb"), client=client, device=options.device)
+            print(f"{workers} worker(s) on: {', '.join(sorted(specs.values()))}")
+            x = persisted(client, rows, chunk_rows)
+            seconds = map_seconds(client, x, options.device, options.runs)
+            figures[f"map_{workers}_workers_s"] = seconds
+            print(f"{workers} worker(s): {seconds:.3f} s for {options.chunks} chunks of "
+                  f"{options.chunk_mib} MiB ({rows * 4 / seconds / 1e9:.2f} GB/s in)")
+            if workers == 1:
+                one = persisted(client, chunk_rows, chunk_rows)
+                dask_one = map_seconds(client, one, options.device, options.runs)
+                direct = direct_seconds(client, one, options.device, options.runs)
+                figures.update(chunk_dask_s=dask_one, chunk_direct_s=direct,
+                               chunk_overhead=dask_one / direct - 1)
+                print(f"one chunk: conveyor.dask {dask_one:.4f} s, direct cv.stream "
+                      f"{direct:.4f} s: overhead {100 * (dask_one / direct - 1):.1f} %")
+                idiom = cupy_seconds(client, x, options.runs)
+                figures["cupy_idiom_s"] = idiom
+                if idiom is None:
+                    print("cupy idiom: skipped (CuPy is not installed)")
+                else:
+                    print(f"cupy map_blocks idiom: {idiom:.3f} s: conveyor.dask is "
+                          f"{idiom / seconds:.2f} x faster")
+    figures["speedup_2_vs_1"] = figures["map_1_workers_s"] / figures["map_2_workers_s"]
+    print(f"2 workers vs 1: {figures['speedup_2_vs_1']:.2f} x")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""``conveyor map/reduce --scheduler ADDRESS`` (or ``--cluster local|local-cuda``): the same
+command, run by ``conveyor.dask.stream`` as one stream per worker over its rows of the files.
+
+The client reads only the kernel file and the inputs' headers; each worker builds the kernel
+and opens its own device (``--device`` names it on the workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from conveyor.cli.inputs import Input, check_options, open_input
+from conveyor.errors import InputError
+
+
+def on_cluster(options: argparse.Namespace) -> bool:
+    """True when the command should run on a Dask cluster."""
+    return bool(getattr(options, "scheduler", None) or getattr(options, "cluster", None))
+
+
+def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> int:
+    """Run map (``outputs``) or reduce (``reduce``) on the cluster; print like the local
+    command (the per-range table instead of the report)."""
+    from conveyor.cli.streaming import _number, _plain
+    from conveyor.dask import kernel, stream
+    from conveyor.dask.cluster import connect
+
+    if options.cast:
+        raise InputError("--cast is not supported with --scheduler/--cluster: convert the "
+                         "inputs first")
+    for flag in ("trace", "plot"):
+        if getattr(options, flag, None):
+            raise InputError(f"--{flag} is per-process: drop it with --scheduler/--cluster")
+    kernel_path = Path(options.kernel_file)
+    try:
+        source = kernel_path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read kernel file {kernel_path} ({exc.strerror}): "
+                         f"check the path") from exc
+    spec = kernel(source, options.kernel)
+    inputs = [Input(text) for text in options.inputs]
+    options.input_names = [item.text for item in inputs]
+    check_options(inputs, options)
+    sources = [open_input(item, options) for item in inputs]
+    with connect(options.scheduler, options.cluster) as client:
+        report = stream(spec, sources, outputs, client=client, reduce=reduce,
+                        args=[_number(a) for a in options.args],
+                        halo=getattr(options, "halo", 0), device=options.device,
+                        depth=options.depth, block_bytes=options.block_bytes,
+                        memory_limit=options.memory_limit, workers=options.workers)
+    if options.json:
+        figures: dict[str, Any] = {"command": options.command, "kernel": options.kernel,
+                                   "seconds": report.seconds, "ranges": report.ranges}
+        if reduce is not None:
+            figures["result"] = _plain(report.result)
+        else:
+            figures["outputs"] = outputs
+        print(json.dumps(figures))
+    elif options.quiet:
+        if reduce is not None:
+            print(_plain(report.result))
+    else:
+        for part in report.ranges:
+            lo, hi = part["rows"]
+            print(f"rows {lo}:{hi} on {part['worker']}: {part['blocks']} blocks, "
+                  f"{part['seconds']:.3f} s")
+        if reduce is not None:
+            print(f"{options.op} = {_plain(report.result)}")
+        else:
+            print(f"wrote {', '.join(outputs)}")
+    return 0

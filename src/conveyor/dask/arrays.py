@@ -1,0 +1,234 @@
+"""``conveyor.dask.map_blocks`` and ``conveyor.dask.reduce`` over ``dask.array`` arrays.
+
+Each chunk along axis 0 is one ``cv.stream`` on the worker that holds it (the stream cuts a
+chunk bigger than the device's memory into blocks). Chunks along other axes are merged first
+(``rechunk``: conveyor streams whole rows), and every input takes input 0's row chunks. The
+stream gets ``first_row`` = the chunk's first row, so ``offset`` in a kernel or callable is the
+index in the whole array, as in one local ``cv.stream``.
+
+Halo: each input is extended by dask's own overlap (``da.overlap.overlap``, depth ``halo`` on
+axis 0, dask's boundary names), and the stream runs over the extended chunk with conveyor's
+``halo=h`` too; the rows within ``h`` of the extended chunk's ends (the only ones whose
+neighbours conveyor pads) are dropped. So every kept row sees exactly the rows dask's overlap
+gives it; with ``boundary="none"`` the array's own ends repeat the edge row, as in
+``cv.stream(halo=h)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.dask.worker import Job, KernelSpec, as_job, run
+from conveyor.errors import InputError
+
+BOUNDARIES = ("nearest", "reflect", "periodic", "none")
+
+
+def _dask_array() -> Any:
+    try:
+        import dask.array as da
+    except ImportError as exc:  # pragma: no cover - the extra is missing
+        raise InputError("conveyor.dask needs Dask: pip install 'conveyor[dask]'") from exc
+    return da
+
+
+def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any] = (),
+               halo: int = 0, boundary: Any = "nearest", device: Any = None,
+               **options: Any) -> Any:
+    """A dask array whose chunks are ``compute`` streamed over ``arrays``' chunks.
+
+    ``compute`` is a Kernel (``device.compile``; only its source, name and options go to the
+    workers), :func:`conveyor.dask.kernel` (built on the workers only), or a callable as
+    ``cv.stream`` takes it (pickled to the workers). The one output has input 0's rows and
+    ``dtype`` (default: the kernel's output parameter type, else input 0's). ``args`` are the
+    kernel's scalar arguments. ``halo`` and ``boundary`` follow ``da.map_overlap`` on axis 0:
+    boundary "nearest", "reflect", "periodic", "none" or a constant. ``device`` is a spec
+    string each worker opens (default: the worker's ``CONVEYOR_DEVICE``, else its best
+    device). ``options``: ``depth``, ``block_bytes``, ``memory_limit``, ``workers``,
+    ``strict``, ``zero_copy`` of every chunk's stream.
+
+    A chunk's failure is raised by ``compute()`` as its own exception type, with a note naming
+    the chunk, its rows and the worker.
+    """
+    da = _dask_array()
+    job = as_job(compute, device, args, _stream_options(options))
+    from conveyor.pipeline.options import count
+
+    h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
+    _check_boundary(boundary)
+    data = _rows(da, arrays)
+    first = data[0]
+    out_dtype = np.dtype(dtype) if dtype is not None else _default_dtype(job, len(data), first)
+    if h:
+        if h > first.shape[0]:
+            raise InputError(f"halo={h} is more than the array's {first.shape[0]} rows: dask's "
+                             f"overlap needs halo <= rows (use cv.stream locally)")
+        # dask's overlap needs chunks of at least the depth: merge small ones first, as it
+        # would itself, so that the chunks counted here are the chunks it extends.
+        rows = da.overlap.ensure_minimum_chunksize(h, first.chunks[0])
+        data = [a.rechunk({0: rows}) for a in data]
+        first = data[0]
+    chunks = tuple(int(c) for c in first.chunks[0])
+    starts = tuple(int(s) for s in np.concatenate([[0], np.cumsum(chunks, dtype=np.int64)]))
+    befores = (0,) * len(chunks)
+    if h:
+        at_ends = h if boundary != "none" else 0
+        befores = tuple(at_ends if i == 0 else h for i in range(len(chunks)))
+        data = [da.overlap.overlap(a, depth={k: (h if k == 0 else 0) for k in range(a.ndim)},
+                                   boundary={k: boundary for k in range(a.ndim)})
+                for a in data]
+    chunk_fn = functools.partial(_map_chunk, job=job, halo=h, dtype=out_dtype,
+                                 starts=starts[:-1], befores=befores, rows=chunks)
+    out_ind = _index(first.ndim, "o")
+    pairs: list[Any] = []
+    for i, a in enumerate(data):
+        pairs += [a, ("r", *(_index(a.ndim, f"i{i}")[1:] if i else out_ind[1:]))]
+    pairs += [da.arange(len(chunks), chunks=1), ("r",)]
+    return da.blockwise(chunk_fn, out_ind, *pairs, dtype=out_dtype, concatenate=True,
+                        align_arrays=False, adjust_chunks={"r": chunks},
+                        meta=np.empty((0,) * first.ndim, out_dtype))
+
+
+def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum", *,
+           args: Sequence[Any] = (), device: Any = None, **options: Any) -> Any:
+    """A 0-d dask array: ``compute`` reduced over ``array`` with ``op``; ``.compute()`` gives
+    what ``cv.stream(compute, [array], reduce=op).result`` gives.
+
+    Each row chunk is one conveyor reduction on its worker (a kernel's per-element values
+    folded on the device, or a callable's partials; ``offset`` is the row in the whole
+    array); ``da.reduction`` folds the chunks' partials in chunk order, with the host folds
+    ``cv.stream`` uses (sum, min, max, or any ``f(a, b)`` with a callable). A number or an
+    array comes back as is; any other partial (a list, say) in a 0-d object array
+    (``result[()]``). Arguments as in :func:`map_blocks`.
+    """
+    da = _dask_array()
+    job = as_job(compute, device, args, _stream_options(options))
+    if not callable(op) and op not in ("sum", "min", "max"):
+        raise InputError(f"op={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+    if isinstance(job.compute, KernelSpec) and callable(op):
+        raise InputError("with a kernel, op is 'sum', 'min' or 'max' (a function f(a, b) "
+                         "needs a callable compute that returns each block's partial)")
+    (data,) = _rows(da, (array,))
+    from conveyor.pipeline import reduce as reducing
+
+    reducing.check_not_empty(op, int(np.prod(data.shape, dtype=np.int64)))
+    kept = tuple(int(c) for c in data.chunks[0] if c)  # an empty chunk has no partial
+    if len(kept) != len(data.chunks[0]) and kept:
+        data = data.rechunk({0: kept})
+    starts = tuple(int(s) for s in np.concatenate([[0], np.cumsum(kept, dtype=np.int64)]))
+    chunk_fn = functools.partial(_reduce_chunk, job=job, op=op, starts=starts[:-1], rows=kept)
+    ind = _index(data.ndim, "i")
+    partials = da.blockwise(chunk_fn, ("r",), data, ind, da.arange(len(kept), chunks=1),
+                            ("r",), dtype=object, concatenate=True, align_arrays=False,
+                            adjust_chunks={"r": (1,) * len(kept)},
+                            meta=np.empty((0,), object))
+    element = _default_dtype(job, 1, data)
+    fold = functools.partial(_fold, op=op, element=element, kernel=isinstance(
+        job.compute, KernelSpec))
+    return da.reduction(partials, chunk=_keep, combine=fold, aggregate=_final(fold),
+                        dtype=object, concatenate=True, meta=np.empty((), object))
+
+
+# -- on the workers ---------------------------------------------------------------------------
+def _map_chunk(*blocks: np.ndarray, job: Job, halo: int, dtype: np.dtype,
+               starts: tuple[int, ...], befores: tuple[int, ...], rows: tuple[int, ...]
+               ) -> np.ndarray:
+    *data, index = blocks
+    i = int(index[0])
+    lo, before, count = starts[i], befores[i], rows[i]
+    report = run(job, list(data), [dtype], first_row=lo - before, halo=halo,
+                 where=f"chunk {i} (rows {lo}:{lo + count})")
+    result: np.ndarray = report.outputs[0]
+    return result[before : before + count] if halo else result
+
+
+def _reduce_chunk(block: np.ndarray, index: np.ndarray, *, job: Job, op: Any,
+                  starts: tuple[int, ...], rows: tuple[int, ...]) -> np.ndarray:
+    i = int(index[0])
+    lo = starts[i]
+    report = run(job, [block], [], first_row=lo, reduce=op,
+                 where=f"chunk {i} (rows {lo}:{lo + rows[i]})")
+    partial = np.empty((1,), object)
+    partial[0] = report.result
+    return partial
+
+
+def _keep(partials: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
+    return partials
+
+
+def _fold(partials: np.ndarray, axis: Any = None, keepdims: bool = False, *, op: Any,
+          element: np.dtype, kernel: bool) -> np.ndarray:
+    from conveyor.pipeline import reduce as reducing
+
+    folded = np.empty((1,), object)
+    folded[0] = reducing.combine(op, list(np.ravel(partials)), element, kernel=kernel)
+    return folded
+
+
+def _final(fold: Callable[..., np.ndarray]) -> Callable[..., Any]:
+    def aggregate(partials: np.ndarray, axis: Any = None, keepdims: bool = False) -> Any:
+        value = fold(partials)[0]  # the value itself, as cv.stream's report.result
+        if isinstance(value, np.ndarray | np.generic | int | float | complex):
+            return value
+        wrapped = np.empty((), object)  # dask would take a list for nested blocks
+        wrapped[()] = value
+        return wrapped
+
+    return aggregate
+
+
+# -- on the client ----------------------------------------------------------------------------
+def _stream_options(options: dict[str, Any]) -> dict[str, Any]:
+    known = ("depth", "block_bytes", "memory_limit", "workers", "strict", "zero_copy")
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(f"unknown option(s) {', '.join(unknown)}: conveyor.dask takes "
+                         f"{', '.join(known)} (progress and trace are per-process: use "
+                         f"cv.stream locally for those)")
+    return options
+
+
+def _check_boundary(boundary: Any) -> None:
+    if isinstance(boundary, str):
+        if boundary not in BOUNDARIES:
+            raise InputError(f"boundary={boundary!r}: use one of {', '.join(BOUNDARIES)} or "
+                             f"a constant (dask's names, as in da.map_overlap)")
+    elif isinstance(boundary, bool) or not isinstance(boundary, int | float | np.number):
+        raise InputError(f"boundary={boundary!r}: use one of {', '.join(BOUNDARIES)} or a "
+                         f"number (a constant for the rows past either end)")
+
+
+def _rows(da: Any, arrays: Sequence[Any]) -> list[Any]:
+    """The inputs as dask arrays chunked along axis 0 only, all like input 0."""
+    if not arrays:
+        raise InputError("conveyor.dask needs at least one input array")
+    data = [da.asarray(a) for a in arrays]
+    for i, a in enumerate(data):
+        if any(math.isnan(c) for c in a.chunks[0]):
+            raise InputError(f"input {i} has chunks of unknown length (after a filter, say): "
+                             f"call .compute_chunk_sizes() on it first")
+        if a.ndim == 0:
+            raise InputError(f"input {i} is 0-d: conveyor streams arrays of rows (axis 0)")
+        if a.shape[0] != data[0].shape[0]:
+            raise InputError(f"input {i} has {a.shape[0]} rows but input 0 has "
+                             f"{data[0].shape[0]}: inputs must agree on axis 0")
+    rows = data[0].chunks[0]
+    return [a.rechunk({k: (rows if k == 0 else -1) for k in range(a.ndim)}) for a in data]
+
+
+def _default_dtype(job: Job, inputs: int, first: Any) -> np.dtype:
+    if isinstance(job.compute, KernelSpec):
+        found = job.compute.output_dtype(inputs)
+        if found is not None:
+            return found
+    return np.dtype(first.dtype)
+
+
+def _index(ndim: int, prefix: str) -> tuple[str, ...]:
+    return ("r", *(f"{prefix}{k}" for k in range(1, ndim)))

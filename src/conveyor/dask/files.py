@@ -1,0 +1,242 @@
+"""``conveyor.dask.stream``: files to files on a Dask cluster, one long stream per worker.
+
+The client reads only the files' headers. It makes each output's temporary ``.part`` file
+beside the target at full size, with its header (the FileSink of a local stream, whose lock it
+holds), splits the rows into one range per worker and sends each worker the file names and its
+range: no array goes through the scheduler. Each worker streams its rows from the input files
+(a :class:`~conveyor.pipeline.io.FileSource` over its range) into its rows of the part files
+(:class:`RangeSink`). Only when every range has succeeded does the client rename the parts
+over the targets; on any failure it deletes them. A range whose worker died is run again by
+Dask on another worker and simply rewrites the same rows, so nothing is duplicated or missing.
+Workers and client must see the same files (one host, or a shared file system).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conveyor.dask.worker import Job, KernelSpec, as_job, run, worker_name
+from conveyor.errors import InputError
+from conveyor.pipeline.io import FileRows, FileSource
+from conveyor.pipeline.sinks import FileSink, Sink
+
+#: A file as workers get it: (path, dtype string, shape of the whole array, data offset).
+FileRef = tuple[str, str, tuple[int, ...], int]
+
+
+class RangeSink(Sink):
+    """Rows ``lo:hi`` of an output file that already exists at full size (a part file the
+    client made): a worker's share. The stream may cover ``skip`` extra rows before them
+    (and some after: a halo's margin), whose results are dropped, not written."""
+
+    def __init__(self, ref: FileRef, lo: int, hi: int, skip: int, rows: int) -> None:
+        path, dtype, shape, offset = ref
+        self.path, self.name = path, f"rows {lo}:{hi} of {path}"
+        self.dtype = np.dtype(dtype)
+        self.shape = (rows, *shape[1:])
+        self.row_bytes = math.prod(shape[1:]) * self.dtype.itemsize
+        self.start = offset + (lo - skip) * self.row_bytes  # byte of the stream's row 0
+        self.keep = (skip, skip + hi - lo)
+        self._fd: int | None = None
+
+    @property
+    def result(self) -> str:
+        """The file's path."""
+        return self.path
+
+    def rows(self, lo: int, hi: int) -> FileRows:
+        """Where the stream's rows ``lo:hi`` go."""
+        return FileRows(self, lo, hi)
+
+    def open(self) -> None:
+        """Open the existing file for writing (never create or truncate it)."""
+        self._fd = os.open(self.path, os.O_WRONLY)
+
+    def write_from(self, src: np.ndarray, lo: int) -> None:
+        """Write the rows of ``src`` (stream rows from ``lo``) that are this worker's."""
+        assert self._fd is not None, "open() first"
+        first, last = max(lo, self.keep[0]), min(lo + len(src), self.keep[1])
+        if first >= last:
+            return
+        view = memoryview(np.ascontiguousarray(src[first - lo : last - lo]).data).cast("B")
+        position = self.start + first * self.row_bytes
+        done = 0
+        while done < len(view):
+            done += os.pwritev(self._fd, [view[done:]], position + done)
+
+    def commit(self) -> None:
+        """Flush this worker's rows to disk and close (the client renames the file)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def abort(self) -> None:
+        """Close (the client deletes the part file)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+@dataclass
+class ClusterReport:
+    """What ``conveyor.dask.stream`` did: the output paths, the reduction's result, and one
+    entry per row range (rows, worker, seconds, blocks)."""
+
+    outputs: list[str] = field(default_factory=list)
+    result: Any = None
+    ranges: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = None, *,
+           client: Any = None, reduce: str | Callable[[Any, Any], Any] | None = None,
+           args: Sequence[Any] = (), halo: int = 0, device: Any = None,
+           **options: Any) -> ClusterReport:
+    """Stream files through ``compute`` on every worker of ``client``'s cluster.
+
+    ``inputs`` are ``.npy`` paths, ``cv.npy(path)`` or ``cv.raw(path, dtype, shape)``;
+    ``outputs`` ``.npy`` paths, ``cv.npy_out`` or ``cv.raw_out`` (dtype default: the kernel's
+    output parameter type, else input 0's). Each worker runs one stream over its own row
+    range (``offset`` is the row in the whole file, ``halo`` rows come from the neighbouring
+    ranges, the file's ends repeat the edge row as in ``cv.stream``); ``reduce`` folds every
+    range's result in row order. Outputs appear only when every range succeeded. ``client``
+    defaults to the current ``distributed`` client. ``compute``, ``args``, ``device`` and
+    ``options`` as in :func:`conveyor.dask.map_blocks`.
+    """
+    from conveyor.dask.arrays import _stream_options
+    from conveyor.pipeline.io import as_source
+    from conveyor.pipeline.options import as_inputs, as_outputs, count
+    from conveyor.pipeline.sinks import as_sink
+
+    started = time.perf_counter()
+    job = as_job(compute, device, args, _stream_options(options))
+    h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
+    client = _client(client)
+    sources = [as_source(x, i) for i, x in enumerate(as_inputs(inputs))]
+    try:
+        refs = [_source_ref(s, i) for i, s in enumerate(sources)]
+    finally:
+        for source in sources:
+            source.close()
+    if not refs:
+        raise InputError("a stream needs at least one input file")
+    total, row_shape = refs[0][2][0], refs[0][2][1:]
+    for i, ref in enumerate(refs):
+        if ref[2][0] != total:
+            raise InputError(f"input {i} {ref[0]} has {ref[2][0]} rows but input 0 has "
+                             f"{total}: inputs must agree on axis 0")
+    wanted = as_outputs(outputs)
+    if reduce is not None and wanted:
+        raise InputError("with reduce=, pass no outputs")
+    default = _default_dtype(job, len(refs), np.dtype(refs[0][1]))
+    sinks: list[FileSink] = []
+    try:
+        for i, out in enumerate(wanted):
+            sink = as_sink(out, i, total, row_shape, default)
+            if not isinstance(sink, FileSink):
+                raise InputError(f"output {i}: conveyor.dask.stream writes files (a .npy "
+                                 f"path, cv.npy_out or cv.raw_out); use map_blocks for arrays")
+            sinks.append(sink)
+            sink.open()
+        out_refs: list[FileRef] = [(str(s._tmp), s.dtype.str, s.shape, s.offset) for s in sinks]
+        ranges = _ranges(total, _workers(client))
+        futures = [
+            client.submit(_stream_range, job, refs, out_refs, lo, hi, h, reduce,
+                          workers=[addr], allow_other_workers=True, pure=False,
+                          key=f"conveyor-rows-{lo}-{hi}-{os.urandom(6).hex()}")
+            for addr, (lo, hi) in ranges
+        ]
+        try:
+            done = client.gather(futures)
+        except BaseException:
+            client.cancel(futures)
+            raise
+        for sink in sinks:
+            sink.commit()
+    except BaseException:
+        for sink in sinks:
+            sink.abort()
+        raise
+    partials = [d.pop("partial") for d in done]
+    result = None
+    if reduce is not None:
+        from conveyor.pipeline import reduce as reducing
+
+        result = reducing.combine(reduce, partials, default,
+                                  kernel=isinstance(job.compute, KernelSpec))
+    return ClusterReport(outputs=[s.name for s in sinks], result=result, ranges=list(done),
+                         seconds=time.perf_counter() - started)
+
+
+def _stream_range(job: Job, refs: list[FileRef], out_refs: list[FileRef], lo: int, hi: int,
+                  halo: int, reduce: Any) -> dict[str, Any]:
+    """On a worker: stream rows ``lo:hi`` (plus ``halo`` rows each side, where the file has
+    them) from the input files into the same rows of the output files."""
+    total = refs[0][2][0]
+    first, last = max(lo - halo, 0), min(hi + halo, total)
+    sources = [_range_source(ref, first, last) for ref in refs]
+    sinks = [RangeSink(ref, lo, hi, lo - first, last - first) for ref in out_refs]
+    report = run(job, list(sources), list(sinks), first_row=first, halo=halo, reduce=reduce,
+                 where=f"rows {lo}:{hi} of {refs[0][0]}")
+    return {"rows": (lo, hi), "worker": worker_name(), "seconds": report.seconds,
+            "blocks": report.blocks, "partial": report.result}
+
+
+def _range_source(ref: FileRef, lo: int, hi: int) -> FileSource:
+    path, dtype, shape, offset = ref
+    row_bytes = math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    return FileSource(path, dtype, (hi - lo, *shape[1:]), offset + lo * row_bytes)
+
+
+def _source_ref(source: Any, index: int) -> FileRef:
+    if not isinstance(source, FileSource):
+        raise InputError(f"input {index} ({source.name}): conveyor.dask.stream reads .npy or "
+                         f"raw files (each worker reads its own rows); use map_blocks for "
+                         f"arrays")
+    return (str(Path(source.path).resolve()), source.dtype.str, source.shape, source.offset)
+
+
+def _default_dtype(job: Job, inputs: int, fallback: np.dtype) -> np.dtype:
+    if isinstance(job.compute, KernelSpec):
+        found = job.compute.output_dtype(inputs)
+        if found is not None:
+            return found
+    return fallback
+
+
+def _client(client: Any) -> Any:
+    if client is not None:
+        return client
+    try:
+        from distributed import get_client
+
+        return get_client()
+    except (ImportError, ValueError) as exc:
+        raise InputError("conveyor.dask.stream needs a Dask cluster: pass client=Client(...) "
+                         "(pip install 'conveyor[dask]')") from exc
+
+
+def _workers(client: Any) -> list[str]:
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    if not workers:
+        raise InputError("the Dask cluster has no workers: start some, or wait for them "
+                         "(client.wait_for_workers(n))")
+    return workers
+
+
+def _ranges(total: int, workers: list[str]) -> list[tuple[str, tuple[int, int]]]:
+    """One row range per worker, as even as rows allow (none empty unless no rows at all)."""
+    count = max(1, min(len(workers), total))
+    bounds = [total * k // count for k in range(count + 1)]
+    return [(workers[k], (bounds[k], bounds[k + 1])) for k in range(count)]

@@ -1,0 +1,202 @@
+"""What the client sends to Dask workers, and what each worker keeps between tasks.
+
+The client never touches a device: it turns what the user passed (a compiled Kernel, a
+KernelFuture, :func:`kernel`, or a Python callable) into a :class:`Job`, which holds only the
+kernel's source text, name and build options, the device spec and the stream options, and
+pickles small. On the worker, :func:`resolve` finds the device (``cv.device``: one per process,
+so its memory pools stay warm from one task to the next) and builds the kernel once per worker
+process (the per-worker cache ``_kernels``; the disk cache makes even the first build a load
+on every worker after the first). Dask's default nanny workers start by spawn, so no driver
+state crosses a fork (the OpenCL backend refuses use after a fork anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel as text: what a worker needs to build it (see :func:`kernel`)."""
+
+    source: str
+    name: str
+    options: tuple[str, ...] = ()
+
+    def output_dtype(self, inputs: int) -> np.dtype | None:
+        """The element type of the kernel's first output parameter (the one after ``inputs``
+        inputs), read from the source text on the client (no device), or None."""
+        from conveyor.kernels.signature import parse_params
+
+        params = parse_params(self.source, self.name)
+        if inputs < len(params) and params[inputs].is_pointer:
+            return params[inputs].dtype
+        return None
+
+
+def kernel(source: str, name: str, options: Sequence[str] = ()) -> KernelSpec:
+    """Kernel ``name`` of ``source`` (built with ``options``), built on each worker the first
+    time a task needs it and kept there: the client compiles nothing. InputError now when
+    ``source`` has no kernel ``name``."""
+    from conveyor.kernels.signature import parse_params
+
+    if not isinstance(source, str) or not isinstance(name, str):
+        raise InputError("conveyor.dask.kernel(source, name): both are str (the source text "
+                         "and the kernel's name)")
+    parse_params(source, name)
+    return KernelSpec(source, name, tuple(str(o) for o in options))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One stream's recipe, as sent to workers: nothing in it holds a device."""
+
+    compute: KernelSpec | Callable[..., Any]
+    device: str | None
+    args: tuple[Any, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, Any]) -> Job:
+    """What the client sends for ``compute`` on ``device``: a Kernel (or KernelFuture) becomes
+    its source, name and options (and its device's spec, unless ``device`` is given); a
+    KernelSpec or a callable is sent as is. InputError for anything else."""
+    from conveyor.backends.base import Device, Kernel
+    from conveyor.kernels.build import KernelFuture
+    from conveyor.pipeline.options import StreamOptions
+
+    spec: str | None
+    if device is None or isinstance(device, str):
+        spec = device
+    elif isinstance(device, Device):
+        spec = device.spec
+    else:
+        raise InputError(f"device={device!r}: pass a spec string like 'opencl:0:0' or 'cuda' "
+                         f"(each worker opens its own device)")
+    what: KernelSpec | Callable[..., Any]
+    if isinstance(compute, KernelSpec):
+        what = compute
+    elif isinstance(compute, Kernel | KernelFuture):
+        if compute.source is None:
+            raise InputError(f"kernel {compute.name!r} does not know its source: compile it "
+                             f"with device.compile(source, name), or pass "
+                             f"conveyor.dask.kernel(source, name)")
+        what = KernelSpec(compute.source, compute.name, tuple(compute.options))
+        spec = spec if spec is not None else compute.device.spec
+    elif callable(compute):
+        what = compute
+    else:
+        raise InputError(f"compute must be a Kernel, conveyor.dask.kernel(source, name) or a "
+                         f"callable, got {type(compute).__name__}")
+    parsed = StreamOptions.parse(args=args, **{k: v for k, v in options.items()
+                                               if k in ("depth", "block_bytes",
+                                                        "memory_limit", "workers")})
+    kept = {"depth": parsed.depth, "block_bytes": parsed.block_bytes,
+            "memory_limit": parsed.memory_limit, "workers": parsed.workers,
+            **{k: v for k, v in options.items() if k in ("strict", "zero_copy")}}
+    return Job(what, spec, parsed.args, kept)
+
+
+_lock = threading.Lock()
+#: (device spec, source, name, options) -> loaded Kernel, for the life of the worker process.
+_kernels: dict[tuple[str, str, str, tuple[str, ...]], Any] = {}
+
+
+def resolve(job: Job) -> tuple[Any, Any]:
+    """(device, compute) on this worker: the device ``job`` names and its kernel, built the
+    first time this process needs it and kept."""
+    import conveyor as cv
+
+    dev = cv.device(job.device)
+    if not isinstance(job.compute, KernelSpec):
+        return dev, job.compute
+    spec = job.compute
+    key = (dev.spec, spec.source, spec.name, spec.options)
+    with _lock:
+        built = _kernels.get(key)
+    if built is None:
+        built = dev.compile(spec.source, spec.name, spec.options)
+        with _lock:
+            built = _kernels.setdefault(key, built)
+    return dev, built
+
+
+def warm(compute: Any, *, client: Any = None, device: Any = None) -> dict[str, str]:
+    """Build ``compute`` (a Kernel or :func:`kernel`) on every worker of ``client``'s
+    cluster now, before the first task (or a timed run) needs it; {worker address: device
+    spec}. A worker that joins later builds it on its first task. Compile errors are raised
+    as in a task."""
+    from conveyor.dask.files import _client
+
+    job = as_job(compute, device, (), {})
+    if not isinstance(job.compute, KernelSpec):
+        raise InputError("warm() builds kernels: a callable has nothing to build")
+    result: dict[str, str] = _client(client).run(_warm_here, job)
+    return result
+
+
+def _warm_here(job: Job) -> str:
+    assert isinstance(job.compute, KernelSpec)
+    try:
+        dev, _ = resolve(job)
+    except Exception as exc:
+        exc.add_note(f"conveyor.dask: building kernel {job.compute.name!r}, on worker "
+                     f"{worker_name()}")
+        _travel_light(exc)
+        raise
+    return str(dev.spec)
+
+
+def cached_kernels() -> int:
+    """How many kernels this process keeps built (tests ask workers this)."""
+    with _lock:
+        return len(_kernels)
+
+
+def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, where: str,
+        halo: int = 0, reduce: Any = None) -> Any:
+    """One ``cv.stream`` of ``job`` on this worker; the Report. A failure is raised as is,
+    with a note naming ``where`` (the chunk and its rows) and this worker."""
+    import conveyor as cv
+
+    try:
+        dev, compute = resolve(job)
+        return cv.stream(compute, inputs, outputs, device=dev, halo=halo, reduce=reduce,
+                         args=job.args, first_row=first_row, **job.options)
+    except Exception as exc:
+        exc.add_note(f"conveyor.dask: {where}, on worker {worker_name()}")
+        _travel_light(exc)
+        raise
+
+
+def _travel_light(exc: BaseException) -> None:
+    """Make ``exc`` reach the client as itself: Dask pickles an exception with its chain
+    (``__cause__``, ``__context__``), and a driver's own exception often cannot be pickled
+    (PyOpenCL's errors hold an ``_ErrorRecord``), which would turn a CompileError into a bare
+    Exception carrying its repr. The chain is cut and kept as notes (type and message)."""
+    for attr in ("__cause__", "__context__"):
+        link = getattr(exc, attr)
+        if link is None or (attr == "__context__" and link is exc.__cause__):
+            continue
+        exc.add_note(f"caused by {type(link).__module__}.{type(link).__name__}: {link}")
+    exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
+
+
+def worker_name() -> str:
+    """This Dask worker's name and address (or the process id outside a worker)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return f"pid {os.getpid()}"
+    return f"{worker.name} ({worker.address}, pid {os.getpid()})"
