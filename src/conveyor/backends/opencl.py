@@ -475,6 +475,7 @@ class Device(base.Device):
         return UserEvent(cl.UserEvent(self.context))
 
     def compiler_identity(self) -> str:
+        _check_not_forked()  # NVIDIA's driver answers a forked child with INVALID_DEVICE
         platform = self.cl_device.platform
         return "|".join([
             "opencl", platform.name, platform.version, self.cl_device.name,
@@ -484,6 +485,7 @@ class Device(base.Device):
         ])
 
     def source_macros(self) -> dict[str, str]:
+        _check_not_forked()
         macros = {"__OPENCL_VERSION__": _version_number(self.cl_device.version),
                   "__ENDIAN_LITTLE__": "1" if self.cl_device.endian_little else "0"}
         try:
