@@ -5,6 +5,7 @@ any other overlap is an InputError before any work."""
 from __future__ import annotations
 
 import contextlib
+import mmap
 
 import numpy as np
 import pytest
@@ -160,6 +161,19 @@ def test_memmaps_one_row_apart_are_refused(device, tmp_path):
     path = _npy(tmp_path, data((ROWS + 1,), np.float32, 9))
     src, dst = np.load(path, mmap_mode="r"), np.load(path, mmap_mode="r+")
     _refused(device, [src[:-1]], [dst[1:]])
+
+
+def test_frombuffer_of_an_mmap_one_row_from_a_memmap_is_refused(device, tmp_path):
+    # np.frombuffer(mmap.mmap) keeps a memoryview, not the mmap, as its base.
+    path = tmp_path / "x.raw"
+    data((ROWS + 1,), np.float32, 13).tofile(path)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mapped:
+        src = np.frombuffer(mapped, np.float32)
+        dst = np.memmap(path, np.float32, "r+")
+        try:
+            _refused(device, [src[:-1]], [dst[1:]])
+        finally:
+            del src, dst
 
 
 def test_npy_input_read_in_place_of_its_memmap(device, tmp_path):

@@ -118,7 +118,8 @@ def _file_backed(array: np.ndarray) -> bool:
     while base is not None:
         if isinstance(base, np.memmap | mmap.mmap):
             return True
-        base = getattr(base, "base", None)
+        # np.frombuffer(an mmap.mmap) keeps a memoryview as its base, the mmap behind it.
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     return False
 
 
