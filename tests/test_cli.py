@@ -135,6 +135,8 @@ def _bad_cases(tmp: Path) -> dict[str, list]:
         "missing input": ["--kernel", "saxpy", "-i", tmp / "none.npy", "-i", tmp / "y.npy"],
         "bad memory limit": ["--kernel", "saxpy", *base, "--memory-limit", "lots"],
         "memory limit too small": ["--kernel", "saxpy", *base, "--memory-limit", "100"],
+        "infinite block bytes": ["--kernel", "saxpy", *base, "--block-bytes", "1e400"],
+        "infinite memory limit": ["--kernel", "saxpy", *base, "--memory-limit", "1e99999GiB"],
         "no --kernel": [*base],
     }
 
@@ -142,7 +144,8 @@ def _bad_cases(tmp: Path) -> dict[str, list]:
 @pytest.mark.parametrize("case", [
     "truncated input", "lengths disagree", "output folder missing", "no such kernel",
     "wrong arg count", "not a number", "raw without dtype", "missing input",
-    "bad memory limit", "memory limit too small", "no --kernel",
+    "bad memory limit", "memory limit too small", "infinite block bytes",
+    "infinite memory limit", "no --kernel",
 ])
 def test_bad_input_exits_2_with_one_line_and_no_output(device, files, capsys, case):
     tmp, _, _ = files
