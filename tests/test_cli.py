@@ -138,6 +138,10 @@ def _bad_cases(tmp: Path) -> dict[str, list]:
         "infinite block bytes": ["--kernel", "saxpy", *base, "--block-bytes", "1e400"],
         "infinite memory limit": ["--kernel", "saxpy", *base, "--memory-limit", "1e99999GiB"],
         "no --kernel": [*base],
+        "trace onto the output": ["--kernel", "saxpy", *base, "-o", tmp / "out.npy",
+                                  "--trace", tmp / "out.npy"],
+        "output twice": ["--kernel", "saxpy", *base, "-o", tmp / "out.npy", "-o",
+                         tmp / "out.npy"],
     }
 
 
@@ -145,7 +149,7 @@ def _bad_cases(tmp: Path) -> dict[str, list]:
     "truncated input", "lengths disagree", "output folder missing", "no such kernel",
     "wrong arg count", "not a number", "raw without dtype", "missing input",
     "bad memory limit", "memory limit too small", "infinite block bytes",
-    "infinite memory limit", "no --kernel",
+    "infinite memory limit", "no --kernel", "trace onto the output", "output twice",
 ])
 def test_bad_input_exits_2_with_one_line_and_no_output(device, files, capsys, case):
     tmp, _, _ = files
@@ -161,6 +165,22 @@ def test_bad_input_exits_2_with_one_line_and_no_output(device, files, capsys, ca
     assert code == 2, err
     assert len(err.splitlines()) == 1 or err.startswith("usage:"), err
     assert not out.exists() and not list(tmp.glob("*.part")) and not list(tmp.glob(".*part"))
+
+
+@pytest.mark.parametrize(("argv", "phrase"), [
+    (["-o", "out.npy", "--trace", "out.npy"], "-o out.npy and --trace out.npy are one file"),
+    (["-o", "sub/"], "-o sub/ is a folder: name a .npy file in it, e.g. sub/out.npy"),
+], ids=["trace onto the output", "output a folder"])
+def test_files_written_twice_or_folders_are_named_in_cli_terms(device, files, capsys,
+                                                                 monkeypatch, argv, phrase):
+    tmp, _, _ = files
+    (tmp / "sub").mkdir()
+    monkeypatch.chdir(tmp)
+    code = _run(tmp, "map", _kernel_file(device), "--kernel", "saxpy", "-i", "x.npy", "-i",
+                "y.npy", "--arg", "2", "--device", device.spec, *argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and phrase in err, err
+    assert not (tmp / "out.npy").exists()
 
 
 def test_kernel_language_must_match_the_device(device, files, capsys):
