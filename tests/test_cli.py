@@ -341,10 +341,27 @@ def test_cast_converts_an_input_and_errors_say_so(device, files):
     refused = conveyor(*argv, cwd=tmp)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
     assert "--cast x:float32" in refused.stderr and "x64.npy" in refused.stderr
+    assert "or declare the parameter double* in the kernel" in refused.stderr, refused.stderr
     assert not any(word in refused.stderr for word in _PYTHON_WORDS), refused.stderr
     done = conveyor(*argv, "--cast", "x:float32", "--block-bytes", "16KiB", cwd=tmp)
     assert done.returncode == 0, done.stderr
     assert np.array_equal(np.load(tmp / "out.npy"), np.float32(2) * x + y)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--arg", "1e40", "-o", "out.npy"], "--arg 1e+40 cannot be passed as kernel parameter"),
+    (["--arg", "2", "-o", "out.npy", "--trace", "no/t.json"],
+     "--trace no/t.json: folder"),
+], ids=["arg out of range", "trace folder missing"])
+def test_late_checked_errors_name_the_options_too(device, files, capsys, monkeypatch, argv,
+                                                   expected):
+    tmp, _, _ = files
+    monkeypatch.chdir(tmp)
+    code = _run(tmp, "map", _kernel_file(device), "--kernel", "saxpy", "-i", "x.npy", "-i",
+                "y.npy", "--device", device.spec, *argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err, err
+    assert "args[" not in err and "trace=" not in err, err
 
 
 @pytest.mark.parametrize("extra, expected", [
