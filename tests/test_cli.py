@@ -310,6 +310,20 @@ def test_every_option_has_help_with_its_default(tmp_path, command):
         assert needle in text, text
 
 
+@pytest.mark.parametrize("argv", [["devices"], ["cache", "info"]], ids=["devices", "cache"])
+def test_a_closed_stdout_pipe_exits_141_without_a_message(tmp_path, argv):
+    # As `conveyor devices | head -1`, deterministically: the pipe's reader is gone before
+    # the command starts. Before: exit 1 and "Broken pipe: check the path and its permissions".
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([*_command(), *argv], cwd=tmp_path, env=_env(), stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
 def test_cache_info_does_not_create_the_folder(tmp_path):
     folder = tmp_path / "no" / "cache"
     env = dict(_env(), CONVEYOR_CACHE_DIR=str(folder))
