@@ -135,14 +135,21 @@ def _bad_cases(tmp: Path) -> dict[str, list]:
         "missing input": ["--kernel", "saxpy", "-i", tmp / "none.npy", "-i", tmp / "y.npy"],
         "bad memory limit": ["--kernel", "saxpy", *base, "--memory-limit", "lots"],
         "memory limit too small": ["--kernel", "saxpy", *base, "--memory-limit", "100"],
+        "infinite block bytes": ["--kernel", "saxpy", *base, "--block-bytes", "1e400"],
+        "infinite memory limit": ["--kernel", "saxpy", *base, "--memory-limit", "1e99999GiB"],
         "no --kernel": [*base],
+        "trace onto the output": ["--kernel", "saxpy", *base, "-o", tmp / "out.npy",
+                                  "--trace", tmp / "out.npy"],
+        "output twice": ["--kernel", "saxpy", *base, "-o", tmp / "out.npy", "-o",
+                         tmp / "out.npy"],
     }
 
 
 @pytest.mark.parametrize("case", [
     "truncated input", "lengths disagree", "output folder missing", "no such kernel",
     "wrong arg count", "not a number", "raw without dtype", "missing input",
-    "bad memory limit", "memory limit too small", "no --kernel",
+    "bad memory limit", "memory limit too small", "infinite block bytes",
+    "infinite memory limit", "no --kernel", "trace onto the output", "output twice",
 ])
 def test_bad_input_exits_2_with_one_line_and_no_output(device, files, capsys, case):
     tmp, _, _ = files
@@ -158,6 +165,22 @@ def test_bad_input_exits_2_with_one_line_and_no_output(device, files, capsys, ca
     assert code == 2, err
     assert len(err.splitlines()) == 1 or err.startswith("usage:"), err
     assert not out.exists() and not list(tmp.glob("*.part")) and not list(tmp.glob(".*part"))
+
+
+@pytest.mark.parametrize(("argv", "phrase"), [
+    (["-o", "out.npy", "--trace", "out.npy"], "-o out.npy and --trace out.npy are one file"),
+    (["-o", "sub/"], "-o sub/ is a folder: name a .npy file in it, e.g. sub/out.npy"),
+], ids=["trace onto the output", "output a folder"])
+def test_files_written_twice_or_folders_are_named_in_cli_terms(device, files, capsys,
+                                                                 monkeypatch, argv, phrase):
+    tmp, _, _ = files
+    (tmp / "sub").mkdir()
+    monkeypatch.chdir(tmp)
+    code = _run(tmp, "map", _kernel_file(device), "--kernel", "saxpy", "-i", "x.npy", "-i",
+                "y.npy", "--arg", "2", "--device", device.spec, *argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and phrase in err, err
+    assert not (tmp / "out.npy").exists()
 
 
 def test_kernel_language_must_match_the_device(device, files, capsys):
@@ -287,6 +310,20 @@ def test_every_option_has_help_with_its_default(tmp_path, command):
         assert needle in text, text
 
 
+@pytest.mark.parametrize("argv", [["devices"], ["cache", "info"]], ids=["devices", "cache"])
+def test_a_closed_stdout_pipe_exits_141_without_a_message(tmp_path, argv):
+    # As `conveyor devices | head -1`, deterministically: the pipe's reader is gone before
+    # the command starts. Before: exit 1 and "Broken pipe: check the path and its permissions".
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([*_command(), *argv], cwd=tmp_path, env=_env(), stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
 def test_cache_info_does_not_create_the_folder(tmp_path):
     folder = tmp_path / "no" / "cache"
     env = dict(_env(), CONVEYOR_CACHE_DIR=str(folder))
@@ -318,10 +355,27 @@ def test_cast_converts_an_input_and_errors_say_so(device, files):
     refused = conveyor(*argv, cwd=tmp)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
     assert "--cast x:float32" in refused.stderr and "x64.npy" in refused.stderr
+    assert "or declare the parameter double* in the kernel" in refused.stderr, refused.stderr
     assert not any(word in refused.stderr for word in _PYTHON_WORDS), refused.stderr
     done = conveyor(*argv, "--cast", "x:float32", "--block-bytes", "16KiB", cwd=tmp)
     assert done.returncode == 0, done.stderr
     assert np.array_equal(np.load(tmp / "out.npy"), np.float32(2) * x + y)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--arg", "1e40", "-o", "out.npy"], "--arg 1e+40 cannot be passed as kernel parameter"),
+    (["--arg", "2", "-o", "out.npy", "--trace", "no/t.json"],
+     "--trace no/t.json: folder"),
+], ids=["arg out of range", "trace folder missing"])
+def test_late_checked_errors_name_the_options_too(device, files, capsys, monkeypatch, argv,
+                                                   expected):
+    tmp, _, _ = files
+    monkeypatch.chdir(tmp)
+    code = _run(tmp, "map", _kernel_file(device), "--kernel", "saxpy", "-i", "x.npy", "-i",
+                "y.npy", "--device", device.spec, *argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err, err
+    assert "args[" not in err and "trace=" not in err, err
 
 
 @pytest.mark.parametrize("extra, expected", [

@@ -29,7 +29,10 @@ PYOPENCL_BUILD_OPTIONS_VAR = "PYOPENCL_BUILD_OPTIONS"
 _DEVICE_SPEC = re.compile(r"(gpu|cpu|cuda|opencl)|cuda:\d+|opencl:\d+(:\d+)?")
 # A size: a number, then optional unit; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024
 # (a bare K/M/G/T is refused: it means either).
-_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([a-z]*)", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([a-z]*)", re.IGNORECASE | re.ASCII)
+#: Digits a size may have before its unit: 10**30 bytes is more than any machine holds; and
+#: the cap keeps "1e999999999" from building a billion-digit integer (minutes of CPU).
+_SIZE_DIGITS = 30
 _SIZE_UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -82,6 +85,11 @@ def parse_size(name: str, value: str) -> int:
     unit = match.group(3).lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
         raise InputError(f"{name}={value!r} is not a size: use {SIZE_FORMS}")
+    whole_digits = len(match.group(1).partition(".")[0].lstrip("0"))
+    exponent = (match.group(2) or "0").lstrip("0") or "0"
+    if len(exponent) > 2 or whole_digits + int(exponent) > _SIZE_DIGITS:
+        raise InputError(f"{name}={value!r} is larger than any memory (10**"
+                         f"{_SIZE_DIGITS} bytes or more): use {SIZE_FORMS}")
     number = Fraction(match.group(1)) * 10 ** int(match.group(2) or 0) * _SIZE_UNITS[unit]
     if number.denominator != 1:
         raise InputError(f"{name}={value!r} is not a whole number of bytes: use {SIZE_FORMS}")

@@ -81,3 +81,11 @@ def test_blank_environment_variable_means_the_default(monkeypatch):
     default = cv.device()
     monkeypatch.setenv("CONVEYOR_DEVICE", "   ")
     assert cv.device() is default
+
+
+def test_a_bad_pool_keep_is_refused_when_a_device_is_asked_for(monkeypatch):
+    # The pools read it mid-stream, when first needed: before, the error came from inside the
+    # engine, raised again by its clean-up.
+    monkeypatch.setenv("CONVEYOR_POOL_KEEP", "lots")
+    with pytest.raises(cv.InputError, match="CONVEYOR_POOL_KEEP='lots' is not a size"):
+        cv.device(OPENCL[0].spec)

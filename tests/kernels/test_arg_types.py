@@ -281,8 +281,10 @@ def test_scalar_casts():
         cast_scalar(u8, 300)
     with pytest.raises(InputError, match="does not fit"):
         cast_scalar(f32, 1e40)
-    with pytest.raises(InputError, match="does not fit"):
+    with pytest.raises(InputError, match="does not fit.*; pass an int32 value$"):
         cast_scalar(i32, np.uint64(2**40))
+    with pytest.raises(InputError, match="; pass a uint8 value$"):
+        cast_scalar(u8, -1)
 
 
 def test_launch_refuses_none_for_a_scalar(device):

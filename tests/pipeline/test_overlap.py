@@ -5,6 +5,7 @@ any other overlap is an InputError before any work."""
 from __future__ import annotations
 
 import contextlib
+import mmap
 
 import numpy as np
 import pytest
@@ -125,6 +126,34 @@ def test_other_dtype_view_of_shifted_rows_is_refused(device):
     _refused(device, [a[1:].view(np.float32)], [a[:-1]])
 
 
+SPLIT = """__kernel void split(__global const float *x, __global float *y, __global float *z,
+                    ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) { y[i] = x[i]; z[i] = -x[i]; }
+}"""
+
+
+@pytest.mark.parametrize("views", ["one array twice", "shifted views", "memmaps of a file"])
+def test_outputs_that_share_memory_are_refused(device, tmp_path, views):
+    # Before: both ran, and which output's rows ended up in the shared memory changed from
+    # block to block (98 of 100,000 elements from one, the rest from the other).
+    out = np.zeros(ROWS + 1, np.float32)
+    if views == "one array twice":
+        first, second = out[:-1], out[:-1]
+    elif views == "shifted views":
+        first, second = out[:-1], out[1:]
+    else:
+        out.tofile(tmp_path / "y.raw")
+        first = np.memmap(tmp_path / "y.raw", np.float32, "r+")[:-1]
+        second = np.memmap(tmp_path / "y.raw", np.float32, "r+")[1:]
+    before = in_use(device)
+    with pytest.raises(cv.InputError, match=r"outputs 0 and 1 share memory.*separate array"):
+        cv.stream(device.compile(SPLIT, "split"), [data((ROWS,), np.float32, 14)],
+                  [first, second],
+                  device=device, block_bytes=BLOCKS["5-row"])
+    assert in_use(device) == before
+
+
 def test_disjoint_views_of_one_array_run(device):
     a = np.arange(2 * ROWS, dtype=np.float32)
     x, y = a[:ROWS], a[ROWS:]
@@ -160,6 +189,19 @@ def test_memmaps_one_row_apart_are_refused(device, tmp_path):
     path = _npy(tmp_path, data((ROWS + 1,), np.float32, 9))
     src, dst = np.load(path, mmap_mode="r"), np.load(path, mmap_mode="r+")
     _refused(device, [src[:-1]], [dst[1:]])
+
+
+def test_frombuffer_of_an_mmap_one_row_from_a_memmap_is_refused(device, tmp_path):
+    # np.frombuffer(mmap.mmap) keeps a memoryview, not the mmap, as its base.
+    path = tmp_path / "x.raw"
+    data((ROWS + 1,), np.float32, 13).tofile(path)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mapped:
+        src = np.frombuffer(mapped, np.float32)
+        dst = np.memmap(path, np.float32, "r+")
+        try:
+            _refused(device, [src[:-1]], [dst[1:]])
+        finally:
+            del src, dst
 
 
 def test_npy_input_read_in_place_of_its_memmap(device, tmp_path):

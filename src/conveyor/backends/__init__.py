@@ -62,6 +62,9 @@ def device(spec: str | None = None) -> Device:
     """
     if spec is None:
         spec = config.default_device_spec()
+    # The pools read CONVEYOR_POOL_KEEP when a stream first needs them, mid-stream: a value
+    # that is no size is refused here, before any work.
+    config.pool_keep()
     found = devices()
     if not found:
         raise InputError(

@@ -4,8 +4,10 @@ Exit codes: 0 success; 2 bad usage or input (argparse errors, a bare ``conveyor`
 ``conveyor cache``, and every InputError: the one-line message says what to change, in the
 command's own options); 1 a runtime failure (a kernel that does not build, a driver error);
 130 interrupted (Ctrl-C or SIGTERM, at any point after the interpreter started: while NumPy or a
-driver loads, while devices are found, or mid-stream). A failed or interrupted ``map`` leaves no
-output file behind: outputs are renamed into place only when the whole stream has succeeded.
+driver loads, while devices are found, or mid-stream); 141, silently, when the reader of stdout
+went away (``conveyor devices | head -1``), as for a tool that SIGPIPE ended. A failed or
+interrupted ``map`` leaves no output file behind: outputs are renamed into place only when the
+whole stream has succeeded.
 
 This module imports nothing but ``sys`` before :func:`main` is inside its ``try``: everything
 heavy loads under the Ctrl-C handler (``import conveyor`` is lazy for the same reason).
@@ -23,10 +25,22 @@ if TYPE_CHECKING:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     try:
-        from conveyor.cli.commands import run
+        try:
+            from conveyor.cli.commands import run
 
-        return run(sys.argv[1:] if argv is None else list(argv))
+            return run(sys.argv[1:] if argv is None else list(argv))
+        finally:
+            sys.stdout.flush()  # a reader gone early (| head -1) shows here, not at exit
     except KeyboardInterrupt:
         # A Ctrl-C before a command started (imports, parsing): nothing was written.
         print("conveyor: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # As a tool killed by SIGPIPE: no message, 128 + 13; and stdout's last flush at exit
+        # must not fail again.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141

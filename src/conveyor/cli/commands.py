@@ -4,6 +4,7 @@ line each (in the command's own terms)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -44,8 +45,10 @@ def run(argv: Sequence[str]) -> int:
     except ConveyorError as exc:
         _say(options, str(exc))
         return 1
+    except BrokenPipeError:
+        raise  # stdout's reader went away: main() exits quietly, as after SIGPIPE
     except OSError as exc:
-        _say(options, f"{exc}: check the path and its permissions")
+        _say(options, f"{exc}: {_os_advice(exc)}")
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -69,6 +72,12 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _say(options: argparse.Namespace, message: str) -> None:
     text = words.cli_terms(message, getattr(options, "input_names", ()))
     print(f"conveyor {options.command}: {text}", file=sys.stderr)
+
+
+def _os_advice(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space or write elsewhere"
+    return "check the path and its permissions"
 
 
 def _one_line(exc: BaseException) -> str:

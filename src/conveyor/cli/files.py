@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 
 from conveyor.errors import InputError
+from conveyor.files import same_file
 
 
 def refuse_to_replace(paths: Sequence[str | None], force: bool) -> None:
@@ -17,3 +18,15 @@ def refuse_to_replace(paths: Sequence[str | None], force: bool) -> None:
     for path in paths:
         if path is not None and os.path.lexists(path):
             raise InputError(f"{path} exists: add --force to replace it")
+
+
+def refuse_one_file_twice(named: Sequence[tuple[str, str | None]]) -> None:
+    """InputError if two of the files a command writes are one file (``named``: (option,
+    path) pairs, e.g. ("-o", "y.npy"), ("--trace", "y.npy")): the later write would replace
+    the earlier one, and the command would report both as written."""
+    given = [(option, path) for option, path in named if path is not None]
+    for i, (first_option, first) in enumerate(given):
+        for second_option, second in given[i + 1:]:
+            if same_file(first, second):
+                raise InputError(f"{first_option} {first} and {second_option} {second} are "
+                                 f"one file: name a different file for each")

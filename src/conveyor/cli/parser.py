@@ -161,6 +161,9 @@ def size(text: str) -> int:
         value = int(float(number) * scale)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 1GiB") from exc
+    except OverflowError as exc:  # 1e400 is an infinite float
+        raise argparse.ArgumentTypeError(f"{text!r} is larger than any memory: use e.g. "
+                                         f"1GiB") from exc
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give at least 1 byte")
     return value

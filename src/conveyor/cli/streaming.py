@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 
 import conveyor as cv
 from conveyor.cli import cluster, words
-from conveyor.cli.files import refuse_to_replace
+from conveyor.cli.files import refuse_one_file_twice, refuse_to_replace
 from conveyor.cli.inputs import Input, apply_casts, check_options, open_input
 from conveyor.errors import CompileError, InputError
 
@@ -29,10 +30,15 @@ KERNEL_SUFFIXES = {".cl": "opencl", ".cu": "cuda"}
 def run_map(options: argparse.Namespace) -> int:
     """``conveyor map``: stream the inputs through the kernel into the ``-o`` files."""
     for path in options.outputs:
+        if path.endswith(("/", os.sep)) or Path(path).is_dir():
+            raise InputError(f"-o {path} is a folder: name a .npy file in it, e.g. "
+                             f"{Path(path) / 'out.npy'}")
         if Path(path).suffix.lower() != ".npy":
             raise InputError(f"-o {path}: outputs are .npy files; name it {path}.npy")
     if options.plot and importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib: pip install 'conveyor[plot]'")
+    refuse_one_file_twice([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
+                           ("--plot", options.plot)])
     refuse_to_replace([*options.outputs, options.trace, options.plot], options.force)
     if cluster.on_cluster(options):
         return cluster.run(options, list(options.outputs), None)

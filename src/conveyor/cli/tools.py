@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import conveyor as cv
-from conveyor.cli.files import refuse_to_replace
+from conveyor.cli.files import refuse_one_file_twice, refuse_to_replace
 from conveyor.errors import ConveyorError
 
 
@@ -63,6 +63,7 @@ def run_demo(options: argparse.Namespace) -> int:
     """``conveyor demo``: see :mod:`conveyor.demo`."""
     from conveyor import demo
 
+    refuse_one_file_twice([("--trace", options.trace), ("--plot", options.plot)])
     refuse_to_replace([options.trace, options.plot], options.force)
     return demo.run(options.device, options.mib, options.trace, options.plot)
 

@@ -34,7 +34,9 @@ _RULES: list[_Rule] = [
      r"and n"),
     (re.compile(r"from args= or offset/n: list every buffer in inputs= or outputs="),
      "from --arg or offset/n: give every buffer as -i (or -o)"),
-    (re.compile(r"^args: (.+?) cannot be passed"), r"--arg \1 cannot be passed"),
+    (re.compile(r"^args\[\d+\]: (.+?) cannot be passed"), r"--arg \1 cannot be passed"),
+    (re.compile(r"^args\[(\d+)\]: "), lambda m: f"--arg number {int(m.group(1)) + 1}: "),
+    (re.compile(r"\btrace='([^']*)'"), r"--trace \1"),
     (re.compile(r"stream them as separate inputs"),
      "give each as its own input: -i FILE:COLUMN"),
 ]
@@ -42,6 +44,7 @@ _RULES: list[_Rule] = [
 _ASTYPE = re.compile(
     r"kernel parameter '(?P<param>\w+)' is (?P<type>.+?) but input (?P<index>\d+) has dtype "
     r"(?P<dtype>\w+): pass an array of (?P<want>\w+) \(e\.g\. a\.astype\(np\.\w+\)\)"
+    r"(?: or declare the parameter (?P<declare>\S+))?"
 )
 _INPUT_INDEX = re.compile(r"\binput (\d+)\b(?! \()")
 
@@ -67,7 +70,7 @@ def _cast_advice(match: re.Match[str], inputs: Sequence[str]) -> str:
     where = f" ({inputs[index]})" if index < len(inputs) else ""
     return (f"kernel parameter '{match['param']}' is {match['type']} but input {index}{where} "
             f"has dtype {match['dtype']}: add --cast {match['param']}:{match['want']}, or "
-            f"change the kernel's type")
+            f"declare the parameter {match['declare'] or 'with that type'} in the kernel")
 
 
 @contextlib.contextmanager

@@ -87,7 +87,10 @@ def _refused(param: Param, value: Any, why: str) -> InputError:
     shown = repr(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    wanted = f"a {param.dtype} value" if param.dtype is not None else "a NumPy scalar"
+    if param.dtype is None:
+        wanted = "a NumPy scalar"
+    else:
+        wanted = f"{'an' if param.dtype.name.startswith('int') else 'a'} {param.dtype} value"
     return InputError(
         f"{shown} cannot be passed as kernel parameter {param.name!r} ({param.type_text}): "
         f"{why}; pass {wanted}"

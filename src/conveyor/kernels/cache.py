@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import secrets
 import struct
 import threading
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 from conveyor.kernels.cachedir import make_private_dirs as make_private_dirs
 from conveyor.kernels.cachedir import open_private_dir, own_refusal
 from conveyor.kernels.cachedir import refusal as refusal
+from conveyor.kernels.includes import included_headers
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
@@ -81,7 +81,7 @@ def cache_key(identity: str, options: Sequence[str], source: str) -> str:
     ``identity`` is the device's ``compiler_identity()``. The format version and conveyor's
     version are part of the key, so an upgrade never loads an older conveyor's binaries; so
     are the contents of the headers ``source`` includes from ``-I`` directories
-    (:func:`included_headers`).
+    (``kernels/includes.py``).
     """
     from conveyor import __version__  # lazy: conveyor/__init__ imports the backends
 
@@ -99,71 +99,6 @@ def cache_key(identity: str, options: Sequence[str], source: str) -> str:
         digest.update(b"\0")
         digest.update(hashlib.sha256(contents).digest() if contents is not None else b"-")
     return digest.hexdigest()
-
-
-_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*[<"]([^">\n]+)[">]', re.MULTILINE)
-#: Include directories named by more files than this are not followed further (a bound on the
-#: work of computing a key, not a limit anyone should meet).
-_MAX_HEADERS = 1000
-
-
-def include_dirs(options: Sequence[str]) -> list[Path]:
-    """The directories that ``-I`` options name, in order: ``-Idir``, ``-I dir`` (one option
-    or two) and NVRTC's ``--include-path=dir``."""
-    words: list[str] = []
-    for option in options:
-        words += option.split() if option.startswith("-I ") else [option]
-    dirs: list[Path] = []
-    for i, word in enumerate(words):
-        if word == "-I" and i + 1 < len(words):
-            dirs.append(Path(words[i + 1]))
-        elif word.startswith("-I") and len(word) > 2:
-            dirs.append(Path(word[2:]))
-        elif word.startswith("--include-path="):
-            dirs.append(Path(word.split("=", 1)[1]))
-    return dirs
-
-
-def included_headers(
-    source: str, options: Sequence[str]
-) -> list[tuple[str, str, bytes | None]]:
-    """Headers that ``source`` includes (directly or through other headers) and that are found
-    in the ``-I`` directories of ``options``: ``(name, resolved path, contents)`` in the order
-    met. A header the compiler finds elsewhere (its own or the system's, part of the compiler
-    identity) is left out; a named header found nowhere is listed with contents None, so that
-    creating it later changes the key too. A quoted include inside a header is also looked up
-    beside that header first, as compilers do."""
-    dirs = include_dirs(options)
-    if not dirs:
-        return []
-    found: list[tuple[str, str, bytes | None]] = []
-    seen: set[str] = set()
-    pending: list[tuple[bytes, Path | None]] = [(source.encode(), None)]
-    while pending and len(found) < _MAX_HEADERS:
-        text, beside = pending.pop(0)
-        for match in _INCLUDE.finditer(text):
-            name = match.group(1).decode(errors="replace").strip()
-            search = ([beside] if beside is not None else []) + dirs
-            for directory in search:
-                candidate = directory / name
-                if candidate.is_file():
-                    resolved = str(candidate.resolve())
-                    if resolved in seen:
-                        break
-                    seen.add(resolved)
-                    try:
-                        contents: bytes | None = candidate.read_bytes()
-                    except OSError:
-                        contents = None
-                    found.append((name, resolved, contents))
-                    if contents is not None:
-                        pending.append((contents, candidate.resolve().parent))
-                    break
-            else:
-                if name not in seen:
-                    seen.add(name)
-                    found.append((name, "", None))
-    return found
 
 
 def _key_digest(key: str) -> bytes:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.kernels.argtypes import warn_once as _warn_once
+from conveyor.kernels.includes import include_dirs
 
 
 def expand(source: str, options: Sequence[str] = (), macros: tuple[tuple[str, str], ...] = (),
@@ -56,14 +57,13 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
             # #error / #warning belong to the real compiler; #pragma and the rest pass through.
             return True if directive.value in ("error", "warning") else None
 
-    defines, includes = _defines_and_includes(options)
     try:
         pre = _Quiet()
         pre.line_directive = None
-        for name, value in (*macros, *defines):
+        for name, value in (*macros, *_defines(options)):
             pre.define(f"{name} {value}")
-        for path in includes:
-            pre.add_path(path)
+        for path in include_dirs(options):  # the directories the cache key follows too
+            pre.add_path(str(path))
         pre.parse(source, "kernel")
         out = io.StringIO()
         pre.write(out)
@@ -74,16 +74,13 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
     return out.getvalue()
 
 
-def _defines_and_includes(options: tuple[str, ...]) -> tuple[list[tuple[str, str]], list[str]]:
-    """The ``-D NAME[=VALUE]`` and ``-I PATH`` of a build's options (joined or separate)."""
+def _defines(options: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The ``-D NAME[=VALUE]`` of a build's options (joined or separate), as (NAME, VALUE)."""
     defines: list[tuple[str, str]] = []
-    includes: list[str] = []
     items = iter(options)
     for item in items:
-        option = item + next(items, "") if item in ("-D", "-I") else item
+        option = item + next(items, "") if item == "-D" else item
         if option.startswith("-D") and len(option) > 2:
-            name, _, value = option[2:].partition("=")
+            name, _, value = option[2:].strip().partition("=")  # "-D T=double" is one too
             defines.append((name, value if value else "1"))
-        elif option.startswith("-I") and len(option) > 2:
-            includes.append(option[2:])
-    return defines, includes
+    return defines

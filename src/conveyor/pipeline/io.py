@@ -8,8 +8,9 @@ A *source* hands the engine rows ``lo:hi`` of one input; a *sink* takes rows of 
 - ``"x.npy"`` or :func:`npy` reads a ``.npy`` file; :func:`raw` a headerless binary file.
   Both are read block by block with ``os.preadv`` straight into the pinned slot (no
   intermediate array), in parallel pieces on the staging threads;
-- :func:`parquet` and :func:`arrow` read numeric columns of a Parquet or Arrow IPC file one
-  row group / record batch at a time (PyArrow, extra ``parquet``);
+- :func:`parquet` and :func:`arrow` (in :mod:`conveyor.pipeline.tables`, importable from here)
+  read numeric columns of a Parquet or Arrow IPC file one row group / record batch at a time
+  (PyArrow, extra ``parquet``);
 - :func:`iterate` takes any iterable of arrays (chunks along axis 0), read once, in order;
 - outputs (ndarrays, ``"y.npy"``, ``npy_out``, ``raw_out``) are sinks, in
   :mod:`conveyor.pipeline.sinks`: files are written into a temporary file renamed over the
@@ -22,17 +23,21 @@ before any memory is allocated, with an :class:`InputError` that says what to ch
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from conveyor.errors import InputError
+
+if TYPE_CHECKING:
+    from conveyor.pipeline.tables import ChunkedSource as ChunkedSource
+    from conveyor.pipeline.tables import arrow as arrow
+    from conveyor.pipeline.tables import parquet as parquet
 
 PathLike = str | os.PathLike[str]
 
@@ -165,46 +170,6 @@ class FileRows:
         self.file.write_from(src, self.lo)
 
 
-class ChunkedSource(Source):
-    """A column stored in chunks (Parquet row groups, Arrow record batches), decoded one chunk
-    at a time; the last chunks used are kept, since consecutive blocks share them."""
-
-    def __init__(self, name: str, dtype: np.dtype, row_shape: tuple[int, ...],
-                 chunk_rows: Sequence[int], load: Callable[[int], np.ndarray]) -> None:
-        self.name = name
-        self.dtype = dtype
-        self.starts = np.concatenate([[0], np.cumsum(chunk_rows, dtype=np.int64)])
-        self.shape = (int(self.starts[-1]), *row_shape)
-        self._load = load
-        self._kept: dict[int, np.ndarray] = {}
-
-    def close(self) -> None:
-        """Let go of the chunks kept (the file stays open: the source may be streamed again)."""
-        self._kept = {}
-
-    def _chunk(self, index: int) -> np.ndarray:
-        chunk = self._kept.get(index)
-        if chunk is None:
-            chunk = self._load(index)
-            self._kept = {k: v for k, v in self._kept.items() if k >= index - 1}
-            self._kept[index] = chunk
-        return chunk
-
-    def rows(self, lo: int, hi: int) -> np.ndarray:
-        """Rows ``lo:hi`` (a view of one chunk, or the chunks joined)."""
-        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
-        parts = []
-        index = first
-        while index < len(self.starts) - 1 and self.starts[index] < hi:
-            start = int(self.starts[index])
-            chunk = self._chunk(index)
-            parts.append(chunk[max(lo - start, 0) : hi - start])
-            index += 1
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.empty((0, *self.shape[1:]), self.dtype)
-
-
 class IterSource(Source):
     """Chunks of an iterable along axis 0, read once, in order. ``length`` (total rows) is
     required up front, because the plan is made before the first block; the first chunk gives
@@ -313,71 +278,6 @@ def raw(path: PathLike, dtype: Any, shape: Sequence[int] | None = None,
     return FileSource(target, dt, dims, offset)
 
 
-def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
-    """Numeric column(s) of a Parquet file as an input, decoded one row group at a time.
-    Several columns (of one dtype) make a 2-D input, one column per row element."""
-    pq = _pyarrow("parquet")
-    target = _existing(path)
-    try:
-        file = pq.ParquetFile(target)
-    except Exception as exc:
-        raise InputError(f"{path} is not a Parquet file ({exc})") from exc
-    names = [columns] if isinstance(columns, str) else list(columns)
-    schema = file.schema_arrow
-    dtype = _column_dtype(str(path), schema, names)
-    meta = file.metadata
-    groups = [meta.row_group(i).num_rows for i in range(file.num_row_groups)]
-    for i in range(file.num_row_groups):
-        group = meta.row_group(i)
-        for j in range(group.num_columns):
-            column = group.column(j)
-            stats = column.statistics
-            if (column.path_in_schema in names and stats is not None
-                    and stats.has_null_count and stats.null_count):
-                _refuse_nulls(str(path), column.path_in_schema, stats.null_count,
-                              f"row group {i}")
-    size = target.stat().st_size
-
-    def load(index: int) -> np.ndarray:
-        with _shrink_guard(str(path), target, size):
-            table = file.read_row_group(index, columns=names)
-        return _table_rows(str(path), table, names, dtype)
-
-    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load)
-
-
-def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
-    """Numeric column(s) of an Arrow IPC (Feather v2) file as an input, one record batch at a
-    time. Read with file reads, not a memory map, so a file that shrinks while it is read is
-    an InputError, not a SIGBUS."""
-    pa = _pyarrow("ipc")
-    import pyarrow
-
-    from conveyor.pipeline import ipcfile
-
-    target = _existing(path)
-    try:
-        batches = ipcfile.record_batches(target)
-        reader = pa.open_file(pyarrow.OSFile(str(target)))
-    except Exception as exc:
-        raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
-    names = [columns] if isinstance(columns, str) else list(columns)
-    dtype = _column_dtype(str(path), reader.schema, names)
-    for name in names:
-        for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
-            if count:
-                _refuse_nulls(str(path), name, count, f"record batch {index}")
-    size = target.stat().st_size
-
-    def load(index: int) -> np.ndarray:
-        with _shrink_guard(str(path), target, size):
-            batch = reader.get_batch(index)
-        return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
-
-    return ChunkedSource(str(path), dtype, _row_shape(columns, names),
-                         [b.rows for b in batches], load)
-
-
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:
     """Any iterable of arrays (chunks along axis 0, any sizes) as an input of ``length`` rows
     in all. It is read once, in order; the first chunk is read now for the dtype."""
@@ -418,71 +318,10 @@ def _check_size(path: Path, offset: int, shape: Sequence[int], dtype: np.dtype,
         )
 
 
-def _pyarrow(module: str) -> Any:
-    try:
-        import importlib
+def __getattr__(name: str) -> Any:
+    # Parquet and Arrow inputs live in pipeline/tables.py; their names stay importable here.
+    if name in ("ChunkedSource", "arrow", "parquet"):
+        from conveyor.pipeline import tables
 
-        return importlib.import_module(f"pyarrow.{module}")
-    except ImportError as exc:
-        raise InputError("Parquet and Arrow files need PyArrow: pip install "
-                         "'conveyor[parquet]'") from exc
-
-
-def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
-    dtypes = []
-    for name in names:
-        if name not in schema.names:
-            raise InputError(f"{path} has no column {name!r}; columns: "
-                             f"{', '.join(schema.names)}")
-        try:
-            dtype = np.dtype(schema.field(name).type.to_pandas_dtype())
-        except (NotImplementedError, TypeError) as exc:
-            raise InputError(f"column {name!r} of {path} is {schema.field(name).type}, not "
-                             f"numeric: pick a numeric column") from exc
-        if dtype.hasobject or dtype.kind not in "biuf":
-            raise InputError(f"column {name!r} of {path} is {schema.field(name).type}, not "
-                             f"numeric: pick a numeric column")
-        dtypes.append(dtype)
-    if len(set(dtypes)) != 1:
-        raise InputError(f"columns {names} of {path} have different types {dtypes}: stream "
-                         f"them as separate inputs")
-    return dtypes[0]
-
-
-@contextlib.contextmanager
-def _shrink_guard(name: str, path: Path, size: int) -> Iterator[None]:
-    """A failed read of a file that is now shorter than when it was opened is an InputError
-    (as a .npy's is); other failures pass as they are."""
-    try:
-        yield
-    except Exception as exc:
-        try:
-            now = path.stat().st_size
-        except OSError:
-            now = -1
-        if now < size:
-            raise InputError(f"{name} got shorter while it was read: rerun on a complete "
-                             f"file") from exc
-        raise
-
-
-def _refuse_nulls(path: str, name: str, count: int, where: str) -> NoReturn:
-    raise InputError(f"column {name!r} of {path} has {count} nulls ({where}): fill them "
-                     f"(pyarrow.compute.fill_null) before streaming")
-
-
-def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...]:
-    return () if isinstance(columns, str) else (len(names),)
-
-
-def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype) -> np.ndarray:
-    arrays = []
-    for name in names:
-        column = table.column(name)
-        if column.null_count:
-            raise InputError(f"column {name!r} of {path} has {column.null_count} nulls: fill "
-                             f"them (pyarrow.compute.fill_null) before streaming")
-        arrays.append(column.to_numpy())
-    if len(arrays) == 1:
-        return np.ascontiguousarray(arrays[0], dtype=dtype)
-    return np.ascontiguousarray(np.stack(arrays, axis=1), dtype=dtype)
+        return getattr(tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,8 @@ run in place: a block's output rows are written only after its own input rows we
 the halo rows that a block reads from its neighbour before are saved before the first block
 (pipeline/halo.py). Any other overlap (``inputs=[a[:-1]], outputs=[a[1:]]``) would read rows
 that a block before has already overwritten: it is an InputError that says to pass a copy.
+Two outputs that share memory are refused too: which one's rows would stay there depends on
+the order of the copies, block by block.
 
 Memory is compared with ``np.shares_memory``. Two memory maps of one file have different
 addresses, so arrays backed by a file (``np.memmap``, ``np.load(mmap_mode=)``) and file inputs
@@ -44,16 +46,27 @@ class _Region:
 
 def in_place_inputs(sources: Sequence[Source], sinks: Sequence[Sink]) -> frozenset[int]:
     """The inputs that are exactly an output (run in place). InputError, naming both and the
-    fix, for an input that overlaps an output in any other way."""
+    fix, for an input that overlaps an output in any other way, and for two outputs that
+    share memory (which one's rows end up there would depend on the order of the copies)."""
     inputs = [_region(s) for s in sources]
     outputs = [_region(s) for s in sinks]
-    if not any(inputs) or not any(outputs):
+    present = [r for r in (*inputs, *outputs) if r is not None]
+    if not any(outputs) or len(present) < 2:
         return frozenset()
-    if _any_file(inputs) and _any_file(outputs):
+    if _any_file(outputs) and _any_file(present):
         maps = _read_maps()
-        for region in (*inputs, *outputs):
-            if region is not None and region.array is not None and region.file is None:
+        for region in present:
+            if region.array is not None and region.file is None:
                 region.file = _mapped_file(region.array, maps)
+    for j, first in enumerate(outputs):
+        for k in range(j + 1, len(outputs)):
+            second = outputs[k]
+            if first is not None and second is not None and _relation(first, second) != "apart":
+                raise InputError(
+                    f"outputs {j} and {k} share memory: each block's copy of one would "
+                    f"overwrite rows of the other, so the result would depend on the order "
+                    f"of the copies. Pass a separate array for each output"
+                )
     in_place: set[int] = set()
     for i, source in enumerate(inputs):
         for j, sink in enumerate(outputs):
@@ -118,11 +131,12 @@ def _file_backed(array: np.ndarray) -> bool:
     while base is not None:
         if isinstance(base, np.memmap | mmap.mmap):
             return True
-        base = getattr(base, "base", None)
+        # np.frombuffer(an mmap.mmap) keeps a memoryview as its base, the mmap behind it.
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     return False
 
 
-def _any_file(regions: list[_Region | None]) -> bool:
+def _any_file(regions: Sequence[_Region | None]) -> bool:
     return any(r is not None and (r.file is not None
                                   or (r.array is not None and _file_backed(r.array)))
                for r in regions)

@@ -1,0 +1,195 @@
+"""Parquet and Arrow IPC inputs: numeric columns read one row group / record batch at a time.
+
+:func:`parquet` and :func:`arrow` (``cv.parquet``, ``cv.arrow``; PyArrow, extra ``parquet``)
+check everything that can fail before any work: the columns exist, are numeric and of one
+dtype, and hold no nulls (from the row groups' statistics and the batches' validity buffers).
+A file that shrinks while it is read is an InputError, as a ``.npy``'s is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from conveyor.errors import InputError
+from conveyor.pipeline.io import PathLike, Source, _existing
+
+
+class ChunkedSource(Source):
+    """A column stored in chunks (Parquet row groups, Arrow record batches), decoded one chunk
+    at a time; the last chunks used are kept, since consecutive blocks share them."""
+
+    def __init__(self, name: str, dtype: np.dtype, row_shape: tuple[int, ...],
+                 chunk_rows: Sequence[int], load: Callable[[int], np.ndarray]) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.starts = np.concatenate([[0], np.cumsum(chunk_rows, dtype=np.int64)])
+        self.shape = (int(self.starts[-1]), *row_shape)
+        self._load = load
+        self._kept: dict[int, np.ndarray] = {}
+
+    def close(self) -> None:
+        """Let go of the chunks kept (the file stays open: the source may be streamed again)."""
+        self._kept = {}
+
+    def _chunk(self, index: int) -> np.ndarray:
+        chunk = self._kept.get(index)
+        if chunk is None:
+            chunk = self._load(index)
+            self._kept = {k: v for k, v in self._kept.items() if k >= index - 1}
+            self._kept[index] = chunk
+        return chunk
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` (a view of one chunk, or the chunks joined)."""
+        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        parts = []
+        index = first
+        while index < len(self.starts) - 1 and self.starts[index] < hi:
+            start = int(self.starts[index])
+            chunk = self._chunk(index)
+            parts.append(chunk[max(lo - start, 0) : hi - start])
+            index += 1
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty((0, *self.shape[1:]), self.dtype)
+
+
+def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
+    """Numeric column(s) of a Parquet file as an input, decoded one row group at a time.
+    Several columns (of one dtype) make a 2-D input, one column per row element."""
+    pq = _pyarrow("parquet")
+    target = _existing(path)
+    try:
+        file = pq.ParquetFile(target)
+    except Exception as exc:
+        raise InputError(f"{path} is not a Parquet file ({exc})") from exc
+    names = [columns] if isinstance(columns, str) else list(columns)
+    schema = file.schema_arrow
+    dtype = _column_dtype(str(path), schema, names)
+    meta = file.metadata
+    groups = [meta.row_group(i).num_rows for i in range(file.num_row_groups)]
+    for i in range(file.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            column = group.column(j)
+            stats = column.statistics
+            if (column.path_in_schema in names and stats is not None
+                    and stats.has_null_count and stats.null_count):
+                _refuse_nulls(str(path), column.path_in_schema, stats.null_count,
+                              f"row group {i}")
+    size = target.stat().st_size
+
+    def load(index: int) -> np.ndarray:
+        with _shrink_guard(str(path), target, size):
+            table = file.read_row_group(index, columns=names)
+        return _table_rows(str(path), table, names, dtype)
+
+    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load)
+
+
+def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
+    """Numeric column(s) of an Arrow IPC (Feather v2) file as an input, one record batch at a
+    time. Read with file reads, not a memory map, so a file that shrinks while it is read is
+    an InputError, not a SIGBUS."""
+    pa = _pyarrow("ipc")
+    import pyarrow
+
+    from conveyor.pipeline import ipcfile
+
+    target = _existing(path)
+    try:
+        batches = ipcfile.record_batches(target)
+        reader = pa.open_file(pyarrow.OSFile(str(target)))
+    except Exception as exc:
+        raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
+    names = [columns] if isinstance(columns, str) else list(columns)
+    dtype = _column_dtype(str(path), reader.schema, names)
+    for name in names:
+        for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
+            if count:
+                _refuse_nulls(str(path), name, count, f"record batch {index}")
+    size = target.stat().st_size
+
+    def load(index: int) -> np.ndarray:
+        with _shrink_guard(str(path), target, size):
+            batch = reader.get_batch(index)
+        return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
+
+    return ChunkedSource(str(path), dtype, _row_shape(columns, names),
+                         [b.rows for b in batches], load)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _pyarrow(module: str) -> Any:
+    try:
+        import importlib
+
+        return importlib.import_module(f"pyarrow.{module}")
+    except ImportError as exc:
+        raise InputError("Parquet and Arrow files need PyArrow: pip install "
+                         "'conveyor[parquet]'") from exc
+
+
+def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
+    dtypes = []
+    for name in names:
+        if name not in schema.names:
+            raise InputError(f"{path} has no column {name!r}; columns: "
+                             f"{', '.join(schema.names)}")
+        try:
+            dtype = np.dtype(schema.field(name).type.to_pandas_dtype())
+        except (NotImplementedError, TypeError) as exc:
+            raise InputError(f"column {name!r} of {path} is {schema.field(name).type}, not "
+                             f"numeric: pick a numeric column") from exc
+        if dtype.hasobject or dtype.kind not in "biuf":
+            raise InputError(f"column {name!r} of {path} is {schema.field(name).type}, not "
+                             f"numeric: pick a numeric column")
+        dtypes.append(dtype)
+    if len(set(dtypes)) != 1:
+        raise InputError(f"columns {names} of {path} have different types {dtypes}: stream "
+                         f"them as separate inputs")
+    return dtypes[0]
+
+
+@contextlib.contextmanager
+def _shrink_guard(name: str, path: Path, size: int) -> Iterator[None]:
+    """A failed read of a file that is now shorter than when it was opened is an InputError
+    (as a .npy's is); other failures pass as they are."""
+    try:
+        yield
+    except Exception as exc:
+        try:
+            now = path.stat().st_size
+        except OSError:
+            now = -1
+        if now < size:
+            raise InputError(f"{name} got shorter while it was read: rerun on a complete "
+                             f"file") from exc
+        raise
+
+
+def _refuse_nulls(path: str, name: str, count: int, where: str) -> NoReturn:
+    raise InputError(f"column {name!r} of {path} has {count} nulls ({where}): fill them "
+                     f"(pyarrow.compute.fill_null) before streaming")
+
+
+def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...]:
+    return () if isinstance(columns, str) else (len(names),)
+
+
+def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype) -> np.ndarray:
+    arrays = []
+    for name in names:
+        column = table.column(name)
+        if column.null_count:
+            raise InputError(f"column {name!r} of {path} has {column.null_count} nulls: fill "
+                             f"them (pyarrow.compute.fill_null) before streaming")
+        arrays.append(column.to_numpy())
+    if len(arrays) == 1:
+        return np.ascontiguousarray(arrays[0], dtype=dtype)
+    return np.ascontiguousarray(np.stack(arrays, axis=1), dtype=dtype)
