@@ -139,23 +139,25 @@ class Stager(Closeable):
             batch.piece_done(None)
 
     def close(self) -> None:
-        """Join every worker thread."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        # A Ctrl-C can land in the join (Thread.join is interruptible). Returning then would
-        # leave workers copying into pinned slots that the engine is about to give back to
-        # the pool, and the threads alive: finish joining, then raise the interrupt.
-        interrupted: KeyboardInterrupt | None = None
-        while True:
-            try:
-                self._executor.shutdown(wait=True, cancel_futures=True)
-                break
-            except KeyboardInterrupt as exc:  # join anyway, then raise it
-                interrupted = exc
-        if interrupted is not None:
-            raise interrupted
+        """Join every worker thread (a Ctrl-C meanwhile is raised once they are joined)."""
+        # Marking closed and joining happen with SIGINT held: an interrupt between the two
+        # left the workers running and every later close() a no-op (seen once in CI), and one
+        # inside the join would leave workers copying into pinned slots that the engine is
+        # about to give back to the pool.
+        with deferred_sigint():
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+            interrupted: KeyboardInterrupt | None = None
+            while True:  # a KeyboardInterrupt raised some other way: join anyway, then raise
+                try:
+                    self._executor.shutdown(wait=True, cancel_futures=True)
+                    break
+                except KeyboardInterrupt as exc:
+                    interrupted = exc
+            if interrupted is not None:
+                raise interrupted
 
 
 def copy_rows(dst: Any, src: Any) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from conveyor.backends.base import Closeable, Event, PinnedBuffer
 from conveyor.pipeline.inplace import InPlace, Placed
-from conveyor.pipeline.interrupts import start_thread
+from conveyor.pipeline.interrupts import deferred_sigint, start_thread
 from conveyor.pipeline.plan import Block
 from conveyor.pipeline.stage import Batch, Stager, StageTask
 from conveyor.trace.timeline import Span
@@ -126,29 +126,16 @@ class _StagingThread(Closeable):
 
     def close(self) -> None:
         """Stop the thread and join it. Copies it already handed to the workers may still run:
-        the engine closes the Stager (joining the workers) before any pinned buffer goes back."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._on_stop()
-        if self._thread is not None:
-            self._join(self._thread)
-
-    @staticmethod
-    def _join(thread: threading.Thread) -> None:
-        if not thread.is_alive():
-            return
-        # An interrupt can land in the join; the thread may still be copying into a pinned
-        # buffer the engine is about to give back: finish joining, then raise it.
-        interrupted: KeyboardInterrupt | None = None
-        while True:
-            try:
-                thread.join()
-                break
-            except KeyboardInterrupt as exc:
-                interrupted = exc
-        if interrupted is not None:
-            raise interrupted
+        the engine closes the Stager (joining the workers) before any pinned buffer goes back.
+        A Ctrl-C meanwhile is raised once the thread is joined: between the stop and the join
+        it would leave the thread running (interrupts.py)."""
+        with deferred_sigint():
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            self._on_stop()
+            if self._thread is not None and self._thread.is_alive():
+                self._thread.join()
 
     def _on_stop(self) -> None:
         pass
@@ -191,6 +178,11 @@ class StageAhead(_StagingThread):
             self._placer = threading.Thread(target=self._main, args=(self._place_blocks,),
                                             name="conveyor-stage-in-place", daemon=True)
             start_thread(self._placer)
+
+    def _on_stop(self) -> None:
+        # Called by close() with SIGINT held, after the stop is set: join the placer there.
+        if self._placer is not None and self._placer.is_alive():
+            self._placer.join()
 
     def _claim(self) -> int | None:
         """The next block for this thread to make ready, or None when all are claimed."""
@@ -274,9 +266,7 @@ class StageAhead(_StagingThread):
         """Stop both threads, then unlock every placed block (the engine has finished its
         queues by now, so no copy still reads them)."""
         try:
-            super().close()
-            if self._placer is not None:
-                self._join(self._placer)
+            super().close()  # joins the placer too (_on_stop)
         finally:
             while self._placed:
                 self._placed.popleft().close()
