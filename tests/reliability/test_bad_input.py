@@ -185,6 +185,18 @@ def test_zero_length_stencil_with_a_halo_allocates_nothing(device, monkeypatch):
     assert report.blocks == 0 and report.outputs[0].shape == (0, 3)
 
 
+@ZERO_COPY
+def test_rows_of_no_elements_run_nothing(device, monkeypatch, zero_copy):
+    # Found in review: shape (5, 0) reached the driver as a 0-byte buffer (BackendError on the
+    # zero-copy path, "cannot allocate 0 bytes" on the copying one).
+    a = b = np.zeros((5, 0), np.float32)
+    c = np.zeros((5, 0), np.float32)
+    with no_allocation(device, monkeypatch):
+        report = cv.stream(kernel(device, "add"), [a, b], [c], device=device,
+                           zero_copy=zero_copy)
+    assert report.blocks == 0 and report.outputs == [c]
+
+
 def test_zero_length_npy_file_gives_an_empty_npy_file(device, tmp_path):
     np.save(tmp_path / "x.npy", np.zeros((0, 3), np.float32))
     report = cv.stream(kernel(device, "sten"), [str(tmp_path / "x.npy")],
@@ -423,3 +435,30 @@ def test_more_than_2_to_the_31_elements(gpu_device, pinned):
                              np.arange(2**31 - 1000, 2**31 + 1000), np.arange(1000)])
     np.testing.assert_array_equal(y[sample], x[sample])
     np.testing.assert_array_equal(y[sample], sample % 251)
+
+
+# -- found in review (issue 12/13 follow-up) ---------------------------------------------------
+def test_a_big_endian_input_to_a_kernel_says_how_to_swap_it(device, monkeypatch):
+    a = data((N,), np.float32, 1)
+    refuses(device, monkeypatch, r"byte order.*newbyteorder\('='\)", kernel(device, "add"),
+            [a.astype(">f4"), a], [np.zeros(N, np.float32)])
+
+
+def test_a_generator_of_inputs_is_refused_with_what_to_pass(device, monkeypatch):
+    a = data((N,), np.float32, 1)
+    refuses(device, monkeypatch, r"not a generator: pass list", kernel(device, "add"),
+            (x for x in [a, a]), [np.zeros(N, np.float32)])
+
+
+def test_an_output_that_is_none_is_refused(device, monkeypatch):
+    a = data((N,), np.float32, 1)
+    refuses(device, monkeypatch, r"output 0 is None", kernel(device, "add"), [a, a], [None])
+
+
+def test_a_vector_typedef_pointer_names_its_element_type(device, monkeypatch):
+    source = ("typedef float4 V;\n__kernel void v(__global const float *a, "
+                      "__global V *y, ulong offset, ulong n) {}")
+    if device.backend == "cuda":
+        pytest.skip("OpenCL vector types")
+    refuses(device, monkeypatch, r"declare it as float\* and load 4 lanes",
+            device.compile(source, "v"), [data((N,), np.float32, 1)], [np.zeros(N, np.float32)])

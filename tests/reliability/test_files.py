@@ -395,3 +395,19 @@ def test_a_big_endian_array_converted_as_the_error_says_streams(device):
     report = cv.stream(kernel(device, "scale"), [native], [np.float32], device=device,
                        args=(2.0,))
     np.testing.assert_array_equal(report.outputs[0], np.arange(1000, dtype=np.float32) * 2)
+
+
+@pytest.mark.parametrize("which", ["output", "input"])
+def test_a_trace_naming_a_file_of_the_stream_is_refused_before_any_work(device, tmp_path,
+                                                                         which):
+    # Found in review: trace= equal to an output left the output holding the trace's JSON.
+    a, b = data((1000,), np.float32, 1), data((1000,), np.float32, 2)
+    source = tmp_path / "a.npy"
+    np.save(source, a)
+    target = tmp_path / "c.npy"
+    trace = source if which == "input" else target
+    with pytest.raises(cv.InputError, match="same file as"):
+        cv.stream(kernel(device, "add"), [str(source), b], [cv.npy_out(target)],
+                  device=device, trace=str(trace))
+    assert np.array_equal(np.load(source), a)
+    assert not target.exists()

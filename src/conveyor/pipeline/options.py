@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,4 +128,10 @@ def _as_list(value: Any) -> list[Any]:
         return [value]
     if isinstance(value, Sequence):
         return list(value)
+    if isinstance(value, Mapping | Iterator | set | frozenset):
+        # A generator, dict or set is no array: taking it as one gave "dtype object" errors.
+        raise InputError(
+            f"inputs and outputs take a list or tuple of arrays, files or dtypes (or one "
+            f"alone), not a {type(value).__name__}: pass list(...) of them"
+        )
     return [value]

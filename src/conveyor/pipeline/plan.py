@@ -89,8 +89,12 @@ class Plan:
 
     @property
     def block_count(self) -> int:
-        """Blocks in the stream (0 for zero-length inputs)."""
-        return -(-self.rows // self.block_rows) if self.rows else 0
+        """Blocks in the stream: 0 for zero-length inputs, and for rows that hold no elements
+        (shape (5, 0): there is nothing to copy or compute, and a driver refuses 0-byte
+        buffers)."""
+        if not self.rows or not any(spec.row_bytes for spec in (*self.inputs, *self.outputs)):
+            return 0
+        return -(-self.rows // self.block_rows)
 
     def block(self, index: int) -> Block:
         """Block ``index``."""

@@ -134,6 +134,8 @@ def stream(
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
+        if trace is not None:
+            _check_trace(trace, sources, sinks)
         report = _run(compute, sources, sinks, dev, opts.depth, opts.block_bytes,
                       opts.memory_limit, opts.halo, reduce, opts.args, progress, zero_copy,
                       opts.workers, use_strict, _first_row(first_row))
@@ -153,6 +155,18 @@ def stream(
             warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
                           f"itself succeeded", RuntimeWarning, stacklevel=2)
     return report
+
+
+def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:
+    """InputError when ``trace`` names a file the stream reads or writes: the trace, written
+    last, would replace it."""
+    for kind, ends in (("input", sources), ("output", sinks)):
+        for index, end in enumerate(ends):
+            path = getattr(end, "path", None)
+            if path is not None and files.same_file(trace, path):
+                raise InputError(f"trace={trace!r} names the same file as {kind} {index} "
+                                 f"({path}): the trace would replace it; write the trace "
+                                 f"to another file")
 
 
 def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute) -> None:

@@ -37,6 +37,8 @@ def as_input(value: Any, index: int) -> np.ndarray:
 
 def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> np.ndarray:
     """Output ``index``: the caller's array (checked) or a new one for a dtype."""
+    if value is None:  # np.dtype(None) is float64: never what None meant
+        raise InputError(f"output {index} is None: pass an array, a dtype or a file")
     if not isinstance(value, np.ndarray):
         try:
             dtype = np.dtype(value)
@@ -157,7 +159,9 @@ def _check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) 
             f"receives {what}: declare it __global"
         )
     if param.width > 1:
-        element = param.base[: -len(str(param.width))] if param.base else str(param.dtype)
+        # The element's C name from its dtype: a typedef's name (typedef float4 V) has no
+        # lane count to strip.
+        element = _c_name(param.dtype) if param.dtype is not None else "the element type"
         raise InputError(
             f"kernel parameter {param.name!r} of kernel {kernel!r} is {param.describe()}, a "
             f"vector type, but conveyor counts offset and n in scalars (elements of input 0), "
@@ -175,6 +179,12 @@ def _check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) 
             f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot check "
             f"that {what} (dtype {dtype}) matches it: declare it as a pointer to a scalar "
             f"type such as {_c_name(dtype)}*"
+        )
+    if param.dtype != dtype and param.dtype == dtype.newbyteorder("="):
+        raise InputError(
+            f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
+            f"{dtype.str}, not in this machine's byte order (kernels read native order): pass "
+            f"a.astype(a.dtype.newbyteorder('='))"
         )
     if param.dtype != dtype:
         raise InputError(
