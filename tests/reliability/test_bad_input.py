@@ -216,7 +216,7 @@ def test_halo_equal_to_a_block_works(device):
 def test_halo_longer_than_the_array_copies_each_end_once(device, monkeypatch, pinned):
     # Issue 13 item 5: pad rows were copied one at a time, 2 * halo copies per stream (227 s
     # for a large halo). Now one copy per end, and the answer is unchanged.
-    from conveyor.pipeline import engine
+    from conveyor.pipeline import halo as engine
 
     x = data((10, 3), np.float32, 9)
     y = np.zeros_like(x)

@@ -7,7 +7,7 @@ of those rows come from here instead of from the input at the moment of the copy
   from the caller's array, and one copy per pad row took minutes for a large halo (a halo of
   a million rows: two million copies). The ``h`` copies of each edge row are made once, in
   pinned memory, so each end is one copy. (Staged inputs repeat the edge row inside their
-  pinned slot instead: ``Engine._fill``.)
+  pinned slot instead: ``fill_pads``.)
 - **Rows an in-place stream overwrites** (an input that is also an output, see
   pipeline/overlap.py): block ``k`` reads the last ``h`` rows of block ``k - 1``, which block
   ``k - 1`` writes back, and on the pinned path nothing orders the two copies. Those rows
@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from conveyor.backends.base import Closeable, Device, PinnedBuffer
+from conveyor.backends.base import Device, PinnedBuffer
+from conveyor.closing import Closeable
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
@@ -119,3 +120,15 @@ def _save_rows(saved: np.ndarray, source: Source, plan: Plan) -> None:
     for k in range(1, plan.block_count):
         start = k * plan.block_rows
         copy_rows(saved[k - 1], source.rows(start - h, start))
+
+
+def fill_pads(view: np.ndarray, first: int, end: int, source: Source, rows: int) -> None:
+    """Fill the pad rows of a staged slot ``view`` whose rows ``[first, end)`` hold input rows:
+    the rows before ``first`` and from ``end`` on lie past an end of the input and repeat its
+    edge row, copied once from the source and then repeated within the slot."""
+    if first:
+        copy_rows(view[first - 1 : first], source.rows(0, 1))
+        np.copyto(view[: first - 1], view[first - 1 : first])
+    if end < len(view):
+        copy_rows(view[end : end + 1], source.rows(rows - 1, rows))
+        np.copyto(view[end + 1 :], view[end : end + 1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from conveyor.errors import InputError
 
 @dataclass(frozen=True)
 class StreamOptions:
-    """The numeric options of one stream, as plain Python values."""
+    """The options of one stream, as plain Python values: made once at the top of
+    ``cv.stream`` and passed down to the plan and the engine."""
 
     depth: int = 3
     block_bytes: int | None = None
@@ -32,12 +33,20 @@ class StreamOptions:
     halo: int = 0
     workers: int | None = None
     args: tuple[Any, ...] = ()
+    reduce: str | Callable[[Any, Any], Any] | None = None
+    #: None until stream() has decided (on where the device shares memory with the host).
+    zero_copy: bool | None = None
+    progress: bool = False
+    strict: bool = False
 
     @classmethod
     def parse(cls, *, depth: Any = 3, block_bytes: Any = None, memory_limit: Any = None,
-              halo: Any = 0, workers: Any = None, args: Any = ()) -> StreamOptions:
+              halo: Any = 0, workers: Any = None, args: Any = (), reduce: Any = None,
+              zero_copy: Any = None, progress: Any = False, strict: Any = None
+              ) -> StreamOptions:
         """Check and normalise the options as ``cv.stream`` received them; InputError for
-        anything that cannot be meant as one value."""
+        anything that cannot be meant as one value. ``strict=None`` is the configured
+        default (``CONVEYOR_STRICT``)."""
         return cls(
             depth=count("depth", depth, 1, "at least 1",
                         "an int of 1 or more (blocks in flight), e.g. depth=3"),
@@ -49,6 +58,10 @@ class StreamOptions:
                 "workers", workers, 1, "at least 1",
                 "None (the default number) or an int of 1 or more (staging threads)"),
             args=_args(args),
+            reduce=reduce,
+            zero_copy=None if zero_copy is None else bool(zero_copy),
+            progress=bool(progress),
+            strict=config.strict_mode() if strict is None else bool(strict),
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.backends.base import Closeable
+from conveyor.closing import Closeable, finish_uninterrupted
 from conveyor.pipeline.interrupts import deferred_sigint
 
 PIECE_BYTES = 8 * 2**20
@@ -147,15 +147,7 @@ class Stager(Closeable):
         # A Ctrl-C can land in the join (Thread.join is interruptible). Returning then would
         # leave workers copying into pinned slots that the engine is about to give back to
         # the pool, and the threads alive: finish joining, then raise the interrupt.
-        interrupted: KeyboardInterrupt | None = None
-        while True:
-            try:
-                self._executor.shutdown(wait=True, cancel_futures=True)
-                break
-            except KeyboardInterrupt as exc:  # join anyway, then raise it
-                interrupted = exc
-        if interrupted is not None:
-            raise interrupted
+        finish_uninterrupted(lambda: self._executor.shutdown(wait=True, cancel_futures=True))
 
 
 def copy_rows(dst: Any, src: Any) -> None:

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from conveyor import config, files
+from conveyor import files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
 from conveyor.pipeline import overlap, validate
-from conveyor.pipeline import reduce as reducing
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
 from conveyor.pipeline.plan import make_plan
+from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
 
@@ -104,12 +105,12 @@ def stream(
     from conveyor.kernels.build import KernelFuture
 
     opts = StreamOptions.parse(depth=depth, block_bytes=block_bytes, memory_limit=memory_limit,
-                               halo=halo, workers=workers, args=args)
+                               halo=halo, workers=workers, args=args, reduce=reduce,
+                               zero_copy=zero_copy, progress=progress, strict=strict)
     inputs, outputs = as_inputs(inputs), as_outputs(outputs)
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
     dev = device if device is not None else default_device()
-    use_strict = config.strict_mode() if strict is None else bool(strict)
     if trace is not None and not isinstance(trace, str):
         raise InputError("trace= takes a file path (str)")
     if trace is not None:
@@ -127,9 +128,7 @@ def stream(
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
-        report = _run(compute, sources, sinks, dev, opts.depth, opts.block_bytes,
-                      opts.memory_limit, opts.halo, reduce, opts.args, progress, zero_copy,
-                      opts.workers, use_strict)
+        report = _run(compute, sources, sinks, dev, opts)
     except BaseException:
         for sink in sinks:
             sink.abort()
@@ -163,12 +162,10 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute) -> 
         validate.check_byte_order(sources, sinks)
 
 
-def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device, depth: int,
-         block_bytes: int | None, memory_limit: int | None, halo: int,
-         reduce: str | Callable[[Any, Any], Any] | None, args: Sequence[Any], progress: bool,
-         zero_copy: bool | None, workers: int | None, strict: bool = False) -> Report:
+def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device,
+         opts: StreamOptions) -> Report:
     """Check, plan and run a stream of sources into sinks; commit the sinks."""
-    reduce_dtype: np.dtype | None = None
+    reduce, element = opts.reduce, None
     if isinstance(compute, Kernel):
         # Checked before check_kernel: with outputs, its parameter-count message would
         # count a "partial buffer" and not say that the outputs are what to drop.
@@ -177,43 +174,38 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device"
             )
-        reduce_dtype = validate.check_kernel(compute, dev, sources, sinks, args, reduce)
+        element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
     elif not callable(compute):
         raise InputError(
             f"compute must be a Kernel (device.compile) or a callable, "
             f"got {type(compute).__name__}"
         )
-    elif reduce is not None and not callable(reduce) and reduce not in ("sum", "min", "max"):
-        raise InputError(f"reduce={reduce!r}: use 'sum', 'min', 'max' or a function f(a, b)")
     first = sources[0]
-    reducing.check_not_empty(reduce, int(np.prod(first.shape, dtype=np.int64)))
+    reduction = Reduction.make(reduce, element, first.dtype,
+                               int(np.prod(first.shape, dtype=np.int64)),
+                               with_kernel=isinstance(compute, Kernel))
     in_place = overlap.in_place_inputs(sources, sinks)
     plan = make_plan(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
-        depth=depth,
-        block_bytes=block_bytes,
-        memory_limit=memory_limit,
-        halo=halo,
+        depth=opts.depth,
+        block_bytes=opts.block_bytes,
+        memory_limit=opts.memory_limit,
+        halo=opts.halo,
         global_mem_bytes=dev.global_mem_bytes,
         max_alloc_bytes=dev.max_alloc_bytes,
-        **_reduce_scratch(reduce_dtype, reduce, sources[0]),
+        **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
     )
     for sink in sinks:
         sink.open()
     if plan.block_count == 0:
         for sink in sinks:
             sink.commit()
-        result = reducing.combine(reduce, [], reduce_dtype or first.dtype,
-                                  kernel=reduce_dtype is not None) if reduce else None
-        return Report(device=dev.spec, depth=depth, outputs=[s.result for s in sinks],
-                      result=result)
-    use_zero_copy = _zero_copy(zero_copy, dev, halo, sources, sinks)
-    engine = Engine(
-        dev, plan, compute, sources, sinks,
-        args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
-        workers=workers, progress=progress, strict=strict, in_place=in_place,
-    )
+        return Report(device=dev.spec, depth=opts.depth, outputs=[s.result for s in sinks],
+                      result=reduction.result() if reduction is not None else None)
+    opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks))
+    engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
+                    in_place=in_place)
     report = engine.run()
     for sink in sinks:
         sink.commit()
@@ -247,18 +239,3 @@ def _file_dtype(compute: Compute, inputs: int, index: int, fallback: np.dtype) -
         if param.is_pointer and param.dtype is not None:
             return param.dtype
     return fallback
-
-
-def _reduce_scratch(element: np.dtype | None, op: Any, first: Source) -> dict[str, Any]:
-    """The device buffers a kernel reduction adds to each slot (the engine allocates exactly
-    these), so the plan counts them against the memory limit."""
-    if element is None:
-        return {}
-    from conveyor.pipeline import reduce as reducing
-
-    acc = reducing.partial_dtype(element, str(op))
-    row_items = int(np.prod(first.shape[1:], dtype=np.int64))
-    return {
-        "scratch_row_bytes": row_items * element.itemsize,
-        "partial_bytes": (acc.itemsize, 1),
-    }
