@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from conveyor.memory import pinned
     from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
     from conveyor.pipeline.report import Report
+    from conveyor.pipeline.resident import Resident, resident
     from conveyor.pipeline.sinks import npy_out, raw_out
     from conveyor.pipeline.stream import stream
 
@@ -60,6 +61,10 @@ def __getattr__(name: str) -> Any:
         value = getattr(io, name)
     elif name == "Report":
         from conveyor.pipeline.report import Report as value
+    elif name in ("Resident", "resident"):
+        from conveyor.pipeline import resident as resident_module
+
+        value = getattr(resident_module, name)
     elif name in ("npy_out", "raw_out"):
         from conveyor.pipeline import sinks
 
@@ -88,6 +93,7 @@ __all__ = [
     "Kernel",
     "OutOfMemoryError",
     "Report",
+    "Resident",
     "__version__",
     "arrow",
     "device",
@@ -100,5 +106,6 @@ __all__ = [
     "portable",
     "raw",
     "raw_out",
+    "resident",
     "stream",
 ]

@@ -177,6 +177,13 @@ class Queue(Closeable, ABC):
     ) -> Event:
         """Set ``nbytes`` bytes of ``dst`` from ``offset`` to ``byte``."""
 
+    def copy_from_device(self, dst: DeviceBuffer, src: Any, nbytes: int, *,
+                         wait_for: Sequence[Event] = ()) -> Event:
+        """Copy the first ``nbytes`` of ``src``, a C-contiguous device array of this driver
+        (a ``pyopencl.array.Array``; anything with ``__cuda_array_interface__``), into
+        ``dst`` on this queue."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy device arrays")
+
     @abstractmethod
     def marker(self, wait_for: Sequence[Event] = ()) -> Event:
         """An event that completes when everything before it (and ``wait_for``) has."""

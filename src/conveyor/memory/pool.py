@@ -4,7 +4,8 @@ A block goes back to its pool with ``release(block, after=event)`` and is handed
 once ``event`` has completed, so no queued command can still be reading or writing it. When an
 allocation fails (or would pass the limit) the pool climbs a ladder: free the idle blocks it
 holds, wait for fenced blocks and free them, collect garbage (which returns the blocks of
-dropped pinned arrays), retry, and only then raise :class:`OutOfMemoryError`.
+dropped pinned arrays), give back resident arrays no stream is using (uploaded again when
+next used), retry, and only then raise :class:`OutOfMemoryError`.
 
 Between streams a pool keeps a budget of idle blocks, not everything it ever held: when a
 stream ends, the engine calls :meth:`BlockPool.settle`, which gives back blocks of size classes
@@ -303,6 +304,17 @@ class BlockPool(Generic[B]):
         with self._lock:
             self._collect_done()
 
+    def _evict_idle(self) -> bool:
+        """Resident arrays (pipeline/resident.py) that no stream uses give their blocks
+        back (a later stream uploads them again), and those are freed; False when there were
+        none."""
+        from conveyor.pipeline.resident import evict_idle
+
+        if not evict_idle(self):
+            return False
+        self.trim()
+        return True
+
     def _try_allocate(self, size: int) -> B | None:
         # Reserve the bytes under the lock before allocating outside it, so two threads cannot
         # both pass the limit check and exceed the limit together.
@@ -333,9 +345,11 @@ class BlockPool(Generic[B]):
             self.trim,
             gc.collect,
             self.trim,
+            self._evict_idle,
         ]
         for step in steps:
-            step()
+            if step() is False:
+                continue  # nothing was freed: no point retrying
             block = self._try_allocate(size)
             if block is not None:
                 return block

@@ -27,6 +27,7 @@ from conveyor.pipeline.plan import Plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
+from conveyor.pipeline.resident import ResidentArgs
 from conveyor.pipeline.sinks import ArraySink, Sink
 from conveyor.pipeline.stage import Stager
 from conveyor.pipeline.staged import StagingRings
@@ -44,13 +45,15 @@ class Engine(Closeable):
     def __init__(self, device: Device, plan: Plan, compute: Compute,
                  sources: Sequence[np.ndarray | Source], sinks: Sequence[np.ndarray | Sink],
                  options: StreamOptions, *, reduction: Reduction | None = None,
-                 in_place: frozenset[int] = frozenset()) -> None:
+                 in_place: frozenset[int] = frozenset(),
+                 residents: ResidentArgs | None = None) -> None:
         self.device = device
         self.plan = plan
         self.compute = compute
         self.options = options
         self.reduction = reduction
         self.in_place = in_place  # inputs that are also outputs (pipeline/overlap.py)
+        self.residents = residents  # tables in args=, uploaded once (pipeline/resident.py)
         self.sources = [a if isinstance(a, Source) else ArraySource(a) for a in sources]
         self.sinks = [a if isinstance(a, Sink) else ArraySink(a) for a in sinks]
         self.nvtx = trace_nvtx.annotator(device.backend)  # None unless CUDA and nvtx
@@ -74,13 +77,19 @@ class Engine(Closeable):
         self.copy_in_q = self._queue()
         self.compute_q = self._queue()
         self.copy_out_q = self._queue()
-        self.step = step.choose(self.compute, dev, plan, self.options.args, self.records,
+        args = self.options.args
+        if self.residents is not None:
+            args = self.residents.upload(dev, self.copy_in_q, args)
+            self.peak_device_bytes += self.residents.nbytes
+            self.copy_in_q.finish()  # on the device before any launch, whatever its path
+        self.step = step.choose(self.compute, dev, plan, args, self.records,
                                 reduce=self.reduction is not None)
         rings = StagingRings(dev, plan, self.sources, self.sinks, self.stager,
                              self.host_spans, self.nvtx, self.records)
         self.inputs, self.outputs = paths.choose(
             dev, plan, self.sources, self.sinks, zero_copy=bool(self.options.zero_copy),
-            in_place=self.in_place, staging=rings, records=self.records)
+            in_place=self.in_place, staging=rings, records=self.records,
+            boundary=self.options.boundary)
         for index in range(plan.depth):
             slot = Slot(index, len(self.sources), len(self.sinks))
             self.slots.append(slot)
@@ -92,6 +101,8 @@ class Engine(Closeable):
             if self.reduction is not None:
                 self.reduction.allocate(slot, self._acquire, dev.pinned_pool,
                                         plan.block_rows * plan.scratch_row_bytes)
+        if isinstance(self.step, step.CallableStep) and self.options.warmup:
+            self.step.warm_up(dev, self.compute_q, self.sources)
 
     def _queue(self) -> Queue:
         queue = self.device.create_queue()
@@ -116,6 +127,8 @@ class Engine(Closeable):
                 self._loop()
             for queue in self.queues:
                 queue.finish()
+            if self.residents is not None:
+                self.residents.copy_back(self.copy_out_q)
         except BaseException:
             self._abort()
             raise
@@ -233,6 +246,8 @@ class Engine(Closeable):
         # Every queue has finished (run() or _abort()), so no copy still reads the rings.
         for path in (*self.inputs, *self.outputs):
             path.give_back()
+        if self.residents is not None:
+            self.residents.release()
         self.slots, self.inputs, self.outputs = [], [], []
         # The stream is over: keep only the pools' keep budget of idle blocks (memory/pool.py),
         # so streams of changing lengths do not pile up size classes.

@@ -38,12 +38,17 @@ class StreamOptions:
     zero_copy: bool | None = None
     progress: bool = False
     strict: bool = False
+    #: Call a callable compute once on the first rows before the stream (pipeline/step.py).
+    warmup: bool = True
+    #: The halo's rows past either end (pipeline/halo.py): "nearest", "reflect", "periodic"
+    #: or a number.
+    boundary: str | int | float = "nearest"
 
     @classmethod
     def parse(cls, *, depth: Any = 3, block_bytes: Any = None, memory_limit: Any = None,
               halo: Any = 0, workers: Any = None, args: Any = (), reduce: Any = None,
-              zero_copy: Any = None, progress: Any = False, strict: Any = None
-              ) -> StreamOptions:
+              zero_copy: Any = None, progress: Any = False, strict: Any = None,
+              warmup: Any = True, boundary: Any = "nearest") -> StreamOptions:
         """Check and normalise the options as ``cv.stream`` received them; InputError for
         anything that cannot be meant as one value. ``strict=None`` is the configured
         default (``CONVEYOR_STRICT``)."""
@@ -62,6 +67,8 @@ class StreamOptions:
             zero_copy=None if zero_copy is None else bool(zero_copy),
             progress=bool(progress),
             strict=config.strict_mode() if strict is None else bool(strict),
+            warmup=bool(warmup),
+            boundary=_boundary(boundary),
         )
 
 
@@ -120,6 +127,17 @@ def _args(value: Any) -> tuple[Any, ...]:
         return (value,)  # one scalar argument
     raise InputError(f"args={value!r}{_kind(value)}: args takes a tuple of scalar kernel "
                      f"arguments, e.g. args=(2.0, 7)")
+
+
+def _boundary(value: Any) -> str | int | float:
+    if isinstance(value, str) and value in ("nearest", "reflect", "periodic"):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
+        number = value.item() if isinstance(value, np.generic) else value
+        return int(number) if isinstance(number, numbers.Integral) else float(number)
+    raise InputError(f"boundary={value!r}{_kind(value)}: boundary takes 'nearest' (repeat the "
+                     f"edge row), 'reflect' (mirror, edge row included), 'periodic' (wrap "
+                     f"around) or a number (a constant)")
 
 
 def as_inputs(value: Any) -> list[Any]:

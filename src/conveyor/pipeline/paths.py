@@ -29,7 +29,7 @@ import numpy as np
 from conveyor.backends.base import Device, Event, Queue, Registration
 from conveyor.closing import Closeable
 from conveyor.memory import pinned
-from conveyor.pipeline.halo import HaloRows
+from conveyor.pipeline.halo import Boundary, HaloRows
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.sinks import ArraySink, Sink
@@ -170,8 +170,8 @@ class ZeroCopy(Path):
 
 
 def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequence[Sink], *,
-           zero_copy: bool, in_place: frozenset[int], staging: Any, records: Records
-           ) -> tuple[list[Path], list[Path]]:
+           zero_copy: bool, in_place: frozenset[int], staging: Any, records: Records,
+           boundary: Boundary = "nearest") -> tuple[list[Path], list[Path]]:
     """The input paths and the output paths of a stream, each array on exactly one.
     ``staging`` makes the staged paths (pipeline/staged.py: StagingRings)."""
     if zero_copy:  # stream() allows it for C-contiguous arrays only
@@ -184,7 +184,7 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
     halo_rows = None
     if plan.halo and (direct_in or in_place):
         direct = [i in direct_in for i in range(len(sources))]
-        halo_rows = HaloRows(device, plan, sources, direct, in_place)
+        halo_rows = HaloRows(device, plan, sources, direct, in_place, boundary)
     inputs: list[Path] = []
     outputs: list[Path] = []
     try:
@@ -197,7 +197,7 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
         staged_in = [i for i in range(len(sources)) if i not in direct_in]
         staged_out = [i for i in range(len(sinks)) if i not in direct_out]
         if staged_in:
-            inputs.append(staging.inputs(staged_in, halo_rows))
+            inputs.append(staging.inputs(staged_in, halo_rows, boundary))
         if staged_out:
             outputs.append(staging.outputs(staged_out))
     except BaseException:

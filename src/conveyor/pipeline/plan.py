@@ -86,6 +86,9 @@ class Plan:
     #: many partials a block has). Counted so the ring still fits the limit.
     scratch_row_bytes: int = 0
     partial_bytes: tuple[int, ...] = ()
+    #: Device bytes of the resident arrays (pipeline/resident.py), uploaded once; the ring
+    #: fits in what the memory limit leaves beside them.
+    resident_bytes: int = 0
 
     @property
     def block_count(self) -> int:
@@ -182,8 +185,10 @@ def make_plan(
     max_alloc_bytes: int,
     scratch_row_bytes: int = 0,
     partial_bytes: tuple[int, ...] = (),
+    resident_bytes: int = 0,
 ) -> Plan:
-    """Choose block rows for these arrays; InputError when no block fits."""
+    """Choose block rows for these arrays; InputError when no block fits (beside
+    ``resident_bytes`` of resident arrays, counted against the same limit)."""
     if not inputs:
         raise InputError("a stream needs at least one input array")
     if depth < 1:
@@ -203,6 +208,12 @@ def make_plan(
         limit = int(global_mem_bytes * DEFAULT_MEMORY_FRACTION)
     if limit <= 0:
         raise InputError(f"memory_limit must be a positive number of bytes, got {limit}")
+    total_limit, limit = limit, limit - resident_bytes
+    if limit <= 0:
+        raise InputError(
+            f"the resident arrays in args= need {resident_bytes} device bytes, which leaves "
+            f"nothing of the memory limit of {total_limit} for the blocks: use a larger "
+            f"memory_limit, or stream the largest table as an input")
     widest = max(spec.row_bytes for spec in inputs + outputs) or 1
     if block_bytes is not None:
         if block_bytes < widest:
@@ -235,8 +246,9 @@ def make_plan(
     if footprint > limit:
         raise InputError(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
-            f"more than the memory limit of {limit}: use a smaller block_bytes or depth, "
-            f"or a larger memory_limit"
+            f"more than the memory limit of {total_limit}"
+            + (f" less {resident_bytes} of resident arrays" if resident_bytes else "")
+            + ": use a smaller block_bytes or depth, or a larger memory_limit"
         )
     biggest = max((block_rows + 2 * halo) * spec.row_bytes for spec in inputs + outputs)
     if biggest > max_alloc_bytes:
@@ -244,8 +256,8 @@ def make_plan(
             f"a block buffer of {biggest} bytes is more than the device's largest allocation "
             f"({max_alloc_bytes} bytes): use a smaller block_bytes"
         )
-    return Plan(rows, block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
-                partial_bytes)
+    return Plan(rows, block_rows, depth, halo, inputs, outputs, total_limit, scratch_row_bytes,
+                partial_bytes, resident_bytes)
 
 
 def _fit(

@@ -14,7 +14,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, PinnedBuffer, Queue
 from conveyor.pipeline import staging
-from conveyor.pipeline.halo import HaloRows, fill_pads
+from conveyor.pipeline.halo import Boundary, HaloRows, Pads, fill_pads
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Path, Records, Slot
 from conveyor.pipeline.plan import Block, Plan
@@ -48,9 +48,10 @@ class StagingRings:
         # Small blocks stage on the engine's thread: a hand-off costs more than the copy.
         self.inline = biggest < staging.THREAD_MIN_BYTES
 
-    def inputs(self, indices: list[int], halo_rows: HaloRows | None) -> StagedIn:
+    def inputs(self, indices: list[int], halo_rows: HaloRows | None,
+               boundary: Boundary = "nearest") -> StagedIn:
         """The staged path of inputs ``indices``."""
-        return StagedIn(self, indices, halo_rows)
+        return StagedIn(self, indices, halo_rows, boundary)
 
     def outputs(self, indices: list[int]) -> StagedOut:
         """The staged path of outputs ``indices``."""
@@ -83,8 +84,8 @@ class StagingRings:
 class StagedIn(Path):
     """Inputs staged into a pinned ring ahead of the device (halo rows included)."""
 
-    def __init__(self, rings: StagingRings, indices: list[int],
-                 halo_rows: HaloRows | None) -> None:
+    def __init__(self, rings: StagingRings, indices: list[int], halo_rows: HaloRows | None,
+                 boundary: Boundary) -> None:
         plan = rings.plan
         sizes = [plan.input_slot_bytes[i] for i in indices]
         super().__init__(indices, sizes, rings.records)
@@ -92,6 +93,8 @@ class StagedIn(Path):
         self.plan = plan
         self.sources = [rings.sources[i] for i in indices]
         self.halo_rows = halo_rows
+        h = plan.halo
+        self.pads = [Pads(s, plan.rows, h, boundary) if h else None for s in self.sources]
         self.ring = rings.ring(sizes)
         self.ahead: StageAhead | None = None
         self.entry: Entry = []
@@ -137,7 +140,8 @@ class StagedIn(Path):
         h = self.plan.halo
         lo = max(block.start - h, 0)
         hi = min(block.stop + h, self.plan.rows)
-        for i, source, pin in zip(self.indices, self.sources, entry, strict=True):
+        for i, source, pin, pads in zip(self.indices, self.sources, entry, self.pads,
+                                        strict=True):
             assert pin is not None
             where = f"input {i} of block {block.index}"
             view = _view(pin, block.rows + 2 * h, source.shape[1:], source.dtype)
@@ -149,7 +153,8 @@ class StagedIn(Path):
                 first, at = block.start, h
             end = at + hi - first
             tasks.append(StageTask(view[at:end], source.rows(first, hi), where))
-            fill_pads(view, pad, end, source, self.plan.rows)
+            if pads is not None:
+                fill_pads(view, pad, end, pads)
         return tasks
 
 

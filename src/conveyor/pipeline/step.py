@@ -9,11 +9,17 @@ from typing import Any
 import numpy as np
 
 from conveyor.backends.base import Device, Event, Kernel, Queue
+from conveyor.errors import InputError
+from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
+from conveyor.pipeline.stage import copy_rows
 from conveyor.trace.timeline import Between
 
 Compute = Kernel | Callable[..., Any]
+
+#: Rows a callable is warmed up on before the stream (at most a block, at most the input).
+WARMUP_ROWS = 64
 
 
 class Step:
@@ -53,8 +59,9 @@ class KernelStep(Step):
 
 class CallableStep(Step):
     """A Python callable given device arrays of the block's inputs and outputs, then
-    ``args``, ``queue=``, ``offset=``, ``n=``; with ``reduce=`` its return value is the
-    block's partial (kept in ``slot.partial``)."""
+    ``args``, ``queue=``, ``offset=``, ``n=``. With ``reduce=`` its return value is the
+    block's partial (kept in ``slot.partial``); without, it may return device arrays (one per
+    output, or a tuple), copied into the block's outputs on the compute queue."""
 
     def __init__(self, function: Callable[..., Any], device: Device, plan: Plan,
                  args: Sequence[Any], records: Records, keeps_result: bool) -> None:
@@ -79,9 +86,108 @@ class CallableStep(Step):
                                offset=block.start * self.row_items, n=block.rows * self.row_items)
         if self.keeps_result:
             slot.partial = _to_host(result)
+        elif result is not None:
+            outputs = arrays[len(self.plan.inputs):]
+            for i, value in enumerate(self._returned(result, outputs, block.rows)):
+                if value is not None:
+                    nbytes = block.rows * self.plan.outputs[i].row_bytes
+                    queue.copy_from_device(slot.dev_out[i], value, nbytes)
         event = queue.marker()
         self.records.append(("compute", block.index, Between(before, event), 0))
         return event
+
+
+    def _returned(self, result: Any, given: Sequence[Any], rows: int) -> list[Any]:
+        """The device arrays a callable returned, one per output (None where it returned the
+        output it was given); InputError for a count, shape or dtype that does not fit."""
+        values = list(result) if isinstance(result, tuple | list) else [result]
+        specs = self.plan.outputs
+        if len(values) != len(specs):
+            raise InputError(
+                f"the callable returned {len(values)} value(s) for {len(specs)} output(s): "
+                f"return None (it wrote its outputs), one device array per output (a tuple "
+                f"for several), or pass reduce= if the value is a partial result")
+        found: list[Any] = []
+        for i, (value, out, spec) in enumerate(zip(values, given, specs, strict=True)):
+            if value is out:
+                found.append(None)
+                continue
+            shape, dtype, contiguous = _describe(value)
+            expected = (rows, *spec.shape[1:])
+            if shape != expected or dtype != spec.dtype or not contiguous:
+                raise InputError(
+                    f"output {i}: the callable returned {_what(shape, dtype, contiguous)} for "
+                    f"a block of {rows} rows, which needs a C-contiguous {spec.dtype} array of "
+                    f"shape {expected}: return that (or write into the output array it was "
+                    f"given and return None)")
+            found.append(value)
+        return found
+
+    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source]) -> None:
+        """Call the function once on the first ``WARMUP_ROWS`` rows (into scratch outputs)
+        before the stream starts, so libraries that load modules lazily load them now, not
+        while blocks are in flight (a module load waits for the busy device); check what it
+        returns. Its outputs are dropped."""
+        plan = self.plan
+        rows = min(WARMUP_ROWS, plan.block_rows, plan.rows)
+        pool = device.memory_pool
+        held: list[Any] = []
+        arrays = []
+        try:
+            for source, spec in zip(sources, plan.inputs, strict=True):
+                host = np.zeros((rows + 2 * plan.halo, *spec.shape[1:]), spec.dtype)
+                have = min(len(host), plan.rows)
+                copy_rows(host[:have], source.rows(0, have))
+                buffer = pool.acquire(max(host.nbytes, 1))
+                held.append(buffer)
+                queue.copy_in(buffer, host.reshape(-1).view(np.uint8))
+                queue.finish()  # host is a local: copied before it goes
+                arrays.append(device.device_array(buffer, host.shape, spec.dtype, queue))
+            for spec in plan.outputs:
+                buffer = pool.acquire(max(rows * spec.row_bytes, 1))
+                held.append(buffer)
+                arrays.append(device.device_array(buffer, (rows, *spec.shape[1:]), spec.dtype,
+                                                  queue))
+            result = self.function(*arrays, *self.args, queue=queue.native, offset=0,
+                                   n=rows * self.row_items)
+            if not self.keeps_result and result is not None:
+                self._returned(result, arrays[len(plan.inputs):], rows)
+            queue.finish()
+        finally:
+            arrays.clear()
+            for buffer in held:
+                pool.release(buffer)
+
+
+def _describe(value: Any) -> tuple[tuple[int, ...], np.dtype | None, bool]:
+    """(shape, dtype, C-contiguous) of a device array; dtype None for anything else."""
+    interface = getattr(value, "__cuda_array_interface__", None)
+    try:
+        if interface is not None:
+            shape = tuple(int(d) for d in interface["shape"])
+            dtype = np.dtype(interface["typestr"])
+            strides = interface.get("strides")
+            contiguous = strides is None or tuple(strides) == _c_strides(shape, dtype)
+            return shape, dtype, contiguous
+        flags = getattr(value, "flags", None)
+        return (tuple(int(d) for d in value.shape), np.dtype(value.dtype),
+                bool(getattr(flags, "c_contiguous", False)))
+    except (AttributeError, TypeError, KeyError):
+        return (), None, False
+
+
+def _c_strides(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
+    strides, step = [], dtype.itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def _what(shape: tuple[int, ...], dtype: np.dtype | None, contiguous: bool) -> str:
+    if dtype is None:
+        return "something that is not a device array"
+    return f"{dtype} of shape {shape}" + ("" if contiguous else " (not C-contiguous)")
 
 
 def choose(compute: Compute, device: Device, plan: Plan, args: Sequence[Any],

@@ -12,7 +12,7 @@ import numpy as np
 from conveyor import files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
-from conveyor.pipeline import overlap, validate
+from conveyor.pipeline import overlap, resident, validate
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
@@ -39,6 +39,8 @@ def stream(
     zero_copy: bool | None = None,
     workers: int | None = None,
     strict: bool | None = None,
+    warmup: bool = True,
+    boundary: str | float = "nearest",
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
@@ -51,13 +53,26 @@ def stream(
     preprocessed source says, checked against the compiled argument sizes (CUDA); a pointer
     to a vector type (``float4*``) is refused, since ``n`` counts scalars. Each value of
     ``args`` is cast to the type the kernel declares for it (3.7 to an ``int`` is 3); None,
-    strings and arrays are refused with an InputError before any work.
+    strings and arrays for scalar parameters are refused with an InputError before any work.
 
     A callable is called once per block as
     ``compute(*input_arrays, *output_arrays, *args, queue=, offset=, n=)`` with device arrays
     (PyOpenCL arrays on OpenCL; DLPack / CUDA-array-interface objects on CUDA), then ``args``
     as given, and must enqueue its work on ``queue``, the driver's own queue (a
-    ``pyopencl.CommandQueue``, or a ``cuda.core`` Stream).
+    ``pyopencl.CommandQueue``, or a ``cuda.core`` Stream). It may write its output arrays and
+    return None, or return device arrays (one per output, or a tuple: a
+    ``pyopencl.array.Array``, or anything with ``__cuda_array_interface__``) that conveyor
+    copies into the block's outputs on that queue; a wrong count, shape or dtype is an
+    InputError. Unless ``warmup=False``, a callable is first called once on the first rows
+    (at most 64, into scratch outputs that are dropped) before the stream starts, so that a
+    library that loads its modules lazily (CuPy, PyTorch, Numba) does not load one while blocks
+    are in flight, and what it returns is checked before any work.
+
+    A kernel's pointer parameters after the streamed buffers take arrays in ``args``: each is
+    uploaded once before the first block, counted against ``memory_limit``, and passed to
+    every launch (``__global const T*`` or ``__constant T*``); ``cv.resident(array)`` keeps
+    one on the device across streams. A non-const pointer needs ``cv.resident(array,
+    writable=True)``, copied back after the stream (``conveyor.pipeline.resident``).
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,
@@ -74,9 +89,12 @@ def stream(
     (a file output's dtype defaults to the kernel's output parameter type, else input 0's);
     ``report.outputs`` then holds the path. See ``conveyor.pipeline.io``.
 
-    ``halo=h`` gives each input block ``h`` extra rows before and after, the rows past either
-    end repeating the edge row, so element ``i`` of the block is at index ``i + h * row`` of
-    the input buffer; outputs are exactly the block. ``reduce`` is
+    ``halo=h`` gives each input block ``h`` extra rows before and after, so element ``i`` of
+    the block is at index ``i + h * row`` of the input buffer; outputs are exactly the block.
+    The rows past either end follow ``boundary``, as Dask's ``map_overlap`` names them and
+    exactly as ``np.pad`` makes them: "nearest" (the default) repeats the edge row (np.pad
+    "edge"), "reflect" mirrors, edge row included (np.pad "symmetric"), "periodic" wraps
+    around (np.pad "wrap"), a number is a constant (np.pad "constant"). ``reduce`` is
     "sum", "min", "max" (with a kernel: the kernel writes per-element values into its one output
     buffer and conveyor folds them on the device) or, with a callable that returns each block's
     partial, also any function ``f(a, b)``; the result is ``report.result``.
@@ -106,7 +124,8 @@ def stream(
 
     opts = StreamOptions.parse(depth=depth, block_bytes=block_bytes, memory_limit=memory_limit,
                                halo=halo, workers=workers, args=args, reduce=reduce,
-                               zero_copy=zero_copy, progress=progress, strict=strict)
+                               zero_copy=zero_copy, progress=progress, strict=strict,
+                               warmup=warmup, boundary=boundary)
     inputs, outputs = as_inputs(inputs), as_outputs(outputs)
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
@@ -166,6 +185,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
          opts: StreamOptions) -> Report:
     """Check, plan and run a stream of sources into sinks; commit the sinks."""
     reduce, element = opts.reduce, None
+    residents: resident.ResidentArgs | None = None
     if isinstance(compute, Kernel):
         # Checked before check_kernel: with outputs, its parameter-count message would
         # count a "partial buffer" and not say that the outputs are what to drop.
@@ -175,6 +195,8 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
                 "holds per-element values that conveyor folds on the device"
             )
         element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
+        buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
+        residents = resident.bind(compute, buffers, opts.args)
     elif not callable(compute):
         raise InputError(
             f"compute must be a Kernel (device.compile) or a callable, "
@@ -195,6 +217,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
         global_mem_bytes=dev.global_mem_bytes,
         max_alloc_bytes=dev.max_alloc_bytes,
         **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
+        resident_bytes=residents.nbytes if residents is not None else 0,
     )
     for sink in sinks:
         sink.open()
@@ -205,7 +228,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
                       result=reduction.result() if reduction is not None else None)
     opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks))
     engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
-                    in_place=in_place)
+                    in_place=in_place, residents=residents)
     report = engine.run()
     for sink in sinks:
         sink.commit()
