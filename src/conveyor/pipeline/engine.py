@@ -274,6 +274,7 @@ class Engine(Closeable):
             bytes_out=sum(s.nbytes for s in self.sinks),
             blocks=self.plan.block_count,
             block_rows=self.plan.block_rows,
+            rows=self.plan.rows,
             depth=self.plan.depth,
             peak_device_bytes=self.peak_device_bytes,
             zero_copy=bool(self.options.zero_copy),

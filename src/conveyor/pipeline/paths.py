@@ -131,12 +131,15 @@ class DirectOut(Path):
                  records: Records) -> None:
         super().__init__(indices, [plan.output_slot_bytes[i] for i in indices], records)
         self.arrays = list(arrays)
+        self.plan = plan
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> list[Event]:
-        return [self._copy_out(queue, out[block.start : block.stop], slot.dev_out[i], block,
-                               wait_for)
-                for i, out in zip(self.indices, self.arrays, strict=True)]
+        events = []
+        for i, out in zip(self.indices, self.arrays, strict=True):
+            lo, hi = self.plan.output_rows(i, block)
+            events.append(self._copy_out(queue, out[lo:hi], slot.dev_out[i], block, wait_for))
+        return events
 
 
 class ZeroCopy(Path):
@@ -144,16 +147,19 @@ class ZeroCopy(Path):
     registration is the slot's buffer); outputs made visible to the host after the compute."""
 
     def __init__(self, indices: Sequence[int], arrays: Sequence[np.ndarray], device: Device,
-                 output: bool, records: Records) -> None:
+                 output: bool, records: Records, plan: Plan) -> None:
         super().__init__(indices, [0] * len(indices), records)
         self.arrays = list(arrays)
         self.device = device
         self.output = output
+        self.plan = plan
 
     def take(self, slot: Slot, block: Block) -> None:
         buffers = slot.dev_out if self.output else slot.dev_in
         for i, array in zip(self.indices, self.arrays, strict=True):
-            registration = self.device.register_host(array[block.start : block.stop])
+            lo, hi = self.plan.output_rows(i, block) if self.output else (block.start,
+                                                                          block.stop)
+            registration = self.device.register_host(array[lo:hi])
             slot.registrations.append(registration)
             buffers[i] = registration
 
@@ -177,8 +183,8 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
     if zero_copy:  # stream() allows it for C-contiguous arrays only
         arrays_in = [_array(s) for s in sources]
         arrays_out = [_array(s) for s in sinks]
-        return ([ZeroCopy(range(len(sources)), arrays_in, device, False, records)],
-                [ZeroCopy(range(len(sinks)), arrays_out, device, True, records)])
+        return ([ZeroCopy(range(len(sources)), arrays_in, device, False, records, plan)],
+                [ZeroCopy(range(len(sinks)), arrays_out, device, True, records, plan)])
     direct_in = [i for i, s in enumerate(sources) if _pinned(s, device)]
     direct_out = [i for i, s in enumerate(sinks) if _pinned(s, device)]
     halo_rows = None

@@ -186,7 +186,8 @@ class StagedOut(Path):
         events = []
         for i, sink, pin in zip(self.indices, self.sinks, self.entry, strict=True):
             assert pin is not None
-            dst = _view(pin, block.rows, sink.shape[1:], sink.dtype)
+            lo, hi = self.rings.plan.output_rows(i, block)
+            dst = _view(pin, hi - lo, sink.shape[1:], sink.dtype)
             events.append(self._copy_out(queue, dst, slot.dev_out[i], block, wait_for))
         return events
 
@@ -196,8 +197,9 @@ class StagedOut(Path):
         tasks = []
         for i, sink, pin in zip(self.indices, self.sinks, self.entry, strict=True):
             assert pin is not None
-            view = _view(pin, block.rows, sink.shape[1:], sink.dtype)
-            tasks.append(StageTask(sink.rows(block.start, block.stop), view,
+            lo, hi = self.rings.plan.output_rows(i, block)
+            view = _view(pin, hi - lo, sink.shape[1:], sink.dtype)
+            tasks.append(StageTask(sink.rows(lo, hi), view,
                                    f"output {i} of block {block.index}"))
         self.behind.submit(block.index, block, events, tasks)
 

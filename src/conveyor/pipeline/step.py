@@ -3,6 +3,7 @@ enqueues its own work on the compute queue."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,9 +79,7 @@ class CallableStep(Step):
         rows_in = block.rows + 2 * self.plan.halo
         arrays = [self.device.device_array(buf, (rows_in, *spec.shape[1:]), spec.dtype, queue)
                   for buf, spec in zip(slot.dev_in, self.plan.inputs, strict=True)]
-        arrays += [self.device.device_array(buf, (block.rows, *spec.shape[1:]), spec.dtype,
-                                            queue)
-                   for buf, spec in zip(slot.dev_out, self.plan.outputs, strict=True)]
+        arrays += self._outputs(slot.dev_out, block, queue)
         # args= follow the arrays, as they follow the buffers of a kernel.
         result = self.function(*arrays, *self.args, queue=queue.native,
                                offset=block.start * self.row_items, n=block.rows * self.row_items)
@@ -88,16 +87,26 @@ class CallableStep(Step):
             slot.partial = _to_host(result)
         elif result is not None:
             outputs = arrays[len(self.plan.inputs):]
-            for i, value in enumerate(self._returned(result, outputs, block.rows)):
+            for i, value in enumerate(self._returned(result, outputs, block)):
                 if value is not None:
-                    nbytes = block.rows * self.plan.outputs[i].row_bytes
+                    lo, hi = self.plan.output_rows(i, block)
+                    nbytes = (hi - lo) * self.plan.outputs[i].row_bytes
                     queue.copy_from_device(slot.dev_out[i], value, nbytes)
         event = queue.marker()
         self.records.append(("compute", block.index, Between(before, event), 0))
         return event
 
 
-    def _returned(self, result: Any, given: Sequence[Any], rows: int) -> list[Any]:
+    def _outputs(self, buffers: Sequence[Any], block: Block, queue: Queue) -> list[Any]:
+        """Device arrays of the output buffers, each as many rows as ``block`` writes."""
+        arrays = []
+        for i, (buf, spec) in enumerate(zip(buffers, self.plan.outputs, strict=True)):
+            lo, hi = self.plan.output_rows(i, block)
+            arrays.append(self.device.device_array(buf, (hi - lo, *spec.shape[1:]), spec.dtype,
+                                                   queue))
+        return arrays
+
+    def _returned(self, result: Any, given: Sequence[Any], block: Block) -> list[Any]:
         """The device arrays a callable returned, one per output (None where it returned the
         output it was given); InputError for a count, shape or dtype that does not fit."""
         values = list(result) if isinstance(result, tuple | list) else [result]
@@ -113,11 +122,13 @@ class CallableStep(Step):
                 found.append(None)
                 continue
             shape, dtype, contiguous = _describe(value)
-            expected = (rows, *spec.shape[1:])
+            lo, hi = self.plan.output_rows(i, block)
+            expected = (hi - lo, *spec.shape[1:])
             if shape != expected or dtype != spec.dtype or not contiguous:
                 raise InputError(
                     f"output {i}: the callable returned {_what(shape, dtype, contiguous)} for "
-                    f"a block of {rows} rows, which needs a C-contiguous {spec.dtype} array of "
+                    f"a block of {block.rows} rows, which needs a C-contiguous {spec.dtype} "
+                    f"array of "
                     f"shape {expected}: return that (or write into the output array it was "
                     f"given and return None)")
             found.append(value)
@@ -129,7 +140,10 @@ class CallableStep(Step):
         while blocks are in flight (a module load waits for the busy device); check what it
         returns. Its outputs are dropped."""
         plan = self.plan
+        step = math.lcm(*(spec.ratio[1] for spec in plan.outputs)) if plan.outputs else 1
         rows = min(WARMUP_ROWS, plan.block_rows, plan.rows)
+        rows = max(rows // step * step, min(step, plan.block_rows))  # whole output rows
+        first = Block(0, 0, rows)
         pool = device.memory_pool
         held: list[Any] = []
         arrays = []
@@ -144,14 +158,13 @@ class CallableStep(Step):
                 queue.finish()  # host is a local: copied before it goes
                 arrays.append(device.device_array(buffer, host.shape, spec.dtype, queue))
             for spec in plan.outputs:
-                buffer = pool.acquire(max(rows * spec.row_bytes, 1))
+                buffer = pool.acquire(max(spec.block_rows_of(rows) * spec.row_bytes, 1))
                 held.append(buffer)
-                arrays.append(device.device_array(buffer, (rows, *spec.shape[1:]), spec.dtype,
-                                                  queue))
+            arrays += self._outputs(held[len(plan.inputs):], first, queue)
             result = self.function(*arrays, *self.args, queue=queue.native, offset=0,
                                    n=rows * self.row_items)
             if not self.keeps_result and result is not None:
-                self._returned(result, arrays[len(plan.inputs):], rows)
+                self._returned(result, arrays[len(plan.inputs):], first)
             queue.finish()
         finally:
             arrays.clear()

@@ -19,6 +19,7 @@ from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
 from conveyor.pipeline.plan import make_plan
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
+from conveyor.pipeline.shaped import Shaped, ShapedSink
 from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
 
 
@@ -76,7 +77,10 @@ def stream(
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,
-    found in ``report.outputs``. An output may be an input itself (in place: NumPy's answer,
+    found in ``report.outputs``. ``cv.per_block(shape, dtype)`` is one record per block
+    (``report.block_ranges`` says which rows each covered) and ``cv.rows(dtype, ratio=(p,
+    q))`` an output of ``rows × p / q`` rows, blocks cut at multiples of ``q`` rows
+    (``conveyor.pipeline.shaped``). An output may be an input itself (in place: NumPy's answer,
     halo included); an output that overlaps an input in any other way is an InputError
     (pipeline/overlap.py).
 
@@ -142,8 +146,9 @@ def stream(
             raise InputError("a stream needs at least one input array")
         rows = sources[0].shape[0]
         sinks = [
-            as_sink(o, i, rows, sources[0].shape[1:],
-                    _file_dtype(compute, len(sources), i, sources[0].dtype))
+            o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
+            else as_sink(o, i, rows, sources[0].shape[1:],
+                         _file_dtype(compute, len(sources), i, sources[0].dtype))
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
@@ -220,11 +225,14 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
         resident_bytes=residents.nbytes if residents is not None else 0,
     )
     for sink in sinks:
+        if isinstance(sink, ShapedSink):
+            sink.allocate(plan.block_count)  # a per-block output: one record per block
         sink.open()
     if plan.block_count == 0:
         for sink in sinks:
             sink.commit()
         return Report(device=dev.spec, depth=opts.depth, outputs=[s.result for s in sinks],
+                      block_rows=plan.block_rows,
                       result=reduction.result() if reduction is not None else None)
     opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks))
     engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,

@@ -64,7 +64,8 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
 def spec(array: Any) -> ArraySpec:
     """The ArraySpec of an array, or of anything with ``shape`` and ``dtype`` (a source or
     sink of pipeline/io.py)."""
-    return ArraySpec(tuple(int(s) for s in array.shape), array.dtype)
+    return ArraySpec(tuple(int(s) for s in array.shape), array.dtype,
+                     getattr(array, "ratio", (1, 1)), getattr(array, "per_block", False))
 
 
 def check_kernel(
