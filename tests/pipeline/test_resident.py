@@ -170,3 +170,24 @@ def test_the_pools_ladder_evicts_only_unused_handles(device):
     handle.close()
     with pytest.raises(InputError, match="closed"):
         cv.stream(k, [x], [y], args=(handle, 4, 1.0), device=device)
+
+
+def test_a_device_array_in_args_is_passed_as_it_is(device, monkeypatch):
+    k = device.compile(LOOKUP, "lookup")
+    x, table = _data(8)
+    y = np.zeros(N, np.float32)
+    if device.backend == "opencl":
+        import pyopencl as cl
+        import pyopencl.array as cl_array
+
+        queue = cl.CommandQueue(device.context)
+        on_device = cl_array.to_device(queue, table)
+        queue.finish()
+    else:  # CUDA: anything with __cuda_array_interface__ (CuPy here)
+        cupy = pytest.importorskip("cupy")
+        on_device = cupy.asarray(table)
+        cupy.cuda.runtime.deviceSynchronize()
+    uploads = _uploads(monkeypatch)
+    cv.stream(k, [x], [y], args=(on_device, len(table), 0.5), device=device, block_bytes=4000)
+    assert uploads == []
+    np.testing.assert_array_equal(y, _reference(x, table, 0.5))

@@ -21,16 +21,23 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from conveyor import config, hazards
 from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, DeviceBuffer, Event  # noqa: F401
+
+
+class Evictable(Protocol):
+    """Something that holds pool blocks and can give them back while unused."""
+
+    def evict(self) -> bool: ...
 
 
 class _Block(Protocol):
@@ -101,6 +108,7 @@ class BlockPool(Generic[B]):
         self._bin_size = bin_size
         self._where = where
         self._lock = threading.RLock()
+        self._evictable: weakref.WeakSet[Any] = weakref.WeakSet()
         self._free: dict[int, list[B]] = {}
         self._pending: list[tuple[Event, B]] = []
         self._in_use: dict[int, B] = {}
@@ -304,13 +312,20 @@ class BlockPool(Generic[B]):
         with self._lock:
             self._collect_done()
 
-    def _evict_idle(self) -> bool:
-        """Resident arrays (pipeline/resident.py) that no stream uses give their blocks
-        back (a later stream uploads them again), and those are freed; False when there were
-        none."""
-        from conveyor.pipeline.resident import evict_idle
+    def add_evictable(self, holder: Evictable) -> None:
+        """``holder`` keeps blocks of this pool that it can give back when it is not in use
+        (a resident array: pipeline/resident.py); the out-of-memory ladder asks it to. Held
+        weakly."""
+        with self._lock:
+            self._evictable.add(holder)
 
-        if not evict_idle(self):
+    def _evict_idle(self) -> bool:
+        """Holders added by ``add_evictable`` that no stream uses give their blocks back (a
+        resident array is uploaded again when next used), and those are freed; False when
+        none gave anything back."""
+        with self._lock:
+            holders = list(self._evictable)
+        if not sum(1 for holder in holders if holder.evict()):
             return False
         self.trim()
         return True

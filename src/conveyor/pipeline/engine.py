@@ -209,6 +209,7 @@ class Engine(Closeable):
                                             time.perf_counter_ns()))
         slot.block = None
         slot.done = []
+        slot.returned = None
         self.progress.advance(block)
 
     # -- clean-up ---------------------------------------------------------------------------

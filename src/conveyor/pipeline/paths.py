@@ -51,6 +51,9 @@ class Slot:
         self.done: list[Event] = []
         self.registrations: list[Registration] = []
         self.partial: Any = None
+        #: What a callable returned: kept until the block retires, so a library's allocator
+        #: cannot reuse the memory while the copy into the outputs may still read it.
+        self.returned: Any = None
 
 
 class Path(Closeable):

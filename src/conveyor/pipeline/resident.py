@@ -16,7 +16,6 @@ are passed as they are: they are on the device already.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,7 +96,7 @@ class Resident(Closeable):
                     pool.release(buffer)
                     raise
                 self.buffer = buffer
-                _idle_residents(pool).add(self)
+                pool.add_evictable(self)
             self.users += 1
             return self.buffer
 
@@ -145,23 +144,6 @@ def resident(array: Any, *, writable: bool = False, device: Device | None = None
     into ``array`` after each stream. ``device`` uploads it now (default: at first use).
     Close it (or use ``with``) to free the device memory."""
     return Resident(array, writable=writable, device=device)
-
-
-_REGISTRY: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Resident]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _idle_residents(pool: Any) -> weakref.WeakSet[Resident]:
-    """The residents holding blocks of ``pool`` (the pool's ladder evicts the idle ones)."""
-    found = _REGISTRY.get(pool)
-    if found is None:
-        found = _REGISTRY[pool] = weakref.WeakSet()
-    return found
-
-
-def evict_idle(pool: Any) -> int:
-    """Give back the device copies of ``pool``'s residents that no stream uses; the count."""
-    return sum(1 for handle in list(_idle_residents(pool)) if handle.evict())
 
 
 class ResidentArgs:

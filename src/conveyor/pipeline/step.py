@@ -86,6 +86,7 @@ class CallableStep(Step):
         if self.keeps_result:
             slot.partial = _to_host(result)
         elif result is not None:
+            slot.returned = result
             outputs = arrays[len(self.plan.inputs):]
             for i, value in enumerate(self._returned(result, outputs, block)):
                 if value is not None:
