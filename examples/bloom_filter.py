@@ -15,7 +15,7 @@ the rest of it in that block. Launches run one after another on the compute queu
 two halves of a straddling document add into its score in turn, never at once, and integer
 scores (64-bit) make the answer exact: the same as the NumPy reference below, bit for bit.
 
-    python examples/bloom_filter.py [--mwords 64] [--device SPEC]
+    python examples/bloom_filter.py [--mwords 64] [--terms 1048576] [--device SPEC]
 """
 
 from __future__ import annotations
@@ -119,11 +119,17 @@ def run(device: cv.Device, words: int, memory_limit: int, terms: int = 2**16,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mwords", type=float, default=64, help="millions of document words")
+    parser.add_argument("--terms", type=int, default=2**20,
+                        help="distinct term ids (the weight table holds 4 bytes each)")
     parser.add_argument("--device", default=None)
     options = parser.parse_args(argv)
     device = cv.device(options.device)
     words = int(options.mwords * 1e6)
-    exact, report = run(device, words, memory_limit=max(words * 4 // 4, 2**22))
+    if not 0 < options.terms <= 2**TERM_BITS:
+        parser.error(f"--terms takes 1 to {2**TERM_BITS} (term ids are {TERM_BITS} bits)")
+    # The words are 4x the memory limit, which also holds the resident tables.
+    limit = words + 8 * options.terms + 2**22
+    exact, report = run(device, words, memory_limit=limit, terms=options.terms)
     print(report)
     print(f"{words} words, scores exact against NumPy: {exact}")
     return 0 if exact else 1
