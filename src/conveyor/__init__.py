@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from conveyor.memory import pinned
     from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
     from conveyor.pipeline.report import Report
+    from conveyor.pipeline.resident import Resident, resident
+    from conveyor.pipeline.shaped import per_block, rows
     from conveyor.pipeline.sinks import npy_out, raw_out
     from conveyor.pipeline.stream import stream
 
@@ -60,6 +62,14 @@ def __getattr__(name: str) -> Any:
         value = getattr(io, name)
     elif name == "Report":
         from conveyor.pipeline.report import Report as value
+    elif name in ("per_block", "rows"):
+        from conveyor.pipeline import shaped
+
+        value = getattr(shaped, name)
+    elif name in ("Resident", "resident"):
+        from conveyor.pipeline import resident as resident_module
+
+        value = getattr(resident_module, name)
     elif name in ("npy_out", "raw_out"):
         from conveyor.pipeline import sinks
 
@@ -88,6 +98,7 @@ __all__ = [
     "Kernel",
     "OutOfMemoryError",
     "Report",
+    "Resident",
     "__version__",
     "arrow",
     "device",
@@ -96,9 +107,12 @@ __all__ = [
     "npy",
     "npy_out",
     "parquet",
+    "per_block",
     "pinned",
     "portable",
     "raw",
     "raw_out",
+    "resident",
+    "rows",
     "stream",
 ]

@@ -12,10 +12,11 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
+
+from conveyor.closing import Closeable as Closeable  # re-exported for the backends
 
 if TYPE_CHECKING:
     from conveyor.kernels.build import KernelFuture
@@ -24,24 +25,6 @@ if TYPE_CHECKING:
     from conveyor.memory.pool import DevicePool
 
 DeviceKind = Literal["gpu", "cpu", "other"]
-
-
-class Closeable:
-    """Mixin: ``close()`` plus the context-manager protocol."""
-
-    def close(self) -> None:  # pragma: no cover - overridden
-        """Release what this object holds. Safe to call twice."""
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class Event(ABC):
@@ -198,6 +181,13 @@ class Queue(Closeable, ABC):
         wait_for: Sequence[Event] = (),
     ) -> Event:
         """Set ``nbytes`` bytes of ``dst`` from ``offset`` to ``byte``."""
+
+    def copy_from_device(self, dst: DeviceBuffer, src: Any, nbytes: int, *,
+                         wait_for: Sequence[Event] = ()) -> Event:
+        """Copy the first ``nbytes`` of ``src``, a C-contiguous device array of this driver
+        (a ``pyopencl.array.Array``; anything with ``__cuda_array_interface__``), into
+        ``dst`` on this queue."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy device arrays")
 
     @abstractmethod
     def marker(self, wait_for: Sequence[Event] = ()) -> Event:

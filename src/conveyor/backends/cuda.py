@@ -451,6 +451,20 @@ class Queue(base.Queue):
                    "cuMemcpyDtoHAsync")
         return self._end(start)
 
+    def copy_from_device(self, dst: base.DeviceBuffer, src: Any, nbytes: int, *,
+                         wait_for: Sequence[base.Event] = ()) -> Event:
+        interface = getattr(src, "__cuda_array_interface__", None)
+        if interface is None:
+            raise InputError(f"a {type(src).__name__} is not a CUDA device array: return an "
+                             f"array with __cuda_array_interface__ (CuPy, PyTorch, Numba)")
+        source = int(interface["data"][0])
+        dptr = _device_pointer(dst, 0, nbytes, "copy_from_device")
+        start = self._begin(wait_for)
+        if nbytes and source != dptr:  # the callable may return the output it was given
+            _check(driver.cuMemcpyDtoDAsync(dptr, source, nbytes, self._handle),
+                   "cuMemcpyDtoDAsync")
+        return self._end(start)
+
     def launch(self, kernel: base.Kernel, global_size: int, args: Sequence[Any], *,
                local_size: int | None = None, wait_for: Sequence[base.Event] = ()) -> Event:
         assert isinstance(kernel, Kernel)

@@ -277,6 +277,23 @@ class Queue(base.Queue):
             raise _backend_error(exc, f"clEnqueueNDRangeKernel({kernel.name})") from exc
         return Event(ev)
 
+    def copy_from_device(self, dst: base.DeviceBuffer, src: Any, nbytes: int, *,
+                         wait_for: Sequence[base.Event] = ()) -> Event:
+        data = getattr(src, "base_data", None)
+        if not isinstance(data, cl.MemoryObjectHolder):
+            raise InputError(f"a {type(src).__name__} is not an OpenCL device array: return a "
+                             f"pyopencl.array.Array")
+        offset = int(getattr(src, "offset", 0))
+        target = _cl_buf(dst)
+        if (data.int_ptr, offset) == (target.int_ptr, 0) or not nbytes:
+            return self.marker(wait_for)  # the callable returned the output it was given
+        try:
+            ev = cl.enqueue_copy(self._q, target, data, byte_count=nbytes, src_offset=offset,
+                                 wait_for=_events(wait_for))
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
+        return Event(ev)
+
     def fill(self, dst: base.DeviceBuffer, byte: int, nbytes: int, *, offset: int = 0,
              wait_for: Sequence[base.Event] = ()) -> Event:
         try:

@@ -54,7 +54,8 @@ def cast_scalar(param: Param, value: Any) -> Any:
     if isinstance(value, np.ndarray):
         if value.ndim != 0:
             raise _refused(param, value, f"an array of shape {value.shape} is not a scalar; "
-                                         f"arrays go in inputs= (streamed block by block)")
+                                         f"arrays go in inputs= (streamed block by block), "
+                                         f"or in args= for a pointer parameter")
         value = value[()]
     if isinstance(value, np.generic):
         if isinstance(value, np.void):

@@ -4,7 +4,8 @@ A block goes back to its pool with ``release(block, after=event)`` and is handed
 once ``event`` has completed, so no queued command can still be reading or writing it. When an
 allocation fails (or would pass the limit) the pool climbs a ladder: free the idle blocks it
 holds, wait for fenced blocks and free them, collect garbage (which returns the blocks of
-dropped pinned arrays), retry, and only then raise :class:`OutOfMemoryError`.
+dropped pinned arrays), give back resident arrays no stream is using (uploaded again when
+next used), retry, and only then raise :class:`OutOfMemoryError`.
 
 Between streams a pool keeps a budget of idle blocks, not everything it ever held: when a
 stream ends, the engine calls :meth:`BlockPool.settle`, which gives back blocks of size classes
@@ -20,16 +21,23 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from conveyor import config, hazards
 from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, DeviceBuffer, Event  # noqa: F401
+
+
+class Evictable(Protocol):
+    """Something that holds pool blocks and can give them back while unused."""
+
+    def evict(self) -> bool: ...
 
 
 class _Block(Protocol):
@@ -100,6 +108,7 @@ class BlockPool(Generic[B]):
         self._bin_size = bin_size
         self._where = where
         self._lock = threading.RLock()
+        self._evictable: weakref.WeakSet[Any] = weakref.WeakSet()
         self._free: dict[int, list[B]] = {}
         self._pending: list[tuple[Event, B]] = []
         self._in_use: dict[int, B] = {}
@@ -303,6 +312,24 @@ class BlockPool(Generic[B]):
         with self._lock:
             self._collect_done()
 
+    def add_evictable(self, holder: Evictable) -> None:
+        """``holder`` keeps blocks of this pool that it can give back when it is not in use
+        (a resident array: pipeline/resident.py); the out-of-memory ladder asks it to. Held
+        weakly."""
+        with self._lock:
+            self._evictable.add(holder)
+
+    def _evict_idle(self) -> bool:
+        """Holders added by ``add_evictable`` that no stream uses give their blocks back (a
+        resident array is uploaded again when next used), and those are freed; False when
+        none gave anything back."""
+        with self._lock:
+            holders = list(self._evictable)
+        if not sum(1 for holder in holders if holder.evict()):
+            return False
+        self.trim()
+        return True
+
     def _try_allocate(self, size: int) -> B | None:
         # Reserve the bytes under the lock before allocating outside it, so two threads cannot
         # both pass the limit check and exceed the limit together.
@@ -333,9 +360,11 @@ class BlockPool(Generic[B]):
             self.trim,
             gc.collect,
             self.trim,
+            self._evict_idle,
         ]
         for step in steps:
-            step()
+            if step() is False:
+                continue  # nothing was freed: no point retrying
             block = self._try_allocate(size)
             if block is not None:
                 return block

@@ -3,11 +3,15 @@
 With ``halo=h`` each input slot holds ``h`` rows before and ``h`` after its block. Two kinds
 of those rows come from here instead of from the input at the moment of the copy:
 
-- **Pad rows** past either end repeat the edge row. The device copies a pinned input straight
-  from the caller's array, and one copy per pad row took minutes for a large halo (a halo of
-  a million rows: two million copies). The ``h`` copies of each edge row are made once, in
-  pinned memory, so each end is one copy. (Staged inputs repeat the edge row inside their
-  pinned slot instead: ``Engine._fill``.)
+- **Pad rows** past either end follow ``boundary=``: Dask's names, each exactly np.pad's rows
+  (``PAD_MODES``): "nearest" repeats the edge row (np.pad "edge", the default), "reflect"
+  mirrors the rows including the edge row (np.pad "symmetric": Dask's "reflect" is not
+  np.pad's "reflect"), "periodic" wraps around (np.pad "wrap"), a number is a constant
+  (np.pad "constant"). The ``h`` pad rows of each end are made once per stream (``Pads``),
+  reading only the few rows they repeat: one copy per pad row took minutes for a large halo
+  (a halo of a million rows: two million copies). The device copies a pinned input's pad
+  rows from pinned memory, each end in one copy; staged inputs get them in their slot
+  (``fill_pads``).
 - **Rows an in-place stream overwrites** (an input that is also an output, see
   pipeline/overlap.py): block ``k`` reads the last ``h`` rows of block ``k - 1``, which block
   ``k - 1`` writes back, and on the pinned path nothing orders the two copies. Those rows
@@ -21,8 +25,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from conveyor.backends.base import Closeable, Device, PinnedBuffer
-from conveyor.pipeline.io import ArraySource, Source
+from conveyor.backends.base import Device, PinnedBuffer
+from conveyor.closing import Closeable
+from conveyor.errors import InputError
+from conveyor.pipeline.io import ArraySource, IterSource, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
 
@@ -33,7 +39,8 @@ class HaloRows(Closeable):
     back; call it only once no copy reads it."""
 
     def __init__(self, device: Device, plan: Plan, sources: Sequence[Source],
-                 direct: Sequence[bool], in_place: frozenset[int]) -> None:
+                 direct: Sequence[bool], in_place: frozenset[int],
+                 boundary: Boundary = "nearest") -> None:
         self._pool = device.pinned_pool
         self._pinned: list[PinnedBuffer] = []
         self._pads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -45,8 +52,9 @@ class HaloRows(Closeable):
                 if direct[i] and h:
                     assert isinstance(source, ArraySource)
                     pads = self._empty(True, (2, h, *row_shape), source.dtype)
-                    pads[0] = source.array[0]
-                    pads[1] = source.array[-1]
+                    edges = Pads(source, plan.rows, h, boundary)
+                    np.copyto(pads[0], edges.front())
+                    np.copyto(pads[1], edges.back())
                     self._pads[i] = (pads[0], pads[1])
                 if i in in_place and h and plan.block_count > 1:
                     saved = self._empty(direct[i], (plan.block_count - 1, h, *row_shape),
@@ -66,7 +74,7 @@ class HaloRows(Closeable):
         return block.array[: count * dtype.itemsize].view(dtype).reshape(shape)
 
     def pads(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """``h`` copies of input ``i``'s first row and of its last row (pinned inputs)."""
+        """The ``h`` pad rows before pinned input ``i`` and the ``h`` after it."""
         return self._pads.get(i)
 
     def before(self, i: int, block: Block) -> np.ndarray | None:
@@ -88,7 +96,7 @@ class HaloRows(Closeable):
         front, back = self._pads[i]
         pieces: list[tuple[int, np.ndarray]] = []
         if before:
-            pieces.append((0, front[:before]))
+            pieces.append((0, front[h - before :]))
         saved = self.before(i, block)
         if saved is not None:  # before is 0 here: every block but the first starts >= h
             pieces.append((0, saved))
@@ -119,3 +127,80 @@ def _save_rows(saved: np.ndarray, source: Source, plan: Plan) -> None:
     for k in range(1, plan.block_count):
         start = k * plan.block_rows
         copy_rows(saved[k - 1], source.rows(start - h, start))
+
+
+#: ``boundary=`` as Dask's map_overlap names it, and the np.pad mode that gives the same rows.
+PAD_MODES = {"nearest": "edge", "reflect": "symmetric", "periodic": "wrap"}
+
+#: A boundary: one of PAD_MODES' names, or a number (np.pad's "constant").
+Boundary = str | int | float
+
+
+def pad_index(rows: int, positions: np.ndarray, mode: str) -> np.ndarray:
+    """The input row that each of ``positions`` (rows before 0 or from ``rows`` on) repeats
+    under np.pad ``mode`` ("edge", "symmetric" or "wrap"), however far past the end."""
+    if mode == "edge":
+        return np.clip(positions, 0, rows - 1)
+    if mode == "wrap":
+        return positions % rows
+    folded = positions % (2 * rows)  # symmetric: the input, then it reversed, repeating
+    return np.where(folded < rows, folded, 2 * rows - 1 - folded)
+
+
+class Pads:
+    """The ``h`` rows before and after one input under ``boundary``, read once per end
+    (the few rows they repeat, in one copy). The rows after an input read once, in order
+    (``cv.iterate``) are read when the last blocks need them, while the source still holds
+    them."""
+
+    def __init__(self, source: Source, rows: int, h: int, boundary: Boundary) -> None:
+        self.source = source
+        self.rows = rows
+        self.h = h
+        self.boundary = boundary
+        if isinstance(source, IterSource) and boundary == "periodic":
+            raise InputError(f"boundary='periodic' with {source.name}: the rows before the "
+                             f"first block are the input's last rows, and an iterable is read "
+                             f"once, in order: pass an array or a file, or another boundary")
+        self._front = self._make(np.arange(-h, 0, dtype=np.int64))
+        self._back: np.ndarray | None = None
+        if not isinstance(source, IterSource):
+            self._back = self._make(np.arange(rows, rows + h, dtype=np.int64))
+
+    def front(self) -> np.ndarray:
+        """The ``h`` rows before row 0 (the last is right before it)."""
+        return self._front
+
+    def back(self) -> np.ndarray:
+        """The ``h`` rows after the last row."""
+        if self._back is None:
+            self._back = self._make(np.arange(self.rows, self.rows + self.h, dtype=np.int64))
+        return self._back
+
+    def _make(self, positions: np.ndarray) -> np.ndarray:
+        source = self.source
+        out = np.empty((len(positions), *source.shape[1:]), source.dtype)
+        if not isinstance(self.boundary, str):
+            value = np.array(self.boundary).astype(source.dtype)
+            if value != self.boundary:
+                raise InputError(f"boundary={self.boundary!r} is not a {source.dtype} value "
+                                 f"({source.name} holds {source.dtype}): pass a constant that "
+                                 f"type holds exactly")
+            out.fill(value)
+            return out
+        index = pad_index(self.rows, positions, PAD_MODES[self.boundary])
+        lo, hi = int(index.min()), int(index.max()) + 1
+        held = np.empty((hi - lo, *source.shape[1:]), source.dtype)
+        copy_rows(held, source.rows(lo, hi))
+        np.take(held, index - lo, axis=0, out=out)
+        return out
+
+
+def fill_pads(view: np.ndarray, first: int, end: int, pads: Pads) -> None:
+    """Fill the pad rows of a staged slot ``view`` whose rows ``[first, end)`` hold input rows:
+    the ``first`` rows before them and the rows from ``end`` on lie past an end of the input
+    (made once per stream by ``pads``)."""
+    if first:
+        np.copyto(view[:first], pads.front()[pads.h - first :])
+    if end < len(view):
+        np.copyto(view[end:], pads.back()[: len(view) - end])

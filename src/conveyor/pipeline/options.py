@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from conveyor.errors import InputError
 
 @dataclass(frozen=True)
 class StreamOptions:
-    """The numeric options of one stream, as plain Python values."""
+    """The options of one stream, as plain Python values: made once at the top of
+    ``cv.stream`` and passed down to the plan and the engine."""
 
     depth: int = 3
     block_bytes: int | None = None
@@ -32,12 +33,28 @@ class StreamOptions:
     halo: int = 0
     workers: int | None = None
     args: tuple[Any, ...] = ()
+    reduce: str | Callable[[Any, Any], Any] | None = None
+    #: None until stream() has decided (on where the device shares memory with the host).
+    zero_copy: bool | None = None
+    progress: bool = False
+    strict: bool = False
+    #: Call a callable compute once on the first rows before the stream (pipeline/step.py).
+    warmup: bool = True
+    #: The halo's rows past either end (pipeline/halo.py): "nearest", "reflect", "periodic"
+    #: or a number.
+    boundary: str | int | float = "nearest"
+    #: The row of a larger whole array that the inputs' row 0 is: offsets count from there.
+    first_row: int = 0
 
     @classmethod
     def parse(cls, *, depth: Any = 3, block_bytes: Any = None, memory_limit: Any = None,
-              halo: Any = 0, workers: Any = None, args: Any = ()) -> StreamOptions:
+              halo: Any = 0, workers: Any = None, args: Any = (), reduce: Any = None,
+              zero_copy: Any = None, progress: Any = False, strict: Any = None,
+              warmup: Any = True, boundary: Any = "nearest",
+              first_row: Any = 0) -> StreamOptions:
         """Check and normalise the options as ``cv.stream`` received them; InputError for
-        anything that cannot be meant as one value."""
+        anything that cannot be meant as one value. ``strict=None`` is the configured
+        default (``CONVEYOR_STRICT``)."""
         return cls(
             depth=count("depth", depth, 1, "at least 1",
                         "an int of 1 or more (blocks in flight), e.g. depth=3"),
@@ -49,7 +66,22 @@ class StreamOptions:
                 "workers", workers, 1, "at least 1",
                 "None (the default number) or an int of 1 or more (staging threads)"),
             args=_args(args),
+            reduce=reduce,
+            zero_copy=None if zero_copy is None else bool(zero_copy),
+            progress=bool(progress),
+            strict=config.strict_mode() if strict is None else bool(strict),
+            warmup=bool(warmup),
+            boundary=_boundary(boundary),
+            first_row=_first_row(first_row),
         )
+
+
+def _first_row(value: Any) -> int:
+    """``first_row`` as an int (any whole number, negative too); InputError otherwise."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise InputError(f"first_row={value!r}: first_row takes an int, the row of the whole "
+                         f"array that the inputs' row 0 is")
+    return int(value)
 
 
 def count(name: str, value: Any, minimum: int, must: str, accepted: str) -> int:
@@ -107,6 +139,17 @@ def _args(value: Any) -> tuple[Any, ...]:
         return (value,)  # one scalar argument
     raise InputError(f"args={value!r}{_kind(value)}: args takes a tuple of scalar kernel "
                      f"arguments, e.g. args=(2.0, 7)")
+
+
+def _boundary(value: Any) -> str | int | float:
+    if isinstance(value, str) and value in ("nearest", "reflect", "periodic"):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
+        number = value.item() if isinstance(value, np.generic) else value
+        return int(number) if isinstance(number, numbers.Integral) else float(number)
+    raise InputError(f"boundary={value!r}{_kind(value)}: boundary takes 'nearest' (repeat the "
+                     f"edge row), 'reflect' (mirror, edge row included), 'periodic' (wrap "
+                     f"around) or a number (a constant)")
 
 
 def as_inputs(value: Any) -> list[Any]:

@@ -39,6 +39,17 @@ class ArraySpec:
 
     shape: tuple[int, ...]
     dtype: np.dtype
+    #: Output rows per input row of input 0, (p, q) in lowest terms (pipeline/shaped.py).
+    ratio: tuple[int, int] = (1, 1)
+    #: One row (record) per block instead (pipeline/shaped.py: per_block).
+    per_block: bool = False
+
+    def block_rows_of(self, block_rows: int) -> int:
+        """Rows of this array in a block of ``block_rows`` rows of input 0."""
+        if self.per_block:
+            return 1
+        p, q = self.ratio
+        return block_rows * p // q
 
     @property
     def rows(self) -> int:
@@ -86,6 +97,9 @@ class Plan:
     #: many partials a block has). Counted so the ring still fits the limit.
     scratch_row_bytes: int = 0
     partial_bytes: tuple[int, ...] = ()
+    #: Device bytes of the resident arrays (pipeline/resident.py), uploaded once; the ring
+    #: fits in what the memory limit leaves beside them.
+    resident_bytes: int = 0
 
     @property
     def block_count(self) -> int:
@@ -114,7 +128,16 @@ class Plan:
     @property
     def output_slot_bytes(self) -> tuple[int, ...]:
         """Bytes of each output's buffer in one slot."""
-        return tuple(self.block_rows * spec.row_bytes for spec in self.outputs)
+        return tuple(spec.block_rows_of(self.block_rows) * spec.row_bytes
+                     for spec in self.outputs)
+
+    def output_rows(self, i: int, block: Block) -> tuple[int, int]:
+        """The rows ``[lo, hi)`` of output ``i`` that ``block`` writes."""
+        spec = self.outputs[i]
+        if spec.per_block:
+            return block.index, block.index + 1
+        p, q = spec.ratio
+        return block.start * p // q, block.stop * p // q
 
     @property
     def ring_device_bytes(self) -> int:
@@ -170,7 +193,7 @@ def _slot_footprint(
     for spec in inputs:
         total += device_bin(max((block_rows + 2 * halo) * spec.row_bytes, 1))
     for spec in outputs:
-        total += device_bin(max(block_rows * spec.row_bytes, 1))
+        total += device_bin(max(spec.block_rows_of(block_rows) * spec.row_bytes, 1))
     return total
 
 
@@ -186,8 +209,10 @@ def make_plan(
     max_alloc_bytes: int,
     scratch_row_bytes: int = 0,
     partial_bytes: tuple[int, ...] = (),
+    resident_bytes: int = 0,
 ) -> Plan:
-    """Choose block rows for these arrays; InputError when no block fits."""
+    """Choose block rows for these arrays; InputError when no block fits (beside
+    ``resident_bytes`` of resident arrays, counted against the same limit)."""
     if not inputs:
         raise InputError("a stream needs at least one input array")
     if depth < 1:
@@ -197,33 +222,50 @@ def make_plan(
     rows = inputs[0].rows
     for name, specs in (("input", inputs), ("output", outputs)):
         for i, spec in enumerate(specs):
-            if spec.rows != rows:
+            if not spec.per_block and spec.rows != rows * spec.ratio[0] // spec.ratio[1]:
                 raise InputError(
                     f"arrays disagree in length along axis 0: input 0 has {rows} rows, "
                     f"{name} {i} has {spec.rows}"
+                    + (f" (ratio={spec.ratio})" if spec.ratio != (1, 1) else "")
                 )
+    if halo and any(spec.per_block for spec in outputs):
+        raise InputError(
+            f"a per-block output with halo={halo}: a block's record would also count the "
+            f"halo rows of its neighbours, so records could not say which rows they belong "
+            f"to; use halo=0 (records that straddle blocks: see examples/bloom_filter.py)")
+    # Every block must map to whole output rows: block rows a multiple of each ratio's q.
+    step = math.lcm(*(spec.ratio[1] for spec in outputs)) if outputs else 1
     limit = memory_limit
     if limit is None:
         limit = int(global_mem_bytes * DEFAULT_MEMORY_FRACTION)
     if limit <= 0:
         raise InputError(f"memory_limit must be a positive number of bytes, got {limit}")
-    widest = max(spec.row_bytes for spec in inputs + outputs) or 1
+    total_limit, limit = limit, limit - resident_bytes
+    if limit <= 0:
+        raise InputError(
+            f"the resident arrays in args= need {resident_bytes} device bytes, which leaves "
+            f"nothing of the memory limit of {total_limit} for the blocks: use a larger "
+            f"memory_limit, or stream the largest table as an input")
+    widest = max([spec.row_bytes for spec in inputs]
+                 + [-(-spec.row_bytes * spec.ratio[0] // spec.ratio[1])
+                    for spec in outputs if not spec.per_block]) or 1
     if block_bytes is not None:
         if block_bytes < widest:
             raise InputError(
                 f"block_bytes={block_bytes} is smaller than one row ({widest} bytes): "
                 f"use block_bytes >= {widest}"
             )
-        block_rows = block_bytes // widest
+        block_rows = max(block_bytes // widest // step * step, step)
     else:
         block_rows = max(DEFAULT_BLOCK_BYTES // widest, 1)
         block_rows = min(block_rows, max(max_alloc_bytes // widest - 2 * halo, 1))
         if rows:
             block_rows = min(block_rows, rows)
+        block_rows = max(block_rows // step * step, step)
         block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
-                          partial_bytes, rows)
+                          partial_bytes, rows, step)
     if rows:
-        block_rows = min(block_rows, rows)
+        block_rows = min(block_rows, rows)  # rows is a multiple of step (shaped.Rows)
     block_rows = max(block_rows, 1)
     if rows:
         # No more slots than blocks: depth=10**6 on a short stream held 781 MiB of slots
@@ -239,17 +281,19 @@ def make_plan(
     if footprint > limit:
         raise InputError(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
-            f"more than the memory limit of {limit}: use a smaller block_bytes or depth, "
-            f"or a larger memory_limit"
+            f"more than the memory limit of {total_limit}"
+            + (f" less {resident_bytes} of resident arrays" if resident_bytes else "")
+            + ": use a smaller block_bytes or depth, or a larger memory_limit"
         )
-    biggest = max((block_rows + 2 * halo) * spec.row_bytes for spec in inputs + outputs)
+    biggest = max([(block_rows + 2 * halo) * spec.row_bytes for spec in inputs]
+                  + [spec.block_rows_of(block_rows) * spec.row_bytes for spec in outputs])
     if biggest > max_alloc_bytes:
         raise InputError(
             f"a block buffer of {biggest} bytes is more than the device's largest allocation "
             f"({max_alloc_bytes} bytes): use a smaller block_bytes"
         )
-    return Plan(rows, block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
-                partial_bytes)
+    return Plan(rows, block_rows, depth, halo, inputs, outputs, total_limit, scratch_row_bytes,
+                partial_bytes, resident_bytes)
 
 
 def _fit(
@@ -262,15 +306,18 @@ def _fit(
     scratch_row_bytes: int = 0,
     partial_bytes: tuple[int, ...] = (),
     rows: int = 0,
+    step: int = 1,
 ) -> int:
-    """Shrink ``block_rows`` until the ring fits ``limit`` (or reaches one row). The ring has
-    ``depth`` slots, or fewer where ``rows`` make fewer blocks."""
+    """Shrink ``block_rows`` (a multiple of ``step``) until the ring fits ``limit`` (or
+    reaches ``step`` rows). The ring has ``depth`` slots, or fewer where ``rows`` make fewer
+    blocks."""
 
     def slots(block_rows: int) -> int:
         return min(depth, -(-rows // block_rows)) if rows else depth
 
-    while block_rows > 1 and slots(block_rows) * _slot_footprint(
+    while block_rows > step and slots(block_rows) * _slot_footprint(
         block_rows, halo, inputs, outputs, scratch_row_bytes, partial_bytes
     ) > limit:
-        block_rows = max(block_rows * 7 // 8, 1) if block_rows > 8 else block_rows - 1
+        smaller = block_rows * 7 // 8 if block_rows > 8 * step else block_rows - step
+        block_rows = max(smaller // step * step, step)
     return block_rows

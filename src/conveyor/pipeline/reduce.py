@@ -158,3 +158,121 @@ def check_not_empty(op: object, elements: int) -> None:
             f"undefined (np.{op} raises too); check the input's length first, or use "
             f"reduce='sum' (0 for no elements)"
         )
+
+
+class Scratch:
+    """One slot's buffers of a kernel reduction: the per-element values the user's kernel
+    writes, the partials the fold kernel makes of them, and their pinned copies."""
+
+    def __init__(self) -> None:
+        self.values: Any = None
+        self.partial: Any = None
+        self.has: Any = None
+        self.pin_partial: Any = None
+        self.pin_has: Any = None
+
+    def device_buffers(self) -> list[Any]:
+        """The device buffers (some None when an allocation failed half-way)."""
+        return [self.values, self.partial, self.has]
+
+    def pinned_buffers(self) -> list[Any]:
+        """The pinned buffers."""
+        return [self.pin_partial, self.pin_has]
+
+
+class Reduction:
+    """A stream's ``reduce=``: its checks, the scratch each slot needs, the fold enqueued after
+    each block's compute, and the host combine of the blocks' partials in block order.
+
+    ``element`` is the dtype of the kernel's per-element values (None for a callable, whose
+    return value is each block's partial)."""
+
+    def __init__(self, op: str | Callable[[Any, Any], Any], element: np.dtype | None,
+                 fallback: np.dtype) -> None:
+        self.op = op
+        self.element = element
+        self.fallback = fallback  # the type of an empty callable sum (the input's)
+        self.kernel: Any = None
+        self.parts = 0
+        self.partials: list[Any] = []
+
+    @classmethod
+    def make(cls, op: Any, element: np.dtype | None, fallback: np.dtype, elements: int,
+             with_kernel: bool) -> Reduction | None:
+        """The reduction of ``op`` (None without one); InputError for an op that cannot work
+        (the kernel's own parameter checks are in validate.check_kernel)."""
+        if op is None:
+            return None
+        if not with_kernel and not callable(op) and op not in BUILTIN_OPS:
+            raise InputError(f"reduce={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+        check_not_empty(op, elements)
+        return cls(op, element, fallback)
+
+    def scratch_sizes(self, row_items: int) -> dict[str, Any]:
+        """The plan's arguments for the device buffers each slot adds (the engine allocates
+        exactly these), so they count against the memory limit."""
+        if self.element is None:
+            return {}
+        acc = partial_dtype(self.element, str(self.op))
+        return {"scratch_row_bytes": row_items * self.element.itemsize,
+                "partial_bytes": (acc.itemsize, 1)}
+
+    def build(self, device: Any, block_elements: int) -> None:
+        """Compile the fold kernel (before the first block)."""
+        if self.element is not None:
+            source, name = kernel_source(device.backend, self.element, str(self.op))
+            self.kernel = device.compile(source, name)
+            self.parts = partials_for(block_elements)
+
+    def allocate(self, slot: Any, acquire: Callable[[int], Any], pin_pool: Any,
+                 value_bytes: int) -> None:
+        """One slot's scratch (``slot.scratch``), from ``acquire`` (device) and
+        ``pin_pool``; each buffer is stored as it is made, so a failed allocation leaves the
+        others where the engine's release finds them."""
+        if self.element is None:
+            return
+        acc = partial_dtype(self.element, str(self.op))
+        slot.scratch = scratch = Scratch()
+        scratch.values = acquire(value_bytes)
+        scratch.partial = acquire(self.parts * acc.itemsize)
+        scratch.has = acquire(self.parts)
+        scratch.pin_partial = pin_pool.acquire(self.parts * acc.itemsize)
+        scratch.pin_has = pin_pool.acquire(self.parts)
+
+    def enqueue(self, compute_q: Any, copy_out_q: Any, scratch: Scratch | None, n: int,
+                after: Any, records: list[Any], block: int) -> tuple[Any, list[Any]]:
+        """The fold of one block's values after ``after`` and the copies of its partials;
+        return (the fold's event, the copies' events)."""
+        if self.kernel is None or scratch is None:
+            return after, []
+        event = compute_q.launch(
+            self.kernel, self.parts,
+            [scratch.values, scratch.partial, scratch.has, np.uint64(n), np.uint64(self.parts)],
+            wait_for=[after])
+        records.append(("compute", block, event, 0))
+        acc = partial_dtype(self.element or self.fallback, str(self.op))
+        nbytes = self.parts * acc.itemsize
+        copies = []
+        for dst, src in ((scratch.pin_partial.array[:nbytes], scratch.partial),
+                         (scratch.pin_has.array[: self.parts], scratch.has)):
+            copy = copy_out_q.copy_out(dst, src, wait_for=[event])
+            copies.append(copy)
+            records.append(("copy-out", block, copy, dst.nbytes))
+        return event, copies
+
+    def collect(self, scratch: Scratch | None, partial: Any) -> None:
+        """Keep one block's partial (after its copies completed), in block order: the
+        callable's return value, or the fold of the kernel's partials on the host."""
+        if self.element is None:
+            self.partials.append(partial)
+            return
+        assert scratch is not None
+        acc = partial_dtype(self.element, str(self.op))
+        values = scratch.pin_partial.array[: self.parts * acc.itemsize].view(acc)
+        has = scratch.pin_has.array[: self.parts]
+        self.partials.append(fold_partials(str(self.op), values, has))
+
+    def result(self) -> Any:
+        """The combined result of every block's partial."""
+        return combine(self.op, self.partials, self.element or self.fallback,
+                       kernel=self.element is not None)

@@ -24,6 +24,8 @@ class Report:
 
     device: str
     seconds: float = 0.0
+    #: Rows of input 0 (block k covers rows k × block_rows up to the next, or ``rows``).
+    rows: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     blocks: int = 0
@@ -55,6 +57,15 @@ class Report:
             self.timeline_source = None
             self.spans_source = None
         return self._timeline
+
+    @property
+    def block_ranges(self) -> Any:
+        """The input rows ``[start, stop)`` each block covered, as a ``blocks × 2`` int64
+        array (row k is block k: the rows of record k of a per-block output)."""
+        import numpy as np
+
+        starts = np.arange(self.blocks, dtype=np.int64) * self.block_rows
+        return np.stack([starts, np.minimum(starts + self.block_rows, self.rows)], axis=1)
 
     # -- rates -------------------------------------------------------------------------------
     @property

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.backends.base import Closeable
+from conveyor.closing import Closeable, finish_uninterrupted
 from conveyor.pipeline.interrupts import deferred_sigint
 
 PIECE_BYTES = 8 * 2**20
@@ -141,23 +141,15 @@ class Stager(Closeable):
     def close(self) -> None:
         """Join every worker thread (a Ctrl-C meanwhile is raised once they are joined)."""
         # Marking closed and joining happen with SIGINT held: an interrupt between the two
-        # left the workers running and every later close() a no-op (seen once in CI), and one
-        # inside the join would leave workers copying into pinned slots that the engine is
-        # about to give back to the pool.
+        # left the workers running and every later close() a no-op (seen once under load),
+        # and one inside the join would leave workers copying into pinned slots that the
+        # engine is about to give back to the pool.
         with deferred_sigint():
             with self._lock:
                 if self._closed:
                     return
                 self._closed = True
-            interrupted: KeyboardInterrupt | None = None
-            while True:  # a KeyboardInterrupt raised some other way: join anyway, then raise
-                try:
-                    self._executor.shutdown(wait=True, cancel_futures=True)
-                    break
-                except KeyboardInterrupt as exc:
-                    interrupted = exc
-            if interrupted is not None:
-                raise interrupted
+            finish_uninterrupted(lambda: self._executor.shutdown(wait=True, cancel_futures=True))
 
 
 def copy_rows(dst: Any, src: Any) -> None:

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from conveyor.backends.base import Closeable, Event, PinnedBuffer
-from conveyor.pipeline.inplace import InPlace, Placed
+from conveyor.backends.base import Event, PinnedBuffer
+from conveyor.closing import Closeable, join
 from conveyor.pipeline.interrupts import deferred_sigint, start_thread
 from conveyor.pipeline.plan import Block
 from conveyor.pipeline.stage import Batch, Stager, StageTask
@@ -134,8 +134,8 @@ class _StagingThread(Closeable):
                 self._stop = True
                 self._cond.notify_all()
             self._on_stop()
-            if self._thread is not None and self._thread.is_alive():
-                self._thread.join()
+            if self._thread is not None:
+                join(self._thread)
 
     def _on_stop(self) -> None:
         pass
@@ -147,45 +147,23 @@ class StageAhead(_StagingThread):
     ``fill(block, entry)`` returns the staging copies of one block into one ring entry.
     The engine calls ``take(k)`` before issuing block ``k`` and ``release(k, events)`` once the
     copies that read what ``take`` gave are enqueued; those buffers are reused after ``events``.
-
-    With ``inplace`` (pipeline/inplace.py), a second thread page-locks blocks where they are
-    into ``edges`` (pinned buffers for their partial end pages). The two threads claim blocks
-    in turn, each the next unclaimed one as soon as it is free; ``take(k)`` then returns a
-    ring entry or an ``inplace.Placed``.
     """
 
     lane = "stage-in"
 
     def __init__(self, stager: Stager, ring: list[Entry], blocks: Sequence[Block],
                  fill: Callable[[Block, Entry], list[StageTask]], spans: list[Span],
-                 nvtx: Any, inline: bool = False, inplace: InPlace | None = None,
-                 edges: Sequence[PinnedBuffer] = ()) -> None:
+                 nvtx: Any, inline: bool = False) -> None:
         super().__init__(stager, spans, nvtx, inline)
         self.ring = ring
         self.blocks = blocks
         self.fill = fill
-        self.inplace = inplace if edges and not inline else None
-        self.edges = list(edges)
         self._claimed = 0  # the next block to claim
-        self._ready: dict[int, tuple[int, Batch] | Placed] = {}  # staged (entry, copies) or placed
+        self._ready: dict[int, tuple[int, Batch]] = {}  # staged: (entry, copies)
         self._fences: dict[int, list[Event]] = {}  # block -> the events that read its buffers
-        self._placed: collections.deque[Placed] = collections.deque()  # locked, not yet undone
-        self._placer: threading.Thread | None = None
-
-    def start(self) -> None:
-        super().start()
-        if self.inplace is not None:
-            self._placer = threading.Thread(target=self._main, args=(self._place_blocks,),
-                                            name="conveyor-stage-in-place", daemon=True)
-            start_thread(self._placer)
-
-    def _on_stop(self) -> None:
-        # Called by close() with SIGINT held, after the stop is set: join the placer there.
-        if self._placer is not None and self._placer.is_alive():
-            self._placer.join()
 
     def _claim(self) -> int | None:
-        """The next block for this thread to make ready, or None when all are claimed."""
+        """The next block to stage, or None when all are claimed."""
         with self._cond:
             if self._stop or self._claimed >= len(self.blocks):
                 return None
@@ -211,32 +189,12 @@ class StageAhead(_StagingThread):
             # Hand the copies over without waiting for them: the workers always have the next
             # block queued, so no worker idles while a block's last pieces finish.
             batch = self.stager.submit(self.fill(self.blocks[k], self.ring[index]))
-            self._make_ready(k, (index, batch))
+            with self._cond:
+                self._ready[k] = (index, batch)
+                self._cond.notify_all()
 
-    def _place_blocks(self) -> None:
-        assert self.inplace is not None
-        used = 0
-        while not self.inplace.refused:
-            if len(self._placed) == len(self.edges):  # every edge buffer in use: free one
-                oldest = self._placed.popleft()
-                for event in self._fenced(oldest.block.index):
-                    event.wait()
-                oldest.close()
-            k = self._claim()
-            if k is None:
-                return
-            placed = self.inplace.place(self.blocks[k], self.edges[used % len(self.edges)])
-            used += 1
-            self._placed.append(placed)
-            self._make_ready(k, placed)
-
-    def _make_ready(self, k: int, item: tuple[int, Batch] | Placed) -> None:
-        with self._cond:
-            self._ready[k] = item
-            self._cond.notify_all()
-
-    def take(self, k: int) -> Entry | Placed:
-        """Wait until block ``k`` is ready; return its ring entry (or how it was placed)."""
+    def take(self, k: int) -> Entry:
+        """Wait until block ``k`` is staged; return its ring entry."""
         if self.inline:
             previous = k - len(self.ring)
             for event in self._fences.pop(previous, []):
@@ -248,10 +206,7 @@ class StageAhead(_StagingThread):
             while k not in self._ready:
                 self._raise_failure()
                 self._cond.wait()
-            item = self._ready.pop(k)
-        if isinstance(item, Placed):
-            return item
-        index, batch = item
+            index, batch = self._ready.pop(k)
         batch.wait()
         self._record(batch, self.blocks[k])
         return self.ring[index]
@@ -261,18 +216,6 @@ class StageAhead(_StagingThread):
         with self._cond:
             self._fences[k] = list(events)
             self._cond.notify_all()
-
-    def close(self) -> None:
-        """Stop both threads, then unlock every placed block (the engine has finished its
-        queues by now, so no copy still reads them)."""
-        try:
-            super().close()  # joins the placer too (_on_stop)
-        finally:
-            while self._placed:
-                self._placed.popleft().close()
-            for item in self._ready.values():
-                if isinstance(item, Placed):
-                    item.close()
 
 
 class StageBehind(_StagingThread):

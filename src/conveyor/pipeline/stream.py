@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from conveyor import config, files
+from conveyor import files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
-from conveyor.pipeline import overlap, validate
-from conveyor.pipeline import reduce as reducing
+from conveyor.pipeline import overlap, resident, validate
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
 from conveyor.pipeline.plan import make_plan
+from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
+from conveyor.pipeline.shaped import Shaped, ShapedSink
 from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
 
 
@@ -38,6 +40,8 @@ def stream(
     zero_copy: bool | None = None,
     workers: int | None = None,
     strict: bool | None = None,
+    warmup: bool = True,
+    boundary: str | float = "nearest",
     first_row: int = 0,
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
@@ -51,17 +55,33 @@ def stream(
     preprocessed source says, checked against the compiled argument sizes (CUDA); a pointer
     to a vector type (``float4*``) is refused, since ``n`` counts scalars. Each value of
     ``args`` is cast to the type the kernel declares for it (3.7 to an ``int`` is 3); None,
-    strings and arrays are refused with an InputError before any work.
+    strings and arrays for scalar parameters are refused with an InputError before any work.
 
     A callable is called once per block as
     ``compute(*input_arrays, *output_arrays, *args, queue=, offset=, n=)`` with device arrays
     (PyOpenCL arrays on OpenCL; DLPack / CUDA-array-interface objects on CUDA), then ``args``
     as given, and must enqueue its work on ``queue``, the driver's own queue (a
-    ``pyopencl.CommandQueue``, or a ``cuda.core`` Stream).
+    ``pyopencl.CommandQueue``, or a ``cuda.core`` Stream). It may write its output arrays and
+    return None, or return device arrays (one per output, or a tuple: a
+    ``pyopencl.array.Array``, or anything with ``__cuda_array_interface__``) that conveyor
+    copies into the block's outputs on that queue; a wrong count, shape or dtype is an
+    InputError. Unless ``warmup=False``, a callable is first called once on the first rows
+    (at most 64, into scratch outputs that are dropped) before the stream starts, so that a
+    library that loads its modules lazily (CuPy, PyTorch, Numba) does not load one while blocks
+    are in flight, and what it returns is checked before any work.
+
+    A kernel's pointer parameters after the streamed buffers take arrays in ``args``: each is
+    uploaded once before the first block, counted against ``memory_limit``, and passed to
+    every launch (``__global const T*`` or ``__constant T*``); ``cv.resident(array)`` keeps
+    one on the device across streams. A non-const pointer needs ``cv.resident(array,
+    writable=True)``, copied back after the stream (``conveyor.pipeline.resident``).
 
     Arrays are cut along axis 0 and must agree on its length. ``outputs`` holds arrays
     (C-contiguous, writable) or dtypes; a dtype makes a new array shaped like input 0's rows,
-    found in ``report.outputs``. An output may be an input itself (in place: NumPy's answer,
+    found in ``report.outputs``. ``cv.per_block(shape, dtype)`` is one record per block
+    (``report.block_ranges`` says which rows each covered) and ``cv.rows(dtype, ratio=(p,
+    q))`` an output of ``rows × p / q`` rows, blocks cut at multiples of ``q`` rows
+    (``conveyor.pipeline.shaped``). An output may be an input itself (in place: NumPy's answer,
     halo included); an output that overlaps an input in any other way is an InputError
     (pipeline/overlap.py).
 
@@ -74,9 +94,12 @@ def stream(
     (a file output's dtype defaults to the kernel's output parameter type, else input 0's);
     ``report.outputs`` then holds the path. See ``conveyor.pipeline.io``.
 
-    ``halo=h`` gives each input block ``h`` extra rows before and after, the rows past either
-    end repeating the edge row, so element ``i`` of the block is at index ``i + h * row`` of
-    the input buffer; outputs are exactly the block. ``reduce`` is
+    ``halo=h`` gives each input block ``h`` extra rows before and after, so element ``i`` of
+    the block is at index ``i + h * row`` of the input buffer; outputs are exactly the block.
+    The rows past either end follow ``boundary``, as Dask's ``map_overlap`` names them and
+    exactly as ``np.pad`` makes them: "nearest" (the default) repeats the edge row (np.pad
+    "edge"), "reflect" mirrors, edge row included (np.pad "symmetric"), "periodic" wraps
+    around (np.pad "wrap"), a number is a constant (np.pad "constant"). ``reduce`` is
     "sum", "min", "max" (with a kernel: the kernel writes per-element values into its one output
     buffer and conveyor folds them on the device) or, with a callable that returns each block's
     partial, also any function ``f(a, b)``; the result is ``report.result``.
@@ -111,12 +134,13 @@ def stream(
     from conveyor.kernels.build import KernelFuture
 
     opts = StreamOptions.parse(depth=depth, block_bytes=block_bytes, memory_limit=memory_limit,
-                               halo=halo, workers=workers, args=args)
+                               halo=halo, workers=workers, args=args, reduce=reduce,
+                               zero_copy=zero_copy, progress=progress, strict=strict,
+                               warmup=warmup, boundary=boundary, first_row=first_row)
     inputs, outputs = as_inputs(inputs), as_outputs(outputs)
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
     dev = device if device is not None else default_device()
-    use_strict = config.strict_mode() if strict is None else bool(strict)
     if trace is not None and not isinstance(trace, str):
         raise InputError("trace= takes a file path (str)")
     if trace is not None:
@@ -129,16 +153,15 @@ def stream(
             raise InputError("a stream needs at least one input array")
         rows = sources[0].shape[0]
         sinks = [
-            as_sink(o, i, rows, sources[0].shape[1:],
-                    _file_dtype(compute, len(sources), i, sources[0].dtype))
+            o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
+            else as_sink(o, i, rows, sources[0].shape[1:],
+                         _file_dtype(compute, len(sources), i, sources[0].dtype))
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
         if trace is not None:
             _check_trace(trace, sources, sinks)
-        report = _run(compute, sources, sinks, dev, opts.depth, opts.block_bytes,
-                      opts.memory_limit, opts.halo, reduce, opts.args, progress, zero_copy,
-                      opts.workers, use_strict, _first_row(first_row))
+        report = _run(compute, sources, sinks, dev, opts)
     except BaseException:
         for sink in sinks:
             sink.abort()
@@ -184,13 +207,11 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute) -> 
         validate.check_byte_order(sources, sinks)
 
 
-def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device, depth: int,
-         block_bytes: int | None, memory_limit: int | None, halo: int,
-         reduce: str | Callable[[Any, Any], Any] | None, args: Sequence[Any], progress: bool,
-         zero_copy: bool | None, workers: int | None, strict: bool = False,
-         first_row: int = 0) -> Report:
+def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device,
+         opts: StreamOptions) -> Report:
     """Check, plan and run a stream of sources into sinks; commit the sinks."""
-    reduce_dtype: np.dtype | None = None
+    reduce, element = opts.reduce, None
+    residents: resident.ResidentArgs | None = None
     if isinstance(compute, Kernel):
         # Checked before check_kernel: with outputs, its parameter-count message would
         # count a "partial buffer" and not say that the outputs are what to drop.
@@ -199,56 +220,48 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device"
             )
-        reduce_dtype = validate.check_kernel(compute, dev, sources, sinks, args, reduce)
+        element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
+        buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
+        residents = resident.bind(compute, buffers, opts.args)
     elif not callable(compute):
         raise InputError(
             f"compute must be a Kernel (device.compile) or a callable, "
             f"got {type(compute).__name__}"
         )
-    elif reduce is not None and not callable(reduce) and reduce not in ("sum", "min", "max"):
-        raise InputError(f"reduce={reduce!r}: use 'sum', 'min', 'max' or a function f(a, b)")
     first = sources[0]
-    reducing.check_not_empty(reduce, int(np.prod(first.shape, dtype=np.int64)))
+    reduction = Reduction.make(reduce, element, first.dtype,
+                               int(np.prod(first.shape, dtype=np.int64)),
+                               with_kernel=isinstance(compute, Kernel))
     in_place = overlap.in_place_inputs(sources, sinks)
     plan = make_plan(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
-        depth=depth,
-        block_bytes=block_bytes,
-        memory_limit=memory_limit,
-        halo=halo,
+        depth=opts.depth,
+        block_bytes=opts.block_bytes,
+        memory_limit=opts.memory_limit,
+        halo=opts.halo,
         global_mem_bytes=dev.global_mem_bytes,
         max_alloc_bytes=dev.max_alloc_bytes,
-        **_reduce_scratch(reduce_dtype, reduce, sources[0]),
+        **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
+        resident_bytes=residents.nbytes if residents is not None else 0,
     )
     for sink in sinks:
+        if isinstance(sink, ShapedSink):
+            sink.allocate(plan.block_count)  # a per-block output: one record per block
         sink.open()
     if plan.block_count == 0:
         for sink in sinks:
             sink.commit()
-        result = reducing.combine(reduce, [], reduce_dtype or first.dtype,
-                                  kernel=reduce_dtype is not None) if reduce else None
-        return Report(device=dev.spec, depth=depth, outputs=[s.result for s in sinks],
-                      result=result)
-    use_zero_copy = _zero_copy(zero_copy, dev, halo, sources, sinks)
-    engine = Engine(
-        dev, plan, compute, sources, sinks,
-        args=args, reduce=reduce, reduce_dtype=reduce_dtype, zero_copy=use_zero_copy,
-        workers=workers, progress=progress, strict=strict, in_place=in_place,
-        first_row=first_row,
-    )
+        return Report(device=dev.spec, depth=opts.depth, outputs=[s.result for s in sinks],
+                      block_rows=plan.block_rows,
+                      result=reduction.result() if reduction is not None else None)
+    opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks))
+    engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
+                    in_place=in_place, residents=residents)
     report = engine.run()
     for sink in sinks:
         sink.commit()
     return report
-
-
-def _first_row(value: Any) -> int:
-    """``first_row`` as an int (any whole number, negative too); InputError otherwise."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise InputError(f"first_row={value!r}: first_row takes an int, the row of the whole "
-                         f"array that the inputs' row 0 is")
-    return int(value)
 
 
 def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],
@@ -278,18 +291,3 @@ def _file_dtype(compute: Compute, inputs: int, index: int, fallback: np.dtype) -
         if param.is_pointer and param.dtype is not None:
             return param.dtype
     return fallback
-
-
-def _reduce_scratch(element: np.dtype | None, op: Any, first: Source) -> dict[str, Any]:
-    """The device buffers a kernel reduction adds to each slot (the engine allocates exactly
-    these), so the plan counts them against the memory limit."""
-    if element is None:
-        return {}
-    from conveyor.pipeline import reduce as reducing
-
-    acc = reducing.partial_dtype(element, str(op))
-    row_items = int(np.prod(first.shape[1:], dtype=np.int64))
-    return {
-        "scratch_row_bytes": row_items * element.itemsize,
-        "partial_bytes": (acc.itemsize, 1),
-    }

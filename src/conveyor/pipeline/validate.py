@@ -66,7 +66,8 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
 def spec(array: Any) -> ArraySpec:
     """The ArraySpec of an array, or of anything with ``shape`` and ``dtype`` (a source or
     sink of pipeline/io.py)."""
-    return ArraySpec(tuple(int(s) for s in array.shape), array.dtype)
+    return ArraySpec(tuple(int(s) for s in array.shape), array.dtype,
+                     getattr(array, "ratio", (1, 1)), getattr(array, "per_block", False))
 
 
 def check_kernel(
@@ -100,15 +101,16 @@ def check_kernel(
         arrays.append(("the per-element reduce buffer", None))
     for param, (what, dtype) in zip(params, arrays, strict=False):
         _check_buffer(kernel.name, param, what, dtype)
-    for param, value in zip(params[buffers:], args, strict=False):
-        if param.is_pointer:
-            given = "an array" if isinstance(value, np.ndarray) else "a scalar"
-            raise InputError(
-                f"kernel parameter {param.name!r} is a pointer ({param.type_text}) but receives "
-                f"{given} from args=: args= takes scalars only; list every array the kernel "
-                f"reads or writes in inputs= or outputs= (streamed block by block)"
-            )
+    from conveyor.pipeline.resident import Resident
+
     for index, (param, value) in enumerate(zip(params[buffers:], args, strict=False)):
+        if param.is_pointer:
+            continue  # an array uploaded once: pipeline/resident.py checks it
+        if isinstance(value, Resident):
+            raise InputError(
+                f"args[{index}]: kernel parameter {param.name!r} is a scalar "
+                f"({param.type_text}) but receives a resident array: declare it as a "
+                f"pointer (__global const {param.type_text}*), or pass a scalar")
         _check_arg(param, index, value)
     for param in params[buffers + len(args):]:
         if param.is_pointer:

@@ -1,0 +1,249 @@
+"""Resident arrays: tables a kernel reads (or writes) whole, uploaded once and passed to every
+launch as a pointer, instead of streamed block by block.
+
+An array in ``args=`` where the kernel declares a pointer (``__global const T*``,
+``__constant T*``, ``const T*`` in CUDA) is uploaded before the first block, lives on the
+device for the whole stream (counted against ``memory_limit``) and is given to every launch.
+:func:`resident` makes a handle that keeps the table on the device across streams: closed by
+``close()`` or the ``with`` block, and given back by the pool's out-of-memory ladder only while
+no stream uses it (the next stream uploads it again). A kernel that may write a resident
+(a pointer not declared const) is refused unless the handle is ``writable=True``; a writable
+handle's array is copied back into the host array after each stream that succeeded.
+Device arrays (``__cuda_array_interface__`` on CUDA, a ``pyopencl.array.Array`` on OpenCL)
+are passed as they are: they are on the device already.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue
+from conveyor.closing import Closeable
+from conveyor.errors import InputError
+from conveyor.kernels.signature import Param
+from conveyor.memory.pool import device_bin
+
+
+class Resident(Closeable):
+    """A host array kept on one device across streams (see the module). ``nbytes`` is its
+    size; it is uploaded when a stream first needs it (or now, when ``device`` is given)."""
+
+    def __init__(self, array: Any, *, writable: bool = False, device: Device | None = None
+                 ) -> None:
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        if array.dtype.hasobject or array.ndim == 0 or array.size == 0:
+            raise InputError(f"resident(): pass a non-empty numeric array, got {array.dtype} "
+                             f"of shape {array.shape}")
+        if writable and not (array.flags.c_contiguous and array.flags.writeable):
+            raise InputError("resident(writable=True) copies the table back into the array: "
+                             "pass a C-contiguous, writable array")
+        self.array = np.ascontiguousarray(array)
+        self.writable = bool(writable)
+        self.device: Device | None = None
+        self.buffer: DeviceBuffer | None = None
+        self.users = 0
+        self.closed = False
+        self._lock = threading.RLock()
+        if device is not None:
+            self._bind(device)
+            self._upload_now()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the table."""
+        return int(self.array.nbytes)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The table's element type."""
+        return self.array.dtype
+
+    def _bind(self, device: Device) -> None:
+        if self.closed:
+            raise InputError("this resident array was closed: make a new cv.resident(...)")
+        if self.device is None:
+            self.device = device
+        elif self.device is not device:
+            raise InputError(f"this resident array lives on {self.device.spec}, the stream runs "
+                             f"on {device.spec}: make a cv.resident(...) per device")
+
+    def _upload_now(self) -> None:
+        assert self.device is not None
+        queue = self.device.create_queue()
+        try:
+            self.use(self.device, queue)
+            queue.finish()
+        finally:
+            queue.close()
+            self.done()
+
+    def use(self, device: Device, queue: Queue) -> DeviceBuffer:
+        """For a stream on ``device``: the device buffer, uploaded on ``queue`` first where it
+        is not on the device (the queue orders the upload before the stream's launches)."""
+        with self._lock:
+            self._bind(device)
+            if self.buffer is None:
+                pool = device.memory_pool
+                buffer = pool.acquire(self.nbytes)
+                try:
+                    queue.copy_in(buffer, self.array.reshape(-1).view(np.uint8))
+                except BaseException:
+                    pool.release(buffer)
+                    raise
+                self.buffer = buffer
+                pool.add_evictable(self)
+            self.users += 1
+            return self.buffer
+
+    def done(self) -> None:
+        """A stream has finished with the table."""
+        with self._lock:
+            self.users -= 1
+
+    def copy_back(self, queue: Queue) -> None:
+        """Copy the device's table into ``array`` (writable handles, after a stream)."""
+        with self._lock:
+            if self.writable and self.buffer is not None:
+                queue.copy_out(self.array.reshape(-1).view(np.uint8), self.buffer).wait()
+
+    def evict(self) -> bool:
+        """Give the device copy back to the pool if no stream uses it (the pool's
+        out-of-memory ladder calls this); a later stream uploads the table again."""
+        with self._lock:
+            if self.users or self.buffer is None or self.device is None:
+                return False
+            buffer, self.buffer = self.buffer, None
+        self.device.memory_pool.release(buffer)
+        return True
+
+    def close(self) -> None:
+        """Free the device copy. InputError while a stream uses it."""
+        with self._lock:
+            if self.users:
+                raise InputError("a stream is using this resident array: close it after "
+                                 "the stream returns")
+            self.evict()
+            self.closed = True
+
+    def __del__(self) -> None:
+        try:
+            if not self.closed and getattr(self, "users", 1) == 0:
+                self.evict()
+        except Exception:  # never raise from a finalizer, at shutdown least of all
+            pass
+
+
+def resident(array: Any, *, writable: bool = False, device: Device | None = None) -> Resident:
+    """``array`` kept on the device across streams: pass the handle in ``args=`` where the
+    kernel declares a pointer. ``writable=True`` lets the kernel write it and copies it back
+    into ``array`` after each stream. ``device`` uploads it now (default: at first use).
+    Close it (or use ``with``) to free the device memory."""
+    return Resident(array, writable=writable, device=device)
+
+
+class ResidentArgs:
+    """The resident arrays of one stream's ``args``: which argument each is, uploaded at the
+    start, substituted into every launch's arguments, let go of at the end."""
+
+    def __init__(self, handles: dict[int, Resident], device_arrays: dict[int, Any],
+                 owned: Sequence[Resident]) -> None:
+        self.handles = handles
+        self.device_arrays = device_arrays
+        self.owned = list(owned)  # made for this stream from plain arrays: closed at its end
+        self.used: list[Resident] = []
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the tables, as the pool bins them."""
+        return sum(device_bin(h.nbytes) for h in self.handles.values())
+
+    def upload(self, device: Device, queue: Queue, args: Sequence[Any]) -> tuple[Any, ...]:
+        """Upload every table on ``queue``; return ``args`` with each replaced by its device
+        buffer."""
+        values = list(args)
+        for index, value in self.device_arrays.items():
+            values[index] = value
+        for index, handle in self.handles.items():
+            values[index] = handle.use(device, queue)
+            self.used.append(handle)
+        return tuple(values)
+
+    def copy_back(self, queue: Queue) -> None:
+        """After a stream that succeeded: writable tables back into their host arrays."""
+        for handle in self.used:
+            handle.copy_back(queue)
+
+    def release(self) -> None:
+        """The stream is over (every queue finished): let go of the tables."""
+        used, self.used = self.used, []
+        for handle in used:
+            handle.done()
+        for handle in self.owned:
+            handle.close()
+
+
+def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
+    """The resident arrays among ``args`` (parameters from ``first_arg`` on): InputError for
+    a pointer parameter given no array, an array the kernel may write that is not a writable
+    handle, or one whose dtype does not match."""
+    handles: dict[int, Resident] = {}
+    device_arrays: dict[int, Any] = {}
+    owned: list[Resident] = []
+    params = kernel.params[first_arg : first_arg + len(args)]
+    for index, (param, value) in enumerate(zip(params, args, strict=False)):
+        if not param.is_pointer:
+            if isinstance(value, Resident):
+                raise InputError(f"args[{index}]: kernel parameter {param.name!r} is a scalar "
+                                 f"({param.type_text}) but receives a resident array: declare "
+                                 f"it as a pointer, or pass a scalar")
+            continue
+        native = _device_array(value, kernel)
+        if native is not None:
+            device_arrays[index] = native
+            continue
+        handle = value if isinstance(value, Resident) else None
+        if handle is None:
+            if not isinstance(value, np.ndarray):
+                raise InputError(
+                    f"args[{index}]: kernel parameter {param.name!r} is a pointer "
+                    f"({param.type_text}) but receives {type(value).__name__} {value!r:.40}: "
+                    f"pass an array (uploaded once, passed to every launch) or "
+                    f"cv.resident(array)")
+            handle = Resident(value)
+            owned.append(handle)
+        _check(param, index, handle)
+        handles[index] = handle
+    return ResidentArgs(handles, device_arrays, owned)
+
+
+def _check(param: Param, index: int, handle: Resident) -> None:
+    where = f"args[{index}] (kernel parameter {param.name!r}, {param.type_text})"
+    if param.address == "local":
+        raise InputError(f"{where} is __local memory but receives an array: declare it "
+                         f"__global const or __constant")
+    read_only = param.is_const or param.address == "constant"
+    if not read_only and not handle.writable:
+        raise InputError(
+            f"{where} is not const, so the kernel may write the resident array it receives: "
+            f"declare it const (__global const / __constant), or pass "
+            f"cv.resident(array, writable=True) to have it copied back after the stream")
+    if param.dtype is not None and param.dtype != handle.dtype:
+        raise InputError(f"{where} takes {param.dtype} elements but the array holds "
+                         f"{handle.dtype}: pass array.astype(np.{param.dtype})")
+
+
+def _device_array(value: Any, kernel: Kernel) -> Any:
+    """What a launch takes for a device array (None for anything else)."""
+    backend = kernel.device.backend
+    if getattr(value, "__cuda_array_interface__", None) is not None and backend == "cuda":
+        return value  # the CUDA backend passes its data pointer
+    if backend == "opencl" and type(value).__module__.startswith("pyopencl"):
+        data = getattr(value, "base_data", None)
+        if data is not None and getattr(value, "offset", 0) == 0:
+            return data
+    return None

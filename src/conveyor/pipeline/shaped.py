@@ -1,0 +1,121 @@
+"""Outputs of other lengths than input 0: one record per block, or a row ratio.
+
+- :func:`per_block` ``(shape, dtype)``: the kernel writes one record of ``shape`` per block
+  (its output buffer holds exactly one); ``report.outputs`` holds ``blocks × shape`` and
+  ``report.block_ranges`` the input rows ``[start, stop)`` each block covered.
+- :func:`rows` ``(dtype, ratio=(p, q))``: an output of ``rows × p / q`` rows of input 0
+  (decimation, pooling, up-sampling). Blocks are cut at multiples of ``q`` input rows, so every
+  block maps to whole output rows: block rows ``[start, stop)`` write output rows
+  ``[start × p / q, stop × p / q)``. Input 0's length must be a multiple of ``q`` (the ratio
+  in lowest terms).
+
+Both make new arrays; the kernel still gets ``offset`` and ``n`` in elements of input 0 and
+works out where its output goes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+from conveyor.pipeline.sinks import ArraySink
+
+
+class Shaped:
+    """An output whose length is not input 0's (see the module)."""
+
+    ratio: tuple[int, int] = (1, 1)
+    per_block = False
+    dtype: np.dtype
+
+    def sink(self, index: int, rows: int, row_shape: tuple[int, ...]) -> ShapedSink:
+        """The sink of output ``index`` for an input 0 of ``rows`` rows of ``row_shape``."""
+        raise NotImplementedError
+
+
+class PerBlock(Shaped):
+    """One record of ``shape`` per block."""
+
+    per_block = True
+
+    def __init__(self, shape: Sequence[int] | int, dtype: Any) -> None:
+        dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
+        if not all(isinstance(d, int | np.integer) and d > 0 for d in dims):
+            raise InputError(f"per_block(shape={shape!r}): give the record's shape as positive "
+                             f"ints, e.g. per_block((4,), np.float32) or per_block(1, ...)")
+        self.shape = tuple(int(d) for d in dims)
+        self.dtype = _dtype(dtype, "per_block")
+
+    def sink(self, index: int, rows: int, row_shape: tuple[int, ...]) -> ShapedSink:
+        return ShapedSink(self, np.empty((0, *self.shape), self.dtype), f"output {index}")
+
+
+class Rows(Shaped):
+    """``rows × p / q`` rows of ``shape`` (default: input 0's row shape)."""
+
+    def __init__(self, dtype: Any, ratio: tuple[int, int] = (1, 1),
+                 shape: Sequence[int] | None = None) -> None:
+        self.dtype = _dtype(dtype, "rows")
+        try:
+            p, q = (int(v) for v in ratio)
+            valid = all(isinstance(v, int | np.integer) for v in ratio) and p > 0 and q > 0
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise InputError(f"rows(ratio={ratio!r}): give (p, q), two positive ints: output "
+                             f"rows = input rows × p / q, e.g. ratio=(1, 4)")
+        common = math.gcd(p, q)
+        self.ratio = (p // common, q // common)
+        self.shape = None if shape is None else tuple(int(d) for d in shape)
+
+    def sink(self, index: int, rows: int, row_shape: tuple[int, ...]) -> ShapedSink:
+        p, q = self.ratio
+        if rows % q:
+            raise InputError(
+                f"output {index} has ratio=({p}, {q}) but input 0 has {rows} rows, not a "
+                f"multiple of {q}: every block must map to whole output rows; pad or trim "
+                f"input 0 to a multiple of {q} rows ({rows // q * q} or {-(-rows // q) * q})")
+        shape = row_shape if self.shape is None else self.shape
+        return ShapedSink(self, np.empty((rows * p // q, *shape), self.dtype),
+                          f"output {index}")
+
+
+class ShapedSink(ArraySink):
+    """A new array for a Shaped output; a per-block one is made once the plan says how many
+    blocks there are (``allocate``)."""
+
+    def __init__(self, request: Shaped, array: np.ndarray, name: str) -> None:
+        super().__init__(array, name)
+        self.ratio = request.ratio
+        self.per_block = request.per_block
+
+    def allocate(self, blocks: int) -> None:
+        """Per-block outputs: the array of ``blocks`` records."""
+        if self.per_block:
+            self.array = np.empty((blocks, *self.shape[1:]), self.dtype)
+            self.shape = tuple(int(s) for s in self.array.shape)
+
+
+def per_block(shape: Sequence[int] | int, dtype: Any) -> PerBlock:
+    """An output of one record of ``shape`` per block (see the module)."""
+    return PerBlock(shape, dtype)
+
+
+def rows(dtype: Any, ratio: tuple[int, int] = (1, 1), shape: Sequence[int] | None = None
+         ) -> Rows:
+    """An output of ``rows × p / q`` rows of input 0 (see the module)."""
+    return Rows(dtype, ratio, shape)
+
+
+def _dtype(value: Any, what: str) -> np.dtype:
+    try:
+        dtype = np.dtype(value)
+    except TypeError as exc:
+        raise InputError(f"{what}(dtype={value!r}): pass a NumPy dtype") from exc
+    if dtype.hasobject:
+        raise InputError(f"{what}(dtype={dtype}): use a numeric dtype")
+    return dtype

@@ -1,0 +1,231 @@
+"""The compute step of a stream, chosen once: a kernel launch, or a Python callable that
+enqueues its own work on the compute queue."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.backends.base import Device, Event, Kernel, Queue
+from conveyor.errors import InputError
+from conveyor.pipeline.io import Source
+from conveyor.pipeline.paths import Records, Slot
+from conveyor.pipeline.plan import Block, Plan
+from conveyor.pipeline.stage import copy_rows
+from conveyor.trace.timeline import Between
+
+Compute = Kernel | Callable[..., Any]
+
+#: Rows a callable is warmed up on before the stream (at most a block, at most the input).
+WARMUP_ROWS = 64
+
+
+class Step:
+    """Enqueues one block's compute; returns the event that ends it."""
+
+    def __init__(self, plan: Plan, args: Sequence[Any], records: Records,
+                 first_row: int = 0) -> None:
+        self.plan = plan
+        # Row of the whole array that row 0 of these inputs is (cv.stream's first_row): the
+        # offsets a step passes count from there (conveyor.dask streams one chunk at a time).
+        self.first_row = first_row
+        self.args = tuple(args)
+        self.records = records
+        self.row_items = plan.inputs[0].row_items
+
+    def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
+                ) -> Event:
+        """Enqueue the compute of ``block`` in ``slot`` after ``wait_for``."""
+        raise NotImplementedError
+
+
+class KernelStep(Step):
+    """A kernel launched over the block's elements: ``kernel(*inputs, *outputs (or the
+    reduction's values), *args, offset, n)``."""
+
+    def __init__(self, kernel: Kernel, plan: Plan, args: Sequence[Any], records: Records,
+                 first_row: int = 0) -> None:
+        super().__init__(plan, args, records, first_row)
+        self.kernel = kernel
+
+    def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
+                ) -> Event:
+        n = block.rows * self.row_items
+        outputs = slot.dev_out if slot.scratch is None else [slot.scratch.values]
+        # Modulo 2**64: a negative first_row (margin rows before the whole array's row 0)
+        # wraps as the kernel's unsigned arithmetic expects, so offset + i is still right.
+        offset = (self.first_row + block.start) * self.row_items % (1 << 64)
+        args = [*slot.dev_in, *outputs, *self.args, np.uint64(offset), np.uint64(n)]
+        event = queue.launch(self.kernel, n, args, wait_for=wait_for)
+        self.records.append(("compute", block.index, event, 0))
+        return event
+
+
+class CallableStep(Step):
+    """A Python callable given device arrays of the block's inputs and outputs, then
+    ``args``, ``queue=``, ``offset=``, ``n=``. With ``reduce=`` its return value is the
+    block's partial (kept in ``slot.partial``); without, it may return device arrays (one per
+    output, or a tuple), copied into the block's outputs on the compute queue."""
+
+    def __init__(self, function: Callable[..., Any], device: Device, plan: Plan,
+                 args: Sequence[Any], records: Records, keeps_result: bool,
+                 first_row: int = 0) -> None:
+        super().__init__(plan, args, records, first_row)
+        self.function = function
+        self.device = device
+        self.keeps_result = keeps_result
+
+    def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
+                ) -> Event:
+        # Markers before and after the call: the span between them is the work the
+        # callable enqueued on the compute queue (trace/timeline.py: Between).
+        before = queue.marker(wait_for=wait_for)
+        rows_in = block.rows + 2 * self.plan.halo
+        arrays = [self.device.device_array(buf, (rows_in, *spec.shape[1:]), spec.dtype, queue)
+                  for buf, spec in zip(slot.dev_in, self.plan.inputs, strict=True)]
+        arrays += self._outputs(slot.dev_out, block, queue)
+        # args= follow the arrays, as they follow the buffers of a kernel.
+        offset = (self.first_row + block.start) * self.row_items
+        result = self.function(*arrays, *self.args, queue=queue.native, offset=offset,
+                               n=block.rows * self.row_items)
+        if self.keeps_result:
+            slot.partial = _to_host(result)
+        elif result is not None:
+            slot.returned = result
+            outputs = arrays[len(self.plan.inputs):]
+            for i, value in enumerate(self._returned(result, outputs, block)):
+                if value is not None:
+                    lo, hi = self.plan.output_rows(i, block)
+                    nbytes = (hi - lo) * self.plan.outputs[i].row_bytes
+                    queue.copy_from_device(slot.dev_out[i], value, nbytes)
+        event = queue.marker()
+        self.records.append(("compute", block.index, Between(before, event), 0))
+        return event
+
+
+    def _outputs(self, buffers: Sequence[Any], block: Block, queue: Queue) -> list[Any]:
+        """Device arrays of the output buffers, each as many rows as ``block`` writes."""
+        arrays = []
+        for i, (buf, spec) in enumerate(zip(buffers, self.plan.outputs, strict=True)):
+            lo, hi = self.plan.output_rows(i, block)
+            arrays.append(self.device.device_array(buf, (hi - lo, *spec.shape[1:]), spec.dtype,
+                                                   queue))
+        return arrays
+
+    def _returned(self, result: Any, given: Sequence[Any], block: Block) -> list[Any]:
+        """The device arrays a callable returned, one per output (None where it returned the
+        output it was given); InputError for a count, shape or dtype that does not fit."""
+        values = list(result) if isinstance(result, tuple | list) else [result]
+        specs = self.plan.outputs
+        if len(values) != len(specs):
+            raise InputError(
+                f"the callable returned {len(values)} value(s) for {len(specs)} output(s): "
+                f"return None (it wrote its outputs), one device array per output (a tuple "
+                f"for several), or pass reduce= if the value is a partial result")
+        found: list[Any] = []
+        for i, (value, out, spec) in enumerate(zip(values, given, specs, strict=True)):
+            if value is out:
+                found.append(None)
+                continue
+            shape, dtype, contiguous = _describe(value)
+            lo, hi = self.plan.output_rows(i, block)
+            expected = (hi - lo, *spec.shape[1:])
+            if shape != expected or dtype != spec.dtype or not contiguous:
+                raise InputError(
+                    f"output {i}: the callable returned {_what(shape, dtype, contiguous)} for "
+                    f"a block of {block.rows} rows, which needs a C-contiguous {spec.dtype} "
+                    f"array of "
+                    f"shape {expected}: return that (or write into the output array it was "
+                    f"given and return None)")
+            found.append(value)
+        return found
+
+    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source]) -> None:
+        """Call the function once on the first ``WARMUP_ROWS`` rows (into scratch outputs)
+        before the stream starts, so libraries that load modules lazily load them now, not
+        while blocks are in flight (a module load waits for the busy device); check what it
+        returns. Its outputs are dropped."""
+        plan = self.plan
+        step = math.lcm(*(spec.ratio[1] for spec in plan.outputs)) if plan.outputs else 1
+        rows = min(WARMUP_ROWS, plan.block_rows, plan.rows)
+        rows = max(rows // step * step, min(step, plan.block_rows))  # whole output rows
+        first = Block(0, 0, rows)
+        pool = device.memory_pool
+        held: list[Any] = []
+        arrays = []
+        try:
+            for source, spec in zip(sources, plan.inputs, strict=True):
+                host = np.zeros((rows + 2 * plan.halo, *spec.shape[1:]), spec.dtype)
+                have = min(len(host), plan.rows)
+                copy_rows(host[:have], source.rows(0, have))
+                buffer = pool.acquire(max(host.nbytes, 1))
+                held.append(buffer)
+                queue.copy_in(buffer, host.reshape(-1).view(np.uint8))
+                queue.finish()  # host is a local: copied before it goes
+                arrays.append(device.device_array(buffer, host.shape, spec.dtype, queue))
+            for spec in plan.outputs:
+                buffer = pool.acquire(max(spec.block_rows_of(rows) * spec.row_bytes, 1))
+                held.append(buffer)
+            arrays += self._outputs(held[len(plan.inputs):], first, queue)
+            result = self.function(*arrays, *self.args, queue=queue.native,
+                                   offset=self.first_row * self.row_items,
+                                   n=rows * self.row_items)
+            if not self.keeps_result and result is not None:
+                self._returned(result, arrays[len(plan.inputs):], first)
+            queue.finish()
+        finally:
+            arrays.clear()
+            for buffer in held:
+                pool.release(buffer)
+
+
+def _describe(value: Any) -> tuple[tuple[int, ...], np.dtype | None, bool]:
+    """(shape, dtype, C-contiguous) of a device array; dtype None for anything else."""
+    interface = getattr(value, "__cuda_array_interface__", None)
+    try:
+        if interface is not None:
+            shape = tuple(int(d) for d in interface["shape"])
+            dtype = np.dtype(interface["typestr"])
+            strides = interface.get("strides")
+            contiguous = strides is None or tuple(strides) == _c_strides(shape, dtype)
+            return shape, dtype, contiguous
+        flags = getattr(value, "flags", None)
+        return (tuple(int(d) for d in value.shape), np.dtype(value.dtype),
+                bool(getattr(flags, "c_contiguous", False)))
+    except (AttributeError, TypeError, KeyError):
+        return (), None, False
+
+
+def _c_strides(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
+    strides, step = [], dtype.itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def _what(shape: tuple[int, ...], dtype: np.dtype | None, contiguous: bool) -> str:
+    if dtype is None:
+        return "something that is not a device array"
+    return f"{dtype} of shape {shape}" + ("" if contiguous else " (not C-contiguous)")
+
+
+def choose(compute: Compute, device: Device, plan: Plan, args: Sequence[Any],
+           records: Records, reduce: bool, first_row: int = 0) -> Step:
+    """The step of ``compute``: a kernel launch or a callable."""
+    if isinstance(compute, Kernel):
+        return KernelStep(compute, plan, args, records, first_row)
+    return CallableStep(compute, device, plan, args, records, keeps_result=reduce,
+                        first_row=first_row)
+
+
+def _to_host(value: Any) -> Any:
+    """A callable's partial as a host value (syncs on the device array if it is one)."""
+    if hasattr(value, "get"):
+        return value.get()
+    if hasattr(value, "cpu"):
+        return value.cpu().numpy()
+    return value

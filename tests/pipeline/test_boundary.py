@@ -1,0 +1,71 @@
+"""Halo boundaries (issue 14 item 4): ``boundary=`` as Dask's map_overlap names them, each
+exactly np.pad's rows ("nearest" = "edge", "reflect" = "symmetric", "periodic" = "wrap", a
+number = "constant"), 1-D and N-D on axis 0, staged and pinned, short and long halos."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from streamkit import kernel
+
+import conveyor as cv
+from conveyor.errors import InputError
+from conveyor.pipeline.halo import PAD_MODES
+
+BOUNDARIES = ["nearest", "reflect", "periodic", 7.0]
+
+
+def _reference(x, halo, boundary):
+    """The sten kernel (sum of rows i-h..i+h) over np.pad's rows."""
+    mode = PAD_MODES.get(boundary, "constant") if isinstance(boundary, str) else "constant"
+    kw = {"constant_values": boundary} if mode == "constant" else {}
+    width = [(halo, halo)] + [(0, 0)] * (x.ndim - 1)
+    padded = np.pad(x, width, mode=mode, **kw)
+    return sum(padded[k : k + len(x)] for k in range(2 * halo + 1)).astype(x.dtype)
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+@pytest.mark.parametrize("pinned", [False, True], ids=["staged", "pinned"])
+@pytest.mark.parametrize(("shape", "halo"), [((1000,), 3), ((300, 3), 2), ((10, 2), 25)])
+def test_boundary_rows_are_np_pads(device, boundary, pinned, shape, halo):
+    x = (np.arange(np.prod(shape), dtype=np.float32) % 97).reshape(shape)
+    y = np.zeros_like(x)
+    cols = int(np.prod(shape[1:]))
+    source = cv.pinned.asarray(x, device=device) if pinned else x
+    row_bytes = cols * 4
+    cv.stream(kernel(device, "sten"), [source], [y], device=device, args=(cols, halo),
+              halo=halo, boundary=boundary, block_bytes=max(row_bytes * 64, row_bytes * halo),
+              zero_copy=False)
+    np.testing.assert_array_equal(y, _reference(x, halo, boundary))
+    del source
+
+
+def test_reflect_from_an_iterable_and_a_file(device, tmp_path):
+    x = (np.arange(2000, dtype=np.float32) % 13).reshape(-1, 2)
+    np.save(tmp_path / "x.npy", x)
+    for source in (cv.iterate(np.array_split(x, 7), length=len(x)), str(tmp_path / "x.npy")):
+        y = np.zeros_like(x)
+        cv.stream(kernel(device, "sten"), [source], [y], device=device, args=(2, 4), halo=4,
+                  boundary="reflect", block_bytes=8 * 100)
+        np.testing.assert_array_equal(y, _reference(x, 4, "reflect"))
+
+
+@pytest.mark.parametrize(("boundary", "message"), [
+    ("mirror", r"boundary='mirror'.*'nearest'.*'reflect'.*'periodic'.*number"),
+    (True, r"boundary=True"),
+    (0.5, r"boundary=0.5 is not a int32 value"),
+])
+def test_bad_boundaries_are_input_errors(device, boundary, message):
+    x = np.arange(100, dtype=np.int32)
+    y = np.full_like(x, 5)
+    with pytest.raises(InputError, match=message):
+        cv.stream(kernel(device, "sten", np.int32), [x], [y], device=device, args=(1, 2),
+                  halo=2, boundary=boundary)
+    assert (y == 5).all()
+
+
+def test_periodic_from_an_iterable_is_refused(device):
+    x = np.arange(100, dtype=np.float32)
+    with pytest.raises(InputError, match=r"periodic.*read once, in order"):
+        cv.stream(kernel(device, "sten"), [cv.iterate([x], length=100)], [np.zeros_like(x)],
+                  device=device, args=(1, 2), halo=2, boundary="periodic")

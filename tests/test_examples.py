@@ -1,0 +1,30 @@
+"""The examples run (small sizes) and give NumPy's answers (issue 14: examples/bloom_filter.py
+in CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bloom_filter_scores_are_exact_with_data_several_times_the_memory_limit(device, seed):
+    bloom = _load("bloom_filter")
+    words = 600_000  # 2.4 MB of words, 4x the limit
+    exact, report = bloom.run(device, words, memory_limit=600_000, seed=seed)
+    assert exact
+    assert report.blocks > 4 and report.bytes_in == words * 4
