@@ -126,11 +126,12 @@ def test_other_dtype_view_of_shifted_rows_is_refused(device):
     _refused(device, [a[1:].view(np.float32)], [a[:-1]])
 
 
-SPLIT = """__kernel void split(__global const float *x, __global float *y, __global float *z,
+SPLIT = cv.portable("""
+__kernel void split(__global const float *x, __global float *y, __global float *z,
                     ulong offset, ulong n) {
     ulong i = get_global_id(0);
     if (i < n) { y[i] = x[i]; z[i] = -x[i]; }
-}"""
+}""")
 
 
 @pytest.mark.parametrize("views", ["one array twice", "shifted views", "memmaps of a file"])
