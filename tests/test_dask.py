@@ -65,8 +65,8 @@ def two_workers(client):
 
 
 def _local(source, name, inputs, **kw):
-    dev = cv.device(SPEC)
-    return cv.stream(dev.compile(source, name), inputs, **kw)
+    dev = cv.device(SPEC)  # the workers' device, not the default one (a GPU machine's CUDA)
+    return cv.stream(dev.compile(source, name), inputs, device=dev, **kw)
 
 
 def _stencil_reference(x, mode):
