@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -225,53 +226,17 @@ def test_a_pool_forked_after_a_stream_raises_backend_error_naming_spawn(ocl):
     assert _stream_on(ocl.spec) == 999 * 1000  # the parent goes on working
 
 
-def test_os_fork_after_a_stream_raises_in_the_child_and_never_hangs(ocl):
+def _in_forked_child(child: Callable[[], str]) -> str:
+    """What ``child()`` returns when run in a child made by ``os.fork()`` (which leaves
+    without running the parent's clean-up); the test fails if the child hangs."""
     import os
     import time
 
-    _stream_on(ocl.spec)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report and leave without running the parent's clean-up
-        try:
-            os.write(write_end, _stream_or_error(ocl.spec).encode()[:4000])
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    deadline = time.monotonic() + CHILD_SECONDS
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child's stream hung")
-        time.sleep(0.05)
-    with os.fdopen(read_end, "rb") as reader:
-        answer = reader.read().decode()
-    assert answer.startswith("BackendError fork:"), answer
-
-
-def test_a_forked_child_asking_the_driver_anything_gets_the_fork_error(ocl):
-    # On a GPU the first driver call of a forked child's stream is the pinned pool asking
-    # whether the parent's pending copies are done: it raised PyOpenCL's own error there.
-    import os
-    import time
-
-    gate = ocl.user_event()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            answers = []
-            # The pool asks about the parent's pending events; compile() asks the driver who
-            # the compiler is (NVIDIA's driver answered a forked child with INVALID_DEVICE).
-            for ask in (gate.is_done, ocl.compiler_identity):
-                try:
-                    answers.append(f"no error: {ask()}")
-                except cv.BackendError as exc:
-                    answers.append(f"BackendError {exc}")
-                except BaseException as exc:  # noqa: BLE001 - reported to the parent
-                    answers.append(f"{type(exc).__name__} {exc}")
-            os.write(write_end, "\n".join(answers).encode()[:4000])
+            os.write(write_end, child().encode()[:4000])
         finally:
             os._exit(0)
     os.close(write_end)
@@ -282,9 +247,37 @@ def test_a_forked_child_asking_the_driver_anything_gets_the_fork_error(ocl):
             os.waitpid(pid, 0)
             pytest.fail("the forked child hung")
         time.sleep(0.05)
-    gate.set_complete()
     with os.fdopen(read_end, "rb") as reader:
-        answers = reader.read().decode().split("\n")
+        return reader.read().decode()
+
+
+def test_os_fork_after_a_stream_raises_in_the_child_and_never_hangs(ocl):
+    _stream_on(ocl.spec)
+    answer = _in_forked_child(lambda: _stream_or_error(ocl.spec))
+    assert answer.startswith("BackendError fork:"), answer
+
+
+def test_a_forked_child_asking_the_driver_anything_gets_the_fork_error(ocl):
+    # On a GPU the first driver call of a forked child's stream is the pinned pool asking
+    # whether the parent's pending copies are done; compile() asks the driver who the compiler
+    # is. NVIDIA's driver answered both with errors of its own (INVALID_DEVICE), not "fork".
+    gate = ocl.user_event()
+
+    def child() -> str:
+        answers = []
+        for ask in (gate.is_done, ocl.compiler_identity):
+            try:
+                answers.append(f"no error: {ask()}")
+            except cv.BackendError as exc:
+                answers.append(f"BackendError {exc}")
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                answers.append(f"{type(exc).__name__} {exc}")
+        return "\n".join(answers)
+
+    try:
+        answers = _in_forked_child(child).split("\n")
+    finally:
+        gate.set_complete()
     assert len(answers) == 2 and all(a.startswith("BackendError fork:") for a in answers), answers
 
 
