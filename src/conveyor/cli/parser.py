@@ -7,7 +7,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-_SIZE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+from conveyor import config
+from conveyor.errors import InputError
 
 # Options whose value may start with "-" (``--shape -1,3``, ``--arg -2.5``): argparse would take
 # "-1,3" for an option, so such a pair is joined into ``--shape=-1,3`` before parsing.
@@ -149,21 +150,13 @@ def join_signed_values(argv: Sequence[str]) -> list[str]:
 
 
 def size(text: str) -> int:
-    """A byte count from ``text``: 4096, 1e9, 64K, 64KiB, 512MiB, 1GiB (K = 1000, KiB = 1024)."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 1GiB, 512MiB, 1e9")
-    number, unit = match.groups()
-    unit = (unit or "").lower()
-    base = 1024 if "i" in unit else 1000
-    scale = base ** "bkmgt".index(unit[0]) if unit and unit[0] != "b" else 1
+    """A byte count from ``text``, read as ``cv.stream`` reads sizes (``config.parse_size``:
+    4096, 1e9, 64KB, 64KiB, 512MiB, 1GiB; KB = 1000, KiB = 1024), and at least 1 byte."""
     try:
-        value = int(float(number) * scale)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use e.g. 1GiB") from exc
-    except OverflowError as exc:  # 1e400 is an infinite float
-        raise argparse.ArgumentTypeError(f"{text!r} is larger than any memory: use e.g. "
-                                         f"1GiB") from exc
+        value = config.parse_size("size", text)
+    except InputError as exc:
+        # parse_size names the value "size=..."; argparse names the option itself.
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("size=")) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give at least 1 byte")
     return value

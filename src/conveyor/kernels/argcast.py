@@ -47,6 +47,10 @@ def cast_scalar(param: Param, value: Any) -> Any:
     no cast means anything (see the module docstring)."""
     dtype = param.dtype
     assert dtype is not None
+    if type(value) is dtype.type:
+        # Already what the driver takes (offset and n on every launch, args cast once before
+        # the stream): no cast and no range to check, on the per-block path.
+        return value
     if value is None:
         raise _refused(param, value, "None has no value (NumPy would pass NaN or fail)")
     if isinstance(value, str | bytes | np.str_ | np.bytes_):

@@ -216,29 +216,17 @@ def _build_and_load(
     # Build, store and load while holding the kernel's cross-process lock (buildlock.py says
     # why): the processes that wait then load the stored binary one at a time.
     with build_lock(key, disk):
-        return _build_and_load_locked(device, source, name, options, params, key, disk)
-
-
-def _build_and_load_locked(
-    device: Device,
-    source: str,
-    name: str,
-    options: tuple[str, ...],
-    params: Sequence[Param],
-    key: str,
-    disk: KernelCache | None,
-) -> Kernel:
-    binary = disk.load(key) if disk is not None else None
-    hazards.kernel_build(device, name, "built" if binary is None else "loaded")
-    if binary is not None:
-        try:
-            return device.load_kernel(binary, name, options, params)
-        except CompileError:
-            # The entry passed its checksum but the driver rejects it (another driver build,
-            # a truncated binary written by an older conveyor): drop it and build from source.
-            assert disk is not None
-            disk.discard(key)
-    binary = device.build_binary(source, options)
-    if disk is not None:
-        disk.store(key, binary)
-    return device.load_kernel(binary, name, options, params)
+        binary = disk.load(key) if disk is not None else None
+        hazards.kernel_build(device, name, "built" if binary is None else "loaded")
+        if binary is not None:
+            try:
+                return device.load_kernel(binary, name, options, params)
+            except CompileError:
+                # The entry passed its checksum but the driver rejects it (another driver
+                # build, a truncated binary from an older conveyor): drop it, build from source.
+                assert disk is not None
+                disk.discard(key)
+        binary = device.build_binary(source, options)
+        if disk is not None:
+            disk.store(key, binary)
+        return device.load_kernel(binary, name, options, params)
