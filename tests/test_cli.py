@@ -138,7 +138,7 @@ def _bad_cases(tmp: Path) -> dict[str, list]:
         "infinite block bytes": ["--kernel", "saxpy", *base, "--block-bytes", "1e400"],
         "infinite memory limit": ["--kernel", "saxpy", *base, "--memory-limit", "1e99999GiB"],
         # One rule with cv.stream: K could be 1000 or 1024, so a bare K is refused.
-        "ambiguous size unit": ["--kernel", "saxpy", *base, "--memory-limit", "64K"],
+        "ambiguous size unit": ["--kernel", "saxpy", *base, "--block-bytes", "64K"],
         "no --kernel": [*base],
         "trace onto the output": ["--kernel", "saxpy", *base, "-o", tmp / "out.npy",
                                   "--trace", tmp / "out.npy"],
