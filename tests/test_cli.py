@@ -151,7 +151,8 @@ def _bad_cases(tmp: Path) -> dict[str, list]:
     "truncated input", "lengths disagree", "output folder missing", "no such kernel",
     "wrong arg count", "not a number", "raw without dtype", "missing input",
     "bad memory limit", "memory limit too small", "infinite block bytes",
-    "infinite memory limit", "no --kernel", "trace onto the output", "output twice",
+    "infinite memory limit", "ambiguous size unit", "no --kernel", "trace onto the output",
+    "output twice",
 ])
 def test_bad_input_exits_2_with_one_line_and_no_output(device, files, capsys, case):
     tmp, _, _ = files
