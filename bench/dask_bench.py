@@ -79,10 +79,49 @@ def fresh(y: Any, x: Any, seed: int) -> Any:
 
 
 def persisted(client: Client, rows: int, chunk_rows: int) -> Any:
+    """A random float32 array persisted on the workers, its chunks spread evenly over them
+    (a map task runs where its chunk is: 5 chunks on one worker and 3 on the other would cap
+    2 workers at 1.6 x whatever conveyor does)."""
     x = da.random.default_rng(0).random(rows, chunks=chunk_rows, dtype=np.float32)
     x = client.persist(x)
     wait(x)
+    if len(placement(client, x)) > 1 and len(set(placement(client, x).values())) > 1:
+        client.rebalance(x)
     return x
+
+
+def placement(client: Client, x: Any) -> dict[str, int]:
+    """Chunks of ``x`` held by each worker."""
+    counts: dict[str, int] = {w: 0 for w in client.scheduler_info()["workers"]}
+    for holders in client.who_has(x).values():
+        counts[holders[0]] += 1
+    return counts
+
+
+def host_copy_gbs(client: Client, mib: int, workers: list[str]) -> float:
+    """Host copy rate of ``workers`` together, GB/s: each copies ``mib`` MiB of pageable
+    memory into a fresh array (the page faults of a fresh output included) with as many
+    threads as conveyor stages with, all workers at the same time, 3 times. What pageable
+    chunks can reach is bounded by this, whatever the GPUs."""
+
+    def copy(nbytes: int) -> float:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from conveyor.pipeline.stage import default_workers
+
+        threads = default_workers()  # as many as conveyor's staging uses on this worker
+        src = np.ones(nbytes // 4, np.float32)
+        with ThreadPoolExecutor(threads) as pool:
+            start = time.perf_counter()
+            cuts = np.linspace(0, src.size, threads + 1).astype(np.int64)
+            for _ in range(3):
+                dst = np.empty_like(src)
+                list(pool.map(lambda lo, hi, d=dst: np.copyto(d[lo:hi], src[lo:hi]),
+                              cuts[:-1], cuts[1:]))
+            return 3 * nbytes / (time.perf_counter() - start)
+
+    rates = client.run(copy, mib * MIB, workers=workers)
+    return sum(rates.values()) / 1e9
 
 
 def map_seconds(client: Client, x: Any, device: str | None, runs: int) -> float:
@@ -138,8 +177,12 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=8, help="chunks in the array")
     parser.add_argument("--runs", type=int, default=5, help="timed runs (median)")
     parser.add_argument("--device", default=None, help="device spec on each worker")
+    parser.add_argument("--cluster", choices=("auto", "local-cuda", "nanny"), default="auto",
+                        help="LocalCUDACluster (dask-cuda), one Nanny per GPU, or auto: the "
+                             "first where dask-cuda is installed")
     options = parser.parse_args()
-    cuda = importlib.util.find_spec("dask_cuda") is not None
+    cuda = (options.cluster == "local-cuda" or options.cluster == "auto"
+            and importlib.util.find_spec("dask_cuda") is not None)
     chunk_rows = options.chunk_mib * MIB // 4
     rows = chunk_rows * options.chunks
     figures: dict[str, Any] = {"chunk_mib": options.chunk_mib, "chunks": options.chunks,
@@ -151,6 +194,11 @@ def main() -> None:
             specs = cvd.warm(cvd.kernel(SOURCE, "axpb"), client=client, device=options.device)
             print(f"{workers} worker(s) on: {', '.join(sorted(specs.values()))}")
             x = persisted(client, rows, chunk_rows)
+            print(f"{workers} worker(s): chunks per worker {sorted(placement(client, x).values())}")
+            copy = host_copy_gbs(client, options.chunk_mib, list(specs))
+            figures[f"host_copy_{workers}_workers_gbs"] = copy
+            print(f"{workers} worker(s): host copy into fresh memory, all at once: "
+                  f"{copy:.1f} GB/s")
             seconds = map_seconds(client, x, options.device, options.runs)
             figures[f"map_{workers}_workers_s"] = seconds
             print(f"{workers} worker(s): {seconds:.3f} s for {options.chunks} chunks of "
@@ -159,10 +207,16 @@ def main() -> None:
                 one = persisted(client, chunk_rows, chunk_rows)
                 dask_one = map_seconds(client, one, options.device, options.runs)
                 direct = direct_seconds(client, one, options.device, options.runs)
+                per_chunk = seconds / options.chunks
                 figures.update(chunk_dask_s=dask_one, chunk_direct_s=direct,
-                               chunk_overhead=dask_one / direct - 1)
-                print(f"one chunk: conveyor.dask {dask_one:.4f} s, direct cv.stream "
+                               chunk_overhead=dask_one / direct - 1,
+                               chunk_in_run_s=per_chunk,
+                               chunk_in_run_overhead=per_chunk / direct - 1)
+                print(f"one chunk alone: conveyor.dask {dask_one:.4f} s (a whole persist: "
+                      f"client, scheduler and worker round trip), direct cv.stream "
                       f"{direct:.4f} s: overhead {100 * (dask_one / direct - 1):.1f} %")
+                print(f"per chunk in the {options.chunks}-chunk run: {per_chunk:.4f} s: "
+                      f"overhead {100 * (per_chunk / direct - 1):.1f} % over direct")
                 idiom = cupy_seconds(client, x, options.runs)
                 figures["cupy_idiom_s"] = idiom
                 if idiom is None:
@@ -171,7 +225,10 @@ def main() -> None:
                     print(f"cupy map_blocks idiom: {idiom:.3f} s: conveyor.dask is "
                           f"{idiom / seconds:.2f} x faster")
     figures["speedup_2_vs_1"] = figures["map_1_workers_s"] / figures["map_2_workers_s"]
-    print(f"2 workers vs 1: {figures['speedup_2_vs_1']:.2f} x")
+    figures["host_copy_2_vs_1"] = (figures["host_copy_2_workers_gbs"]
+                                   / figures["host_copy_1_workers_gbs"])
+    print(f"2 workers vs 1: {figures['speedup_2_vs_1']:.2f} x (the host's copy rate into "
+          f"fresh memory: {figures['host_copy_2_vs_1']:.2f} x)")
     print(json.dumps(figures))
 
 

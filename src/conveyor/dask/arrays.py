@@ -82,13 +82,13 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
         data = [da.overlap.overlap(a, depth={k: (h if k == 0 else 0) for k in range(a.ndim)},
                                    boundary={k: boundary for k in range(a.ndim)})
                 for a in data]
-    chunk_fn = functools.partial(_map_chunk, job=job, halo=h, dtype=out_dtype,
-                                 starts=starts[:-1], befores=befores, rows=chunks)
+    chunk_fn = functools.partial(_map_chunk, job=job, halo=h, dtype=out_dtype)
     out_ind = _index(first.ndim, "o")
     pairs: list[Any] = []
     for i, a in enumerate(data):
         pairs += [a, ("r", *(_index(a.ndim, f"i{i}")[1:] if i else out_ind[1:]))]
-    pairs += [da.arange(len(chunks), chunks=1), ("r",)]
+    pairs += [_per_chunk(chunks, [(i, starts[i], befores[i], chunks[i])
+                                  for i in range(len(chunks))]), ("r",)]
     return da.blockwise(chunk_fn, out_ind, *pairs, dtype=out_dtype, concatenate=True,
                         align_arrays=False, adjust_chunks={"r": chunks},
                         meta=np.empty((0,) * first.ndim, out_dtype))
@@ -121,10 +121,11 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
     if len(kept) != len(data.chunks[0]) and kept:
         data = data.rechunk({0: kept})
     starts = tuple(int(s) for s in np.concatenate([[0], np.cumsum(kept, dtype=np.int64)]))
-    chunk_fn = functools.partial(_reduce_chunk, job=job, op=op, starts=starts[:-1], rows=kept)
+    chunk_fn = functools.partial(_reduce_chunk, job=job, op=op)
     ind = _index(data.ndim, "i")
-    partials = da.blockwise(chunk_fn, ("r",), data, ind, da.arange(len(kept), chunks=1),
-                            ("r",), dtype=object, concatenate=True, align_arrays=False,
+    where = _per_chunk(kept, [(i, starts[i], kept[i]) for i in range(len(kept))])
+    partials = da.blockwise(chunk_fn, ("r",), data, ind, where, ("r",), dtype=object,
+                            concatenate=True, align_arrays=False,
                             adjust_chunks={"r": (1,) * len(kept)},
                             meta=np.empty((0,), object))
     element = _default_dtype(job, 1, data)
@@ -135,24 +136,19 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
 
 
 # -- on the workers ---------------------------------------------------------------------------
-def _map_chunk(*blocks: np.ndarray, job: Job, halo: int, dtype: np.dtype,
-               starts: tuple[int, ...], befores: tuple[int, ...], rows: tuple[int, ...]
-               ) -> np.ndarray:
-    *data, index = blocks
-    i = int(index[0])
-    lo, before, count = starts[i], befores[i], rows[i]
+def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype) -> np.ndarray:
+    *data, (i, lo, before, count) = blocks
     report = run(job, list(data), [dtype], first_row=lo - before, halo=halo,
                  where=f"chunk {i} (rows {lo}:{lo + count})")
     result: np.ndarray = report.outputs[0]
     return result[before : before + count] if halo else result
 
 
-def _reduce_chunk(block: np.ndarray, index: np.ndarray, *, job: Job, op: Any,
-                  starts: tuple[int, ...], rows: tuple[int, ...]) -> np.ndarray:
-    i = int(index[0])
-    lo = starts[i]
+def _reduce_chunk(block: np.ndarray, where: tuple[int, int, int], *, job: Job, op: Any
+                  ) -> np.ndarray:
+    i, lo, count = where
     report = run(job, [block], [], first_row=lo, reduce=op,
-                 where=f"chunk {i} (rows {lo}:{lo + rows[i]})")
+                 where=f"chunk {i} (rows {lo}:{lo + count})")
     partial = np.empty((1,), object)
     partial[0] = report.result
     return partial
@@ -184,6 +180,16 @@ def _final(fold: Callable[..., np.ndarray]) -> Callable[..., Any]:
 
 
 # -- on the client ----------------------------------------------------------------------------
+def _per_chunk(chunks: tuple[int, ...], values: Sequence[tuple[int, ...]]) -> Any:
+    """A blockwise argument that gives chunk i's ``values[i]`` (its index and rows) as a
+    literal in its task: no task of its own per chunk (as ``da.arange`` would add), and no
+    tuple of every chunk's rows in every task (quadratic in the chunk count). This is how
+    ``da.map_blocks`` passes ``block_id``."""
+    from dask.layers import ArrayValuesDep
+
+    return ArrayValuesDep((chunks,), {(i,): v for i, v in enumerate(values)})
+
+
 def _stream_options(options: dict[str, Any]) -> dict[str, Any]:
     known = ("depth", "block_bytes", "memory_limit", "workers", "strict", "zero_copy")
     unknown = sorted(set(options) - set(known))
