@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import statistics
 import time
 from typing import Any
@@ -135,6 +136,30 @@ def map_seconds(client: Client, x: Any, device: str | None, runs: int) -> float:
     return timed(run, runs)
 
 
+def reduce_seconds(client: Client, x: Any, device: str | None, runs: int) -> float:
+    """The sum of 2x + 1 over every chunk (conveyor reductions: nothing but partials comes
+    back, so the host only stages the input)."""
+    kernel = cvd.kernel(SOURCE, "axpb")
+
+    def run(seed: int) -> None:
+        client.compute(fresh(cvd.reduce(kernel, x, "sum", device=device), x, seed)).result()
+
+    return timed(run, runs)
+
+
+def pinned_chunks(client: Client, x: Any) -> Any:
+    """``x`` with every chunk copied into pinned memory on the worker that holds it (a worker
+    that reads its data into ``cv.pinned`` buffers): the stream copies from them directly."""
+    xp = client.persist(x.map_blocks(_pinned_copy, dtype=x.dtype))
+    wait(xp)
+    return xp
+
+
+def _pinned_copy(chunk: np.ndarray) -> np.ndarray:
+    out: np.ndarray = cv.pinned.asarray(chunk)
+    return out
+
+
 def direct_seconds(client: Client, x: Any, device: str | None, runs: int) -> float:
     """A plain cv.stream of chunk 0 on the worker that holds it (kernel built beforehand)."""
 
@@ -192,9 +217,12 @@ def main() -> None:
         with cluster(workers, cuda) as made, Client(made) as client:
             client.wait_for_workers(workers)
             specs = cvd.warm(cvd.kernel(SOURCE, "axpb"), client=client, device=options.device)
-            print(f"{workers} worker(s) on: {', '.join(sorted(specs.values()))}")
+            visible = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+            print(f"{workers} worker(s) on: {', '.join(sorted(specs.values()))}; "
+                  f"CUDA_VISIBLE_DEVICES {sorted(visible.values(), key=str)}")
             x = persisted(client, rows, chunk_rows)
-            print(f"{workers} worker(s): chunks per worker {sorted(placement(client, x).values())}")
+            spread = sorted(placement(client, x).values())
+            print(f"{workers} worker(s): chunks per worker {spread}")
             copy = host_copy_gbs(client, options.chunk_mib, list(specs))
             figures[f"host_copy_{workers}_workers_gbs"] = copy
             print(f"{workers} worker(s): host copy into fresh memory, all at once: "
@@ -203,6 +231,16 @@ def main() -> None:
             figures[f"map_{workers}_workers_s"] = seconds
             print(f"{workers} worker(s): {seconds:.3f} s for {options.chunks} chunks of "
                   f"{options.chunk_mib} MiB ({rows * 4 / seconds / 1e9:.2f} GB/s in)")
+            summed = reduce_seconds(client, x, options.device, options.runs)
+            figures[f"reduce_{workers}_workers_s"] = summed
+            print(f"{workers} worker(s): reduce {summed:.3f} s "
+                  f"({rows * 4 / summed / 1e9:.2f} GB/s in)")
+            xp = pinned_chunks(client, x)
+            pinned = map_seconds(client, xp, options.device, options.runs)
+            figures[f"map_pinned_{workers}_workers_s"] = pinned
+            print(f"{workers} worker(s): map of pinned chunks {pinned:.3f} s "
+                  f"({rows * 4 / pinned / 1e9:.2f} GB/s in)")
+            del xp
             if workers == 1:
                 one = persisted(client, chunk_rows, chunk_rows)
                 dask_one = map_seconds(client, one, options.device, options.runs)
@@ -225,6 +263,10 @@ def main() -> None:
                     print(f"cupy map_blocks idiom: {idiom:.3f} s: conveyor.dask is "
                           f"{idiom / seconds:.2f} x faster")
     figures["speedup_2_vs_1"] = figures["map_1_workers_s"] / figures["map_2_workers_s"]
+    for case in ("reduce", "map_pinned"):
+        figures[f"{case}_speedup_2_vs_1"] = (figures[f"{case}_1_workers_s"]
+                                             / figures[f"{case}_2_workers_s"])
+        print(f"{case}: 2 workers vs 1: {figures[f'{case}_speedup_2_vs_1']:.2f} x")
     figures["host_copy_2_vs_1"] = (figures["host_copy_2_workers_gbs"]
                                    / figures["host_copy_1_workers_gbs"])
     print(f"2 workers vs 1: {figures['speedup_2_vs_1']:.2f} x (the host's copy rate into "
