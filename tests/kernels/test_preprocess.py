@@ -24,3 +24,14 @@ def test_headers_are_found_in_include_dirs_however_spelled(tmp_path, spelling):
                          ids=["joined", "separate", "one word with a space"])
 def test_defines_however_spelled(options):
     assert "const double *x" in expand(SOURCE.split("\n", 1)[1], options)
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (("-DQ=",), "__global float *x"),  # defined as nothing, as a C compiler does
+    (("-D", "Q="), "__global float *x"),
+    (("-DQ",), "__global 1 float *x"),  # defined as 1
+])
+def test_empty_define_is_empty_not_one(options, expected):
+    # "-DQ=" defined Q as 1 before, so a qualifier macro switched off with -DQ= read as
+    # "__global 1 float *x" and the parameter's type was lost.
+    assert expected in expand("__kernel void f(__global Q float *x) {}\n", options)

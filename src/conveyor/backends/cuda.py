@@ -324,8 +324,8 @@ def _program_options(arch: str, options: Sequence[str]) -> Any:
     for item in items:
         option = item + next(items, "") if item in ("-D", "-I") else item
         if option.startswith("-D") and len(option) > 2:
-            name, _, value = option[2:].partition("=")
-            defines.append((name, value) if value else name)
+            name, equals, value = option[2:].partition("=")
+            defines.append((name, value) if equals else name)  # -DX= defines X as nothing
         elif option.startswith("-I") and len(option) > 2:
             includes.append(option[2:])
         elif option.startswith(("-std=", "--std=")):

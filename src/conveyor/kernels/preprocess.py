@@ -75,12 +75,13 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
 
 
 def _defines(options: tuple[str, ...]) -> list[tuple[str, str]]:
-    """The ``-D NAME[=VALUE]`` of a build's options (joined or separate), as (NAME, VALUE)."""
+    """The ``-D NAME[=VALUE]`` of a build's options (joined or separate), as (NAME, VALUE):
+    ``-DX`` defines X as 1 and ``-DX=`` as nothing, as C compilers do."""
     defines: list[tuple[str, str]] = []
     items = iter(options)
     for item in items:
         option = item + next(items, "") if item == "-D" else item
         if option.startswith("-D") and len(option) > 2:
-            name, _, value = option[2:].strip().partition("=")  # "-D T=double" is one too
-            defines.append((name, value if value else "1"))
+            name, equals, value = option[2:].strip().partition("=")  # "-D T=double" too
+            defines.append((name, value if equals else "1"))
     return defines
