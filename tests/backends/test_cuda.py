@@ -74,6 +74,12 @@ def test_unknown_compiler_option_is_an_input_error():
         cuda_backend._program_options("90", ["-cl-fast-relaxed-math"])
 
 
+def test_empty_define_reaches_nvrtc_as_empty():
+    pytest.importorskip("cuda.core")
+    options = cuda_backend._program_options("90", ["-DQ=", "-DR", "-DT=float"])
+    assert options.define_macro == [("Q", ""), "R", ("T", "float")]
+
+
 # -- on a CUDA GPU -------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_device_info(dev):
