@@ -346,6 +346,25 @@ def test_depth_block_bytes_and_workers_reach_the_stream(device, files):
     assert np.array_equal(np.load(tmp / "out.npy"), np.float32(2) * x + y)
 
 
+def test_json_failure_is_one_json_object_on_stdout(device, files):
+    # With --json a script reads stdout; a failure printed only a line on stderr, so the
+    # script got an empty stdout and a JSON decode error instead of the reason.
+    tmp, _, _ = files
+    bad = conveyor(*_saxpy(device, tmp, "-o", "out.npy", "--depth", "2", "--block-bytes",
+                           "64K", "--json"), cwd=tmp)
+    assert bad.returncode == 2
+    failure = json.loads(bad.stdout)
+    assert failure["exit_code"] == 2 and failure["type"] == "UsageError"  # argparse's
+    assert "64K" in failure["error"] and "64K" in bad.stderr
+    assert not (tmp / "out.npy").exists()
+    missing = conveyor(*_saxpy(device, tmp, "-o", "out.npy", "--json"), "--kernel", "nope",
+                       cwd=tmp)
+    assert missing.returncode == 2, missing.stderr
+    failure = json.loads(missing.stdout)
+    assert failure["type"] == "InputError" and "nope" in failure["error"]
+    assert failure["error"] in missing.stderr
+
+
 _PYTHON_WORDS = ("block_bytes", "memory_limit", "astype", "args=", "inputs=", "outputs=",
                  "halo=", "np.", "depth must")
 

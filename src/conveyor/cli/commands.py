@@ -21,7 +21,12 @@ Runner = Callable[[argparse.Namespace], int]
 def run(argv: Sequence[str]) -> int:
     """Parse ``argv`` and run its command; return the exit code (see :mod:`conveyor.cli`)."""
     parser = cli_parser.build(conveyor.__version__)
-    options = parser.parse_args(cli_parser.join_signed_values(argv))
+    try:
+        options = parser.parse_args(cli_parser.join_signed_values(argv))
+    except cli_parser.UsageError as exc:
+        if "--json" in argv:  # a script reading stdout gets the reason there too
+            _print_json_error(exc.message, "UsageError", 2)
+        raise
     if options.command is None:  # a bare "conveyor": the help, as a usage error
         parser.print_help(sys.stderr)
         return 2
@@ -32,24 +37,21 @@ def run(argv: Sequence[str]) -> int:
     try:
         return _runner(options.command)(options)
     except InputError as exc:
-        _say(options, f"{_one_line(exc)}")
-        return 2
-    except KeyboardInterrupt:
-        _say(options, "interrupted; no output was written" if options.command == "map"
-             else "interrupted")
-        return 130
+        return _fail(options, exc, f"{_one_line(exc)}", 2)
+    except KeyboardInterrupt as exc:
+        return _fail(options, exc, "interrupted; no output was written"
+                     if options.command == "map" else "interrupted", 130)
     except CompileError as exc:
         # The log as the compiler wrote it, its lines naming the kernel file.
         print(f"conveyor {options.command}: {exc}", file=sys.stderr)
+        _say_json(options, exc, str(exc), 1)
         return 1
     except ConveyorError as exc:
-        _say(options, str(exc))
-        return 1
+        return _fail(options, exc, str(exc), 1)
     except BrokenPipeError:
         raise  # stdout's reader went away: main() exits quietly, as after SIGPIPE
     except OSError as exc:
-        _say(options, f"{exc}: {_os_advice(exc)}")
-        return 1
+        return _fail(options, exc, f"{exc}: {_os_advice(exc)}", 1)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -72,6 +74,29 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _say(options: argparse.Namespace, message: str) -> None:
     text = words.cli_terms(message, getattr(options, "input_names", ()))
     print(f"conveyor {options.command}: {text}", file=sys.stderr)
+
+
+def _fail(options: argparse.Namespace, exc: BaseException, message: str, code: int) -> int:
+    """Say ``message`` on stderr (and as JSON on stdout with ``--json``); return ``code``."""
+    _say(options, message)
+    _say_json(options, exc, words.cli_terms(message, getattr(options, "input_names", ())),
+              code)
+    return code
+
+
+def _say_json(options: argparse.Namespace, exc: BaseException, message: str,
+              code: int) -> None:
+    """With ``--json``, a failure is one JSON object on stdout too, as a success is, so a
+    script that reads stdout never gets nothing: ``{"error": ..., "type": ...,
+    "exit_code": ...}``. The message still goes to stderr for a person."""
+    if getattr(options, "json", False):
+        _print_json_error(message, type(exc).__name__, code)
+
+
+def _print_json_error(message: str, kind: str, code: int) -> None:
+    import json
+
+    print(json.dumps({"error": message, "type": kind, "exit_code": code}))
 
 
 def _os_advice(exc: OSError) -> str:

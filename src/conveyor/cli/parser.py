@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,9 +28,27 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class UsageError(SystemExit):
+    """argparse's exit for bad usage (code 2), carrying its message for ``--json``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error keeps its message (``commands.run`` prints it as JSON too
+    when ``--json`` was asked for). Sub-command parsers are of this class as well."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise UsageError(message)
+
+
 def build(version: str) -> argparse.ArgumentParser:
     """The parser of the whole command; each sub-command's ``run`` is set as a default."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="conveyor", formatter_class=_Formatter,
         description="Stream data larger than device memory through GPU kernels.",
         epilog="Exit codes: 0 done, 2 bad usage or input (nothing written), 1 runtime failure, "
