@@ -202,6 +202,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=8, help="chunks in the array")
     parser.add_argument("--runs", type=int, default=5, help="timed runs (median)")
     parser.add_argument("--device", default=None, help="device spec on each worker")
+    parser.add_argument("--no-idiom", action="store_true",
+                        help="skip the CuPy map_blocks idiom (it takes ~1 s per GiB)")
     parser.add_argument("--cluster", choices=("auto", "local-cuda", "nanny"), default="auto",
                         help="LocalCUDACluster (dask-cuda), one Nanny per GPU, or auto: the "
                              "first where dask-cuda is installed")
@@ -255,7 +257,7 @@ def main() -> None:
                       f"{direct:.4f} s: overhead {100 * (dask_one / direct - 1):.1f} %")
                 print(f"per chunk in the {options.chunks}-chunk run: {per_chunk:.4f} s: "
                       f"overhead {100 * (per_chunk / direct - 1):.1f} % over direct")
-                idiom = cupy_seconds(client, x, options.runs)
+                idiom = None if options.no_idiom else cupy_seconds(client, x, options.runs)
                 figures["cupy_idiom_s"] = idiom
                 if idiom is None:
                     print("cupy idiom: skipped (CuPy is not installed)")
