@@ -1,6 +1,12 @@
 """conveyor on Dask (issue 16): 2 workers vs 1, the overhead per chunk against a direct
 ``cv.stream`` of the same chunk, and against the CuPy ``map_blocks`` idiom.
 
+2 workers vs 1 is measured for four cases over the same chunks: the map 2x + 1 of pageable
+chunks (the host stages every byte in and out), a reduction (the host stages the input only),
+the map of chunks in pinned memory (the host stages the output only), and a compute-bound map
+(the kernel slower than the copies). Beside them, the host's own copy rate into fresh memory
+with 1 and 2 workers at once: what the pageable cases can reach whatever the GPUs.
+
 On a GPU host: ``LocalCUDACluster`` (dask-cuda, one worker per GPU) where it is installed,
 else one Nanny per worker with ``CUDA_VISIBLE_DEVICES=i`` (worker i on GPU i). The CuPy idiom
 runs where CuPy is installed. Inputs are persisted on the workers first, and outputs persisted
@@ -35,6 +41,17 @@ SOURCE = cv.portable("""
 __kernel void axpb(__global const float *x, __global float *y, ulong offset, ulong n) {
     ulong i = get_global_id(0);
     if (i < n) y[i] = 2.0f * x[i] + 1.0f;
+}
+""")
+HEAVY = cv.portable("""
+__kernel void heavy(__global const float *x, __global float *y, int reps, ulong offset,
+                    ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) {
+        float v = x[i];
+        for (int k = 0; k < reps; ++k) v = v * 0.999f + 0.001f;
+        y[i] = v;
+    }
 }
 """)
 MIB = 2**20
@@ -125,11 +142,15 @@ def host_copy_gbs(client: Client, mib: int, workers: list[str]) -> float:
     return sum(rates.values()) / 1e9
 
 
-def map_seconds(client: Client, x: Any, device: str | None, runs: int) -> float:
-    kernel = cvd.kernel(SOURCE, "axpb")
+def map_seconds(client: Client, x: Any, device: str | None, runs: int,
+                reps: int | None = None) -> float:
+    """The map 2x + 1 over every chunk; with ``reps``, the compute-bound kernel instead."""
+    kernel = cvd.kernel(SOURCE, "axpb") if reps is None else cvd.kernel(HEAVY, "heavy")
+    args = () if reps is None else (reps,)
 
     def run(seed: int) -> None:
-        y = client.persist(fresh(cvd.map_blocks(kernel, x, device=device), x, seed))
+        y = client.persist(fresh(cvd.map_blocks(kernel, x, device=device, args=args), x,
+                                 seed))
         wait(y)
         del y
 
@@ -167,11 +188,14 @@ def direct_seconds(client: Client, x: Any, device: str | None, runs: int) -> flo
         dev = cv.device(device)
         kernel = dev.compile(SOURCE, "axpb")
         cv.stream(kernel, [chunk], [np.float32], device=dev)  # warm
-        times = []
+        times, kept = [], []
         for _ in range(runs):
             start = time.perf_counter()
-            cv.stream(kernel, [chunk], [np.float32], device=dev)
+            kept.append(cv.stream(kernel, [chunk], [np.float32], device=dev).outputs[0])
             times.append(time.perf_counter() - start)
+        # Outputs were kept, as persisted chunks are: each run writes fresh memory, as a
+        # task does (a freed output's pages, reused at once, fault in cheaper).
+        del kept
         return statistics.median(times)
 
     chunk = client.futures_of(x)[0]  # x has one chunk, held by a worker: no copy through here
@@ -202,6 +226,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=8, help="chunks in the array")
     parser.add_argument("--runs", type=int, default=5, help="timed runs (median)")
     parser.add_argument("--device", default=None, help="device spec on each worker")
+    parser.add_argument("--heavy-reps", type=int, default=32768,
+                        help="multiply-adds per element of the compute-bound map")
     parser.add_argument("--no-idiom", action="store_true",
                         help="skip the CuPy map_blocks idiom (it takes ~1 s per GiB)")
     parser.add_argument("--cluster", choices=("auto", "local-cuda", "nanny"), default="auto",
@@ -237,6 +263,10 @@ def main() -> None:
             figures[f"reduce_{workers}_workers_s"] = summed
             print(f"{workers} worker(s): reduce {summed:.3f} s "
                   f"({rows * 4 / summed / 1e9:.2f} GB/s in)")
+            heavy = map_seconds(client, x, options.device, options.runs, options.heavy_reps)
+            figures[f"heavy_{workers}_workers_s"] = heavy
+            print(f"{workers} worker(s): compute-bound map ({options.heavy_reps} multiply-adds "
+                  f"per element) {heavy:.3f} s ({rows * 4 / heavy / 1e9:.2f} GB/s in)")
             xp = pinned_chunks(client, x)
             pinned = map_seconds(client, xp, options.device, options.runs)
             figures[f"map_pinned_{workers}_workers_s"] = pinned
@@ -265,7 +295,7 @@ def main() -> None:
                     print(f"cupy map_blocks idiom: {idiom:.3f} s: conveyor.dask is "
                           f"{idiom / seconds:.2f} x faster")
     figures["speedup_2_vs_1"] = figures["map_1_workers_s"] / figures["map_2_workers_s"]
-    for case in ("reduce", "map_pinned"):
+    for case in ("reduce", "map_pinned", "heavy"):
         figures[f"{case}_speedup_2_vs_1"] = (figures[f"{case}_1_workers_s"]
                                              / figures[f"{case}_2_workers_s"])
         print(f"{case}: 2 workers vs 1: {figures[f'{case}_speedup_2_vs_1']:.2f} x")
