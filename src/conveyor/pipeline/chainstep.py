@@ -11,7 +11,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Queue
 from conveyor.errors import InputError
-from conveyor.pipeline.chain import BoundChain, BoundLink, Ref
+from conveyor.pipeline.chainbind import BoundChain, BoundLink, Ref
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
