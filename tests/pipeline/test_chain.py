@@ -262,3 +262,17 @@ def test_temps_count_against_the_memory_limit(device):
     assert report.block_rows < plain.block_rows  # the 16-byte rows of the temp took room
     assert report.peak_device_bytes <= 2**20
     assert in_use(device) == (0, 0)
+
+
+def test_links_may_be_kernel_futures_and_a_file_output_takes_the_kernels_dtype(device,
+                                                                                tmp_path):
+    x = data((10_000,), np.float32, 16)
+    first = device.compile(SOURCE, "to_int", wait=False)
+    second = device.compile(SOURCE, "widen", wait=False)
+    target = tmp_path / "u.npy"
+    chain = cv.chain(first, second, temps=[np.int32])
+    cv.stream(chain, x, str(target), device=device, block_bytes=8 * 1000)
+    u = np.load(target)
+    assert u.dtype == np.float64  # widen's output parameter, not input 0's float32
+    t = (x * np.float32(100)).astype(np.int32)
+    np.testing.assert_array_equal(u, t * 0.5 + np.arange(x.size, dtype=np.float64))

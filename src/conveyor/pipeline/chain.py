@@ -103,9 +103,13 @@ class Chain:
     def output_dtype(self, index: int, inputs: int, outputs: int) -> np.dtype | None:
         """The parameter type of the first kernel link that writes output ``index`` (for a
         file output given no dtype); None where no kernel declares one."""
+        from conveyor.kernels.build import KernelFuture
+
         name = f"out{index}"
         for item in self._links(inputs, outputs, None):
             compute = item.compute
+            if isinstance(compute, KernelFuture) and name in item.writes:
+                compute = compute.result()  # cv.stream loads it before any block anyway
             if isinstance(compute, Kernel) and name in item.writes:
                 position = len(item.reads) + item.writes.index(name)
                 if position < len(compute.params) and compute.params[position].is_pointer:
