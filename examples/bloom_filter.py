@@ -15,6 +15,11 @@ the rest of it in that block. Launches run one after another on the compute queu
 two halves of a straddling document add into its score in turn, never at once, and integer
 scores (64-bit) make the answer exact: the same as the NumPy reference below, bit for bit.
 
+The same scores also come from a two-kernel chain (``cv.chain``): the first link writes a
+per-word flag (does the filter hold the word's term?) into a device-only temp, the second adds
+up the flagged words' weights per document. The flags never cross the link: only the words go
+in, and only the scores table comes back.
+
     python examples/bloom_filter.py [--mwords 64] [--terms 1048576] [--device SPEC]
 """
 
@@ -54,6 +59,39 @@ __kernel void score(__global const unsigned int *words, __global const unsigned 
         unsigned int h2 = ((term ^ 0x5bd1e995u) * {HASH_2}u) >> (32 - BLOOM_BITS);
         if (((bloom[h1 >> 5] >> (h1 & 31)) & 1u) && ((bloom[h2 >> 5] >> (h2 & 31)) & 1u))
             sum += (ulong)weights[term] * (word & 255u);
+    }}
+    scores[lo] += sum;
+}}
+
+/* The chain's first link: one flag per word, 1 where the filter may hold its term. */
+__kernel void flag(__global const unsigned int *words, __global uchar *hits,
+                   __global const unsigned int *bloom, ulong offset, ulong n) {{
+    ulong i = get_global_id(0);
+    if (i >= n) return;
+    unsigned int term = words[i] >> 8;
+    unsigned int h1 = (term * {HASH_1}u) >> (32 - BLOOM_BITS);
+    unsigned int h2 = ((term ^ 0x5bd1e995u) * {HASH_2}u) >> (32 - BLOOM_BITS);
+    hits[i] = (uchar)(((bloom[h1 >> 5] >> (h1 & 31)) & 1u) & ((bloom[h2 >> 5] >> (h2 & 31)) & 1u));
+}}
+
+/* The chain's second link: score() with the flags of the first link instead of the hashes. */
+__kernel void score_flagged(__global const unsigned int *words, __global const uchar *hits,
+                            __global const unsigned int *weights, __global const ulong *starts,
+                            __global ulong *scores, ulong docs, ulong offset, ulong n) {{
+    ulong i = get_global_id(0);
+    if (i >= n) return;
+    ulong g = offset + i;
+    ulong lo = 0, hi = docs;
+    while (hi - lo > 1) {{
+        ulong mid = (lo + hi) / 2;
+        if (starts[mid] <= g) lo = mid; else hi = mid;
+    }}
+    if (i != 0 && starts[lo] != g) return;
+    ulong end = starts[lo + 1] < offset + n ? starts[lo + 1] : offset + n;
+    ulong sum = 0;
+    for (ulong j = g; j < end; j++) {{
+        unsigned int word = words[j - offset];
+        if (hits[j - offset]) sum += (ulong)weights[word >> 8] * (word & 255u);
     }}
     scores[lo] += sum;
 }}
@@ -102,17 +140,28 @@ def reference(words: np.ndarray, starts: np.ndarray, bloom: np.ndarray,
 
 
 def run(device: cv.Device, words: int, memory_limit: int, terms: int = 2**16,
-        seed: int = 0) -> tuple[bool, cv.Report]:
-    """Score ``words`` words of documents on ``device``; (exact against NumPy, report)."""
+        seed: int = 0, chain: bool = False) -> tuple[bool, cv.Report]:
+    """Score ``words`` words of documents on ``device``; (exact against NumPy, report).
+    ``chain=True`` scores them with the two-kernel chain (flags, then scores)."""
     rng = np.random.default_rng(seed)
     doc_words, starts = make_documents(words, rng, terms)
     bloom = make_filter(rng.choice(terms, terms // 8, replace=False).astype(np.uint32))
     weights = rng.integers(0, 2**20, terms, dtype=np.uint32)
     scores = np.zeros(len(starts) - 1, np.uint64)
-    kernel = device.compile(SOURCE, "score")
     with cv.resident(scores, writable=True) as table:
-        report = cv.stream(kernel, [doc_words], [], device=device, memory_limit=memory_limit,
-                           args=(bloom, weights, starts, table, len(scores)))
+        if chain:
+            links = cv.chain(
+                cv.link(device.compile(SOURCE, "flag"), reads="in0", writes="hits",
+                        args=(bloom,)),
+                cv.link(device.compile(SOURCE, "score_flagged"), reads=("in0", "hits"),
+                        args=(weights, starts, table, len(scores))),
+                temps={"hits": np.uint8})  # one flag per word, on the device only
+            report = cv.stream(links, [doc_words], [], device=device,
+                               memory_limit=memory_limit)
+        else:
+            report = cv.stream(device.compile(SOURCE, "score"), [doc_words], [],
+                               device=device, memory_limit=memory_limit,
+                               args=(bloom, weights, starts, table, len(scores)))
     return bool(np.array_equal(scores, reference(doc_words, starts, bloom, weights))), report
 
 
@@ -132,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     exact, report = run(device, words, memory_limit=limit, terms=options.terms)
     print(report)
     print(f"{words} words, scores exact against NumPy: {exact}")
-    return 0 if exact else 1
+    chained, report = run(device, words, memory_limit=limit, terms=options.terms, chain=True)
+    print(report)
+    print(f"{words} words, two-kernel chain (flags stay on the device), scores exact against "
+          f"NumPy: {chained}")
+    return 0 if exact and chained else 1
 
 
 if __name__ == "__main__":

@@ -28,3 +28,18 @@ def test_bloom_filter_scores_are_exact_with_data_several_times_the_memory_limit(
     exact, report = bloom.run(device, words, memory_limit=600_000, seed=seed)
     assert exact
     assert report.blocks > 4 and report.bytes_in == words * 4
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bloom_filter_as_a_two_kernel_chain_is_exact_and_its_flags_stay_on_the_device(
+        device, seed):
+    bloom = _load("bloom_filter")
+    words = 600_000
+    exact, report = bloom.run(device, words, memory_limit=600_000, seed=seed, chain=True)
+    assert exact
+    assert report.blocks > 4
+    assert report.bytes_in == words * 4 and report.bytes_out == 0  # the words only
+    timeline = report.timeline
+    assert sum(s.nbytes for s in timeline.lane("copy-in")) <= words * 4
+    assert not timeline.lane("copy-out")  # no per-word flag came back
+    assert {s.label for s in timeline.lane("compute")} == {"flag", "score_flagged"}

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from conveyor.kernels.portable import portable
     from conveyor.memory import pinned
+    from conveyor.pipeline.chain import Chain, chain, link
     from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
     from conveyor.pipeline.report import Report
     from conveyor.pipeline.resident import Resident, resident
@@ -54,6 +55,10 @@ def __getattr__(name: str) -> Any:
         from conveyor import errors
 
         value = getattr(errors, name)
+    elif name in ("Chain", "chain", "link"):
+        from conveyor.pipeline import chain as chain_module
+
+        value = getattr(chain_module, name)
     elif name == "portable":
         from conveyor.kernels.portable import portable as value
     elif name in ("arrow", "iterate", "npy", "parquet", "raw"):
@@ -90,6 +95,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BackendError",
+    "Chain",
     "CompileError",
     "ConveyorError",
     "Device",
@@ -101,9 +107,11 @@ __all__ = [
     "Resident",
     "__version__",
     "arrow",
+    "chain",
     "device",
     "devices",
     "iterate",
+    "link",
     "npy",
     "npy_out",
     "parquet",

@@ -102,7 +102,9 @@ class Engine(Closeable):
             if self.reduction is not None:
                 self.reduction.allocate(slot, self._acquire, dev.pinned_pool,
                                         plan.block_rows * plan.scratch_row_bytes)
-        if isinstance(self.step, step.CallableStep) and self.options.warmup:
+            for nbytes in plan.temp_slot_bytes:  # a chain's temps
+                slot.temps.append(self._acquire(nbytes))
+        if self.options.warmup:
             self.step.warm_up(dev, self.compute_q, self.sources)
 
     def _queue(self) -> Queue:
@@ -238,7 +240,8 @@ class Engine(Closeable):
             for registration in slot.registrations:
                 registration.close()
             scratch = slot.scratch
-            owned = [b for b in (*slot.dev_in, *slot.dev_out) if isinstance(b, DeviceBuffer)]
+            owned = [b for b in (*slot.dev_in, *slot.dev_out, *slot.temps)
+                     if isinstance(b, DeviceBuffer)]
             for buf in owned + (scratch.device_buffers() if scratch is not None else []):
                 if buf is not None:
                     pool.release(buf, after=fence)

@@ -65,7 +65,7 @@ class StreamOptions:
             workers=None if workers is None else count(
                 "workers", workers, 1, "at least 1",
                 "None (the default number) or an int of 1 or more (staging threads)"),
-            args=_args(args),
+            args=scalar_args(args),
             reduce=reduce,
             zero_copy=None if zero_copy is None else bool(zero_copy),
             progress=bool(progress),
@@ -132,7 +132,8 @@ def _kind(value: Any) -> str:
     return f" (a {type(value).__name__})"
 
 
-def _args(value: Any) -> tuple[Any, ...]:
+def scalar_args(value: Any) -> tuple[Any, ...]:
+    """``args=`` as a tuple (one scalar alone is a tuple of one); InputError otherwise."""
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):
         return tuple(value)
     if isinstance(value, numbers.Number | np.generic):

@@ -47,6 +47,7 @@ class Slot:
         self.dev_in: list[Any] = [None] * inputs  # DeviceBuffer, or Registration (zero-copy)
         self.dev_out: list[Any] = [None] * outputs
         self.scratch: Any = None  # the reduction's buffers (pipeline/reduce.py: Reduction)
+        self.temps: list[Any] = []  # a chain's device-only buffers (pipeline/chain.py)
         self.block: Block | None = None
         self.done: list[Event] = []
         self.registrations: list[Registration] = []

@@ -100,6 +100,9 @@ class Plan:
     #: Device bytes of the resident arrays (pipeline/resident.py), uploaded once; the ring
     #: fits in what the memory limit leaves beside them.
     resident_bytes: int = 0
+    #: Bytes per row of each temp of a chain (pipeline/chain.py): device-only buffers of one
+    #: block in each slot, counted so the ring still fits the limit.
+    temp_row_bytes: tuple[int, ...] = ()
 
     @property
     def block_count(self) -> int:
@@ -131,6 +134,11 @@ class Plan:
         return tuple(spec.block_rows_of(self.block_rows) * spec.row_bytes
                      for spec in self.outputs)
 
+    @property
+    def temp_slot_bytes(self) -> tuple[int, ...]:
+        """Bytes of each temp's buffer in one slot (a block's rows; temps have no halo)."""
+        return tuple(self.block_rows * row_bytes for row_bytes in self.temp_row_bytes)
+
     def output_rows(self, i: int, block: Block) -> tuple[int, int]:
         """The rows ``[lo, hi)`` of output ``i`` that ``block`` writes."""
         spec = self.outputs[i]
@@ -144,7 +152,7 @@ class Plan:
         """Device bytes the whole ring holds, as the pool bins them."""
         return self.depth * _slot_footprint(self.block_rows, self.halo, self.inputs,
                                             self.outputs, self.scratch_row_bytes,
-                                            self.partial_bytes)
+                                            self.partial_bytes, self.temp_row_bytes)
 
 
 class Blocks(Sequence[Block]):
@@ -180,8 +188,11 @@ class Blocks(Sequence[Block]):
 def _slot_footprint(
     block_rows: int, halo: int, inputs: tuple[ArraySpec, ...], outputs: tuple[ArraySpec, ...],
     scratch_row_bytes: int = 0, partial_bytes: tuple[int, ...] = (),
+    temp_row_bytes: tuple[int, ...] = (),
 ) -> int:
     total = 0
+    for row_bytes in temp_row_bytes:
+        total += device_bin(max(block_rows * row_bytes, 1))
     if scratch_row_bytes:
         total += device_bin(max(block_rows * scratch_row_bytes, 1))
     if partial_bytes:
@@ -210,6 +221,7 @@ def make_plan(
     scratch_row_bytes: int = 0,
     partial_bytes: tuple[int, ...] = (),
     resident_bytes: int = 0,
+    temp_row_bytes: tuple[int, ...] = (),
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits (beside
     ``resident_bytes`` of resident arrays, counted against the same limit)."""
@@ -248,7 +260,8 @@ def make_plan(
             f"memory_limit, or stream the largest table as an input")
     widest = max([spec.row_bytes for spec in inputs]
                  + [-(-spec.row_bytes * spec.ratio[0] // spec.ratio[1])
-                    for spec in outputs if not spec.per_block]) or 1
+                    for spec in outputs if not spec.per_block]
+                 + list(temp_row_bytes)) or 1
     if block_bytes is not None:
         if block_bytes < widest:
             raise InputError(
@@ -263,7 +276,7 @@ def make_plan(
             block_rows = min(block_rows, rows)
         block_rows = max(block_rows // step * step, step)
         block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
-                          partial_bytes, rows, step)
+                          partial_bytes, rows, step, temp_row_bytes)
     if rows:
         block_rows = min(block_rows, rows)  # rows is a multiple of step (shaped.Rows)
     block_rows = max(block_rows, 1)
@@ -277,7 +290,7 @@ def make_plan(
             f"use a larger block_bytes or memory_limit, or a smaller halo"
         )
     footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs, scratch_row_bytes,
-                                        partial_bytes)
+                                        partial_bytes, temp_row_bytes)
     if footprint > limit:
         raise InputError(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
@@ -286,14 +299,15 @@ def make_plan(
             + ": use a smaller block_bytes or depth, or a larger memory_limit"
         )
     biggest = max([(block_rows + 2 * halo) * spec.row_bytes for spec in inputs]
-                  + [spec.block_rows_of(block_rows) * spec.row_bytes for spec in outputs])
+                  + [spec.block_rows_of(block_rows) * spec.row_bytes for spec in outputs]
+                  + [block_rows * row_bytes for row_bytes in temp_row_bytes])
     if biggest > max_alloc_bytes:
         raise InputError(
             f"a block buffer of {biggest} bytes is more than the device's largest allocation "
             f"({max_alloc_bytes} bytes): use a smaller block_bytes"
         )
     return Plan(rows, block_rows, depth, halo, inputs, outputs, total_limit, scratch_row_bytes,
-                partial_bytes, resident_bytes)
+                partial_bytes, resident_bytes, temp_row_bytes)
 
 
 def _fit(
@@ -307,6 +321,7 @@ def _fit(
     partial_bytes: tuple[int, ...] = (),
     rows: int = 0,
     step: int = 1,
+    temp_row_bytes: tuple[int, ...] = (),
 ) -> int:
     """Shrink ``block_rows`` (a multiple of ``step``) until the ring fits ``limit`` (or
     reaches ``step`` rows). The ring has ``depth`` slots, or fewer where ``rows`` make fewer
@@ -316,7 +331,7 @@ def _fit(
         return min(depth, -(-rows // block_rows)) if rows else depth
 
     while block_rows > step and slots(block_rows) * _slot_footprint(
-        block_rows, halo, inputs, outputs, scratch_row_bytes, partial_bytes
+        block_rows, halo, inputs, outputs, scratch_row_bytes, partial_bytes, temp_row_bytes
     ) > limit:
         smaller = block_rows * 7 // 8 if block_rows > 8 * step else block_rows - step
         block_rows = max(smaller // step * step, step)

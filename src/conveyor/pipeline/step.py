@@ -11,13 +11,14 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Kernel, Queue
 from conveyor.errors import InputError
+from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
 from conveyor.trace.timeline import Between
 
-Compute = Kernel | Callable[..., Any]
+Compute = Kernel | Callable[..., Any] | BoundChain
 
 #: Rows a callable is warmed up on before the stream (at most a block, at most the input).
 WARMUP_ROWS = 64
@@ -40,6 +41,9 @@ class Step:
                 ) -> Event:
         """Enqueue the compute of ``block`` in ``slot`` after ``wait_for``."""
         raise NotImplementedError
+
+    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source]) -> None:
+        """Run what must run once before the stream (callables: see CallableStep)."""
 
 
 class KernelStep(Step):
@@ -215,7 +219,11 @@ def _what(shape: tuple[int, ...], dtype: np.dtype | None, contiguous: bool) -> s
 
 def choose(compute: Compute, device: Device, plan: Plan, args: Sequence[Any],
            records: Records, reduce: bool, first_row: int = 0) -> Step:
-    """The step of ``compute``: a kernel launch or a callable."""
+    """The step of ``compute``: a kernel launch, a callable or a chain."""
+    if isinstance(compute, BoundChain):
+        from conveyor.pipeline.chainstep import ChainStep
+
+        return ChainStep(compute, device, plan, args, records, first_row)
     if isinstance(compute, Kernel):
         return KernelStep(compute, plan, args, records, first_row)
     return CallableStep(compute, device, plan, args, records, keeps_result=reduce,

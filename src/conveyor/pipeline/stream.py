@@ -13,6 +13,7 @@ from conveyor import files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
 from conveyor.pipeline import overlap, resident, validate
+from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
@@ -24,7 +25,7 @@ from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
 
 
 def stream(
-    compute: Compute,
+    compute: Compute | Chain,
     inputs: Sequence[Any],
     outputs: Sequence[Any] | None = None,
     *,
@@ -47,7 +48,10 @@ def stream(
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
     ``compute`` is a Kernel from ``device.compile`` (or the KernelFuture of
-    ``compile(..., wait=False)``, loaded here before the first block) or a Python callable.
+    ``compile(..., wait=False)``, loaded here before the first block), a Python callable, or
+    a ``cv.chain(...)`` of them run in order on each block, with device-only temps between
+    them (``conveyor.pipeline.chain``: each link takes its own args; the stream's ``args``
+    stay empty).
     A kernel receives the block's buffers (inputs, then outputs), then ``args``, then
     ``ulong offset, ulong n``: the index of the block's first element in the whole array and
     the block's element count (for N-D arrays, elements of input 0: rows times elements per
@@ -155,7 +159,8 @@ def stream(
         sinks = [
             o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
             else as_sink(o, i, rows, sources[0].shape[1:],
-                         _file_dtype(compute, len(sources), i, sources[0].dtype))
+                         _file_dtype(compute, len(sources), i, sources[0].dtype,
+                                     len(outputs or ())))
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
@@ -192,7 +197,8 @@ def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:
                                  f"to another file")
 
 
-def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute) -> None:
+def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Chain
+                 ) -> None:
     """Refuse two file outputs naming one file, and (for a callable, which gets PyOpenCL /
     DLPack arrays that have no byte order) arrays that are not in the machine's byte order.
     An output that is also an input is fine: inputs keep reading the old file, which the
@@ -203,16 +209,21 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute) -> 
             if files.same_file(first.target, second.target):
                 raise InputError(f"outputs {first.name} and {second.name} are one file: name "
                                  f"a different file for each output")
-    if callable(compute) and not isinstance(compute, Kernel):
+    if (callable(compute) and not isinstance(compute, Kernel)) or (
+            isinstance(compute, Chain) and compute.has_callables):
         validate.check_byte_order(sources, sinks)
 
 
-def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device,
+def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev: Device,
          opts: StreamOptions) -> Report:
     """Check, plan and run a stream of sources into sinks; commit the sinks."""
     reduce, element = opts.reduce, None
-    residents: resident.ResidentArgs | None = None
-    if isinstance(compute, Kernel):
+    residents: Any = None  # resident.ResidentArgs, or a chain's (chain.ChainResidents)
+    planner: Any = make_plan
+    if isinstance(compute, Chain):
+        compute = compute.bind(dev, sources, sinks, opts.args, reduce)
+        element, residents, planner = compute.element, compute.residents, compute.make_plan
+    elif isinstance(compute, Kernel):
         # Checked before check_kernel: with outputs, its parameter-count message would
         # count a "partial buffer" and not say that the outputs are what to drop.
         if reduce is not None and sinks:
@@ -231,9 +242,9 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
     first = sources[0]
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
-                               with_kernel=isinstance(compute, Kernel))
+                               with_kernel=isinstance(compute, Kernel) or element is not None)
     in_place = overlap.in_place_inputs(sources, sinks)
-    plan = make_plan(
+    plan = planner(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
         depth=opts.depth,
@@ -283,9 +294,13 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
     return possible if wanted is None else wanted
 
 
-def _file_dtype(compute: Compute, inputs: int, index: int, fallback: np.dtype) -> np.dtype:
+def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.dtype,
+                outputs: int = 0) -> np.dtype:
     """The element type of a file output whose dtype is not given: the kernel's output
-    parameter type where it declares one, else input 0's dtype."""
+    parameter type where it declares one (in a chain: the first kernel link that writes it),
+    else input 0's dtype."""
+    if isinstance(compute, Chain):
+        return compute.output_dtype(index, inputs, outputs) or fallback
     if isinstance(compute, Kernel) and inputs + index < len(compute.params):
         param = compute.params[inputs + index]
         if param.is_pointer and param.dtype is not None:

@@ -100,18 +100,8 @@ def check_kernel(
     if reduce is not None:
         arrays.append(("the per-element reduce buffer", None))
     for param, (what, dtype) in zip(params, arrays, strict=False):
-        _check_buffer(kernel.name, param, what, dtype)
-    from conveyor.pipeline.resident import Resident
-
-    for index, (param, value) in enumerate(zip(params[buffers:], args, strict=False)):
-        if param.is_pointer:
-            continue  # an array uploaded once: pipeline/resident.py checks it
-        if isinstance(value, Resident):
-            raise InputError(
-                f"args[{index}]: kernel parameter {param.name!r} is a scalar "
-                f"({param.type_text}) but receives a resident array: declare it as a "
-                f"pointer (__global const {param.type_text}*), or pass a scalar")
-        _check_arg(param, index, value)
+        check_buffer(kernel.name, param, what, dtype)
+    check_args(params[buffers:], args)
     for param in params[buffers + len(args):]:
         if param.is_pointer:
             raise InputError(
@@ -148,7 +138,23 @@ def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
                 )
 
 
-def _check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -> None:
+def check_args(params: Sequence[Param], args: Sequence[Any]) -> None:
+    """``args`` suit the kernel parameters ``params`` that receive them (scalars a cast that
+    means something; pointers are resident arrays, checked by pipeline/resident.py)."""
+    from conveyor.pipeline.resident import Resident
+
+    for index, (param, value) in enumerate(zip(params, args, strict=False)):
+        if param.is_pointer:
+            continue  # an array uploaded once: pipeline/resident.py checks it
+        if isinstance(value, Resident):
+            raise InputError(
+                f"args[{index}]: kernel parameter {param.name!r} is a scalar "
+                f"({param.type_text}) but receives a resident array: declare it as a "
+                f"pointer (__global const {param.type_text}*), or pass a scalar")
+        _check_arg(param, index, value)
+
+
+def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -> None:
     """``param`` receives ``what`` (an input or output of ``dtype``, or the reduce buffer)."""
     if not param.is_pointer:
         raise InputError(

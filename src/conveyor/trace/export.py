@@ -29,7 +29,7 @@ def chrome_trace(timeline: Timeline, process: str = "conveyor") -> dict[str, Any
     origin = timeline.origin_ns
     for span in timeline.spans:
         events.append({
-            "name": f"{span.lane} {span.block}", "cat": span.lane, "ph": "X", "pid": 1,
+            "name": f"{span.title} {span.block}", "cat": span.lane, "ph": "X", "pid": 1,
             "tid": tids[span.lane],
             "ts": (span.start_ns - origin) / 1000.0, "dur": span.duration_ns / 1000.0,
             "args": {"block": span.block, "bytes": span.nbytes},

@@ -32,13 +32,20 @@ WORK_LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "combin
 
 @dataclass(frozen=True)
 class Span:
-    """One stage of one block: ``lane``, block index, start and end in ns, bytes moved."""
+    """One stage of one block: ``lane``, block index, start and end in ns, bytes moved, and a
+    ``label`` within the lane ("" but for the links of a chain: their kernel's name)."""
 
     lane: str
     block: int
     start_ns: int
     end_ns: int
     nbytes: int = 0
+    label: str = ""
+
+    @property
+    def title(self) -> str:
+        """``lane`` or ``lane:label``: the span as a trace names it."""
+        return f"{self.lane}:{self.label}" if self.label else self.lane
 
     @property
     def duration_ns(self) -> int:
@@ -46,7 +53,8 @@ class Span:
         return max(self.end_ns - self.start_ns, 0)
 
 
-#: What the engine records for each device command: (lane, block index, event, bytes). The
+#: What the engine records for each device command: (lane, block index, event, bytes); a lane
+#: "compute:<name>" is a link of a chain, a span of the compute lane labelled <name>. The
 #: event is a backend Event; only its ``profile_ns()`` is read, after the stream.
 Record = tuple[str, int, Any, int]
 
@@ -90,18 +98,20 @@ def _covered(start: int, end: int, busy: list[tuple[int, int]]) -> int:
 
 
 def one_per_block(spans: Iterable[Span]) -> list[Span]:
-    """Join the spans of each (lane, block) into one: from the first start to the last end,
-    bytes summed. A block's two input copies (or its kernel and its reduction kernel) run back
-    to back on one in-order queue, so the joined span is what the lane spent on that block."""
-    joined: dict[tuple[str, int], Span] = {}
+    """Join the spans of each (lane, label, block) into one: from the first start to the last
+    end, bytes summed. A block's two input copies (or its kernel and its reduction kernel) run
+    back to back on one in-order queue, so the joined span is what the lane spent on that
+    block; the labelled links of a chain stay a span each."""
+    joined: dict[tuple[str, str, int], Span] = {}
     for span in spans:
-        key = (span.lane, span.block)
+        key = (span.lane, span.label, span.block)
         seen = joined.get(key)
         if seen is None:
             joined[key] = span
         else:
             joined[key] = Span(span.lane, span.block, min(seen.start_ns, span.start_ns),
-                               max(seen.end_ns, span.end_ns), seen.nbytes + span.nbytes)
+                               max(seen.end_ns, span.end_ns), seen.nbytes + span.nbytes,
+                               span.label)
     return list(joined.values())
 
 
@@ -131,7 +141,8 @@ class Timeline:
         for lane, block, event, nbytes in records:
             times = event.profile_ns()
             if times is not None:
-                device.append(Span(lane, block, times[0], times[1], nbytes))
+                lane, _, label = lane.partition(":")
+                device.append(Span(lane, block, times[0], times[1], nbytes, label))
         offset = anchor.offset_ns() if anchor is not None else None
         error = anchor.error_ns if offset is not None and anchor is not None else None
         if offset is None and device:
@@ -142,8 +153,8 @@ class Timeline:
                 (s.start_ns for s in host_spans), default=first)
             offset = origin - first
         shift = offset or 0
-        device = [Span(s.lane, s.block, s.start_ns + shift, s.end_ns + shift, s.nbytes)
-                  for s in device]
+        device = [Span(s.lane, s.block, s.start_ns + shift, s.end_ns + shift, s.nbytes,
+                       s.label) for s in device]
         start = anchor.host_ns if anchor is not None else None
         return cls(one_per_block([*host_spans, *device]), start_ns=start, clock_error_ns=error)
 
