@@ -91,8 +91,11 @@ def test_more_bad_chains(device):
             cv.chain(add, temps=temps)
     with pytest.raises(cv.InputError, match="at least one link"):
         cv.chain()
-    with pytest.raises(cv.InputError, match="name buffers with strings"):
-        cv.link(add, reads=[0])
+    for reads in ([0], None, 5):  # None and 5 were a TypeError before
+        with pytest.raises(cv.InputError, match="name buffers with strings"):
+            cv.link(add, reads=reads)
+    with pytest.raises(cv.InputError, match="a link's name is a str"):
+        cv.link(add, reads="in0", writes="out0", name=5)
     _no_work(device, c)
 
 

@@ -55,6 +55,9 @@ def link(compute: Any, reads: str | Sequence[str] = (), writes: str | Sequence[s
     """A link of a chain: ``compute`` reads the buffers ``reads`` and writes ``writes`` (names:
     ``in0``..., ``out0``..., the temps' names, ``reduce``), with its own scalar or resident
     ``args``. InputError for names that are not strings."""
+    if name is not None and not isinstance(name, str):
+        raise InputError(f"name={name!r}: a link's name is a str (it labels its span in the "
+                         f"timeline)")
     label = name if name is not None else _label(compute)
     return Link(compute, _names("reads", reads), _names("writes", writes),
                 options.scalar_args(args), label)
@@ -189,7 +192,12 @@ def _temp(name: Any, value: Any) -> Temp:
 
 
 def _names(role: str, value: str | Sequence[str]) -> tuple[str, ...]:
-    names = (value,) if isinstance(value, str) else tuple(value)
+    if isinstance(value, str):
+        names: tuple[Any, ...] = (value,)
+    elif isinstance(value, Sequence):
+        names = tuple(value)
+    else:  # None, a number, a set (no order): not a list of names
+        names = (value,)
     for name in names:
         if not isinstance(name, str):
             raise InputError(f"{role}={value!r}: name buffers with strings such as 'in0', "
