@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from conveyor.kernels.portable import portable
     from conveyor.memory import pinned
+    from conveyor.pipeline.image import image
     from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
     from conveyor.pipeline.report import Report
     from conveyor.pipeline.resident import Resident, resident
@@ -60,6 +61,8 @@ def __getattr__(name: str) -> Any:
         from conveyor.pipeline import io
 
         value = getattr(io, name)
+    elif name == "image":
+        from conveyor.pipeline.image import image as value
     elif name == "Report":
         from conveyor.pipeline.report import Report as value
     elif name in ("per_block", "rows"):
@@ -103,6 +106,7 @@ __all__ = [
     "arrow",
     "device",
     "devices",
+    "image",
     "iterate",
     "npy",
     "npy_out",

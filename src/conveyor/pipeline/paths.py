@@ -183,6 +183,8 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
            boundary: Boundary = "nearest") -> tuple[list[Path], list[Path]]:
     """The input paths and the output paths of a stream, each array on exactly one.
     ``staging`` makes the staged paths (pipeline/staged.py: StagingRings)."""
+    from conveyor.pipeline.image import ImageIn, ImageSource  # it builds on the staged path
+
     if zero_copy:  # stream() allows it for C-contiguous arrays only
         arrays_in = [_array(s) for s in sources]
         arrays_out = [_array(s) for s in sinks]
@@ -203,12 +205,15 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
         if direct_out:
             outputs.append(DirectOut(direct_out, plan, [_array(sinks[i]) for i in direct_out],
                                      records))
-        staged_in = [i for i in range(len(sources)) if i not in direct_in]
+        images = [i for i, s in enumerate(sources) if isinstance(s, ImageSource)]
+        staged_in = [i for i in range(len(sources)) if i not in direct_in and i not in images]
         staged_out = [i for i in range(len(sinks)) if i not in direct_out]
         if staged_in:
             inputs.append(staging.inputs(staged_in, halo_rows, boundary))
         if staged_out:
             outputs.append(staging.outputs(staged_out))
+        if images:  # pipeline/image.py: staged, then copied into the slot's images
+            inputs.append(ImageIn(staging, images, halo_rows, boundary))
     except BaseException:
         for path in (*inputs, *outputs):
             path.give_back()

@@ -12,7 +12,7 @@ import numpy as np
 from conveyor import files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
-from conveyor.pipeline import overlap, resident, validate
+from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
@@ -155,7 +155,8 @@ def stream(
         sinks = [
             o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
             else as_sink(o, i, rows, sources[0].shape[1:],
-                         _file_dtype(compute, len(sources), i, sources[0].dtype))
+                         _file_dtype(compute, len(sources) + len(image.indices(sources)), i,
+                                     sources[0].dtype))
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
@@ -222,17 +223,21 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
             )
         element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
         buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
+        buffers += len(image.indices(sources))  # each image input's sampler_t
         residents = resident.bind(compute, buffers, opts.args)
     elif not callable(compute):
         raise InputError(
             f"compute must be a Kernel (device.compile) or a callable, "
             f"got {type(compute).__name__}"
         )
+    # Image inputs (pipeline/image.py): checked against the device; blocks fit its images.
+    max_rows = image.prepare(compute, dev, sources, opts.boundary, opts.halo)
     first = sources[0]
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
                                with_kernel=isinstance(compute, Kernel))
-    in_place = overlap.in_place_inputs(sources, sinks)
+    in_place = overlap.in_place_inputs(
+        [s.inner if isinstance(s, image.ImageSource) else s for s in sources], sinks)
     plan = make_plan(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -244,6 +249,7 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
         max_alloc_bytes=dev.max_alloc_bytes,
         **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
         resident_bytes=residents.nbytes if residents is not None else 0,
+        max_block_rows=max_rows,
     )
     for sink in sinks:
         if isinstance(sink, ShapedSink):
