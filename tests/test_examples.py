@@ -28,3 +28,17 @@ def test_bloom_filter_scores_are_exact_with_data_several_times_the_memory_limit(
     exact, report = bloom.run(device, words, memory_limit=600_000, seed=seed)
     assert exact
     assert report.blocks > 4 and report.bytes_in == words * 4
+
+
+@pytest.mark.parametrize("ratio", [(2, 3), (1, 2)])
+def test_resample_downscales_an_image_larger_than_the_memory_limit(device, ratio):
+    if device.backend != "opencl":
+        pytest.skip("image blocks are OpenCL-only")
+    resample = _load("resample")
+    rows, columns = 600, 390  # 0.94 MB of float32, 4x the limit
+    exact, report = resample.run(device, rows, columns, ratio=ratio,
+                                 memory_limit=rows * columns)
+    assert exact
+    assert report.blocks > 4
+    assert report.outputs[0].shape == (rows * ratio[0] // ratio[1],
+                                       columns * ratio[0] // ratio[1])

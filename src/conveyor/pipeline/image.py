@@ -275,6 +275,7 @@ class ImageIn(StagedIn):
                     made = device.alloc_image(plan.block_rows + 2 * plan.halo, source.columns,
                                               source.channels, source.dtype)
                     self.held.append(made)
+                    self.device_bytes += made.nbytes
                     blocks.append(ImageBlock(made, sampler))
                 self.slots.append(blocks)
         except BaseException:

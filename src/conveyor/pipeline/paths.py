@@ -59,6 +59,9 @@ class Slot:
 class Path(Closeable):
     """The arrays ``indices`` (of the inputs, or of the outputs) and how they travel."""
 
+    #: Device bytes the path holds itself, beside ``slot_bytes`` (the images of image inputs).
+    device_bytes = 0
+
     def __init__(self, indices: Sequence[int], slot_bytes: Sequence[int],
                  records: Records) -> None:
         self.indices = tuple(indices)
