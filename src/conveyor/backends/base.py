@@ -122,9 +122,9 @@ def no_images(device: Device) -> Exception:
     from conveyor.errors import InputError
 
     return InputError(
-        f"image blocks are OpenCL-only: {device.spec} runs {device.backend}, and cuda.core "
-        f"exposes no texture objects (NVIDIA/cuda-python issue #467 asks for them); stream "
-        f"the array as a plain input (a buffer), or pick an OpenCL device "
+        f"image blocks are OpenCL-only: {device.spec} runs {device.backend}, whose backend "
+        f"in conveyor does not drive texture objects (README: Image blocks); stream the "
+        f"array as a plain input (a buffer), or pick an OpenCL device "
         f"(device=cv.device('opencl'))")
 
 
@@ -401,7 +401,7 @@ class Device(Closeable, ABC):
 
     def image_limits(self) -> ImageLimits:
         """The sizes and formats of read-only 2-D images this device has; InputError where it
-        has none (every CUDA device: cuda.core has no texture objects)."""
+        has none (every CUDA device: conveyor's CUDA backend has no image blocks)."""
         raise no_images(self)
 
     def alloc_image(self, rows: int, columns: int, channels: int, dtype: np.dtype

@@ -192,7 +192,7 @@ class Kernel(base.Kernel):
         from conveyor.backends.opencl_images import OPAQUE_ARGS
 
         self.converters: list[Callable[[Any], Any]] = [
-            OPAQUE_ARGS.get(param.base, convert)
+            OPAQUE_ARGS.get(param.base.split(" ")[-1], convert)  # "read_only image2d_t" too
             for param, convert in zip(self.params, arg_converters(self.params, _buffer_arg),
                                       strict=True)
         ]

@@ -20,7 +20,8 @@ the whole array (``row_items`` = columns x channels of input 0). With ``normaliz
 kernel divides by ``get_image_width`` / ``get_image_height`` (the height is the same for every
 block: ``block_rows + 2 * halo``; the tail block leaves the rows past its own unused).
 
-CUDA has no image blocks: cuda.core exposes no texture objects, so an image input on a CUDA
+CUDA has no image blocks: conveyor's CUDA backend does not drive texture objects (cuda.core
+has them since 1.1, ``cuda.core.texture``; see the README), so an image input on a CUDA
 device is an InputError (``backends/base.py``: ``no_images``).
 """
 
@@ -224,7 +225,8 @@ def kernel_params(kernel: str, params: Sequence[Param], images: frozenset[int],
             position += 1
             continue
         sampler = params[position + 1]
-        if param.base != "image2d_t" or sampler.base != "sampler_t":
+        # The type's last word: a driver may spell the access qualifier ("read_only image2d_t").
+        if param.base.split(" ")[-1] != "image2d_t" or sampler.base.split(" ")[-1] != "sampler_t":
             raise InputError(
                 f"input {index} is an image, so kernel {kernel!r} takes 'read_only image2d_t, "
                 f"sampler_t' in its place, not {param.type_text!r}, {sampler.type_text!r}")

@@ -213,6 +213,9 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
     """Check, plan and run a stream of sources into sinks; commit the sinks."""
     reduce, element = opts.reduce, None
     residents: resident.ResidentArgs | None = None
+    # Image inputs (pipeline/image.py): checked against the device (first: OpenCL-only), and
+    # the most rows a block may have to fit the device's images.
+    max_rows = image.prepare(compute, dev, sources, opts.boundary, opts.halo)
     if isinstance(compute, Kernel):
         # Checked before check_kernel: with outputs, its parameter-count message would
         # count a "partial buffer" and not say that the outputs are what to drop.
@@ -230,8 +233,6 @@ def _run(compute: Compute, sources: list[Source], sinks: list[Sink], dev: Device
             f"compute must be a Kernel (device.compile) or a callable, "
             f"got {type(compute).__name__}"
         )
-    # Image inputs (pipeline/image.py): checked against the device; blocks fit its images.
-    max_rows = image.prepare(compute, dev, sources, opts.boundary, opts.halo)
     first = sources[0]
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
