@@ -94,6 +94,10 @@ def stream(
     (a file output's dtype defaults to the kernel's output parameter type, else input 0's);
     ``report.outputs`` then holds the path. See ``conveyor.pipeline.io``.
 
+    ``cv.image(a)`` (OpenCL) streams a 2-D input through images: the kernel takes
+    ``read_only image2d_t, sampler_t`` in its place and the sampler's addressing mode matches
+    ``boundary=`` (``conveyor.pipeline.image``).
+
     ``halo=h`` gives each input block ``h`` extra rows before and after, so element ``i`` of
     the block is at index ``i + h * row`` of the input buffer; outputs are exactly the block.
     The rows past either end follow ``boundary``, as Dask's ``map_overlap`` names them and
