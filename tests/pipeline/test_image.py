@@ -328,6 +328,7 @@ def test_bad_image_options_are_refused_at_once(kwargs, message):
     (np.zeros(10, np.float32), r"shape \(10,\): an image is \(rows, columns\)"),
     (np.zeros((4, 4, 5), np.float32), r"1, 2 or 4 channels"),
     (np.zeros((4, 4), ">f4"), r"not in this machine's byte order"),
+    (cv.iterate([np.zeros((4, 4), np.float32)], length=4), r"an image input reads an array"),
 ])
 def test_shapes_images_cannot_be_are_refused(image_device, value, message):
     with pytest.raises(InputError, match=message):
