@@ -43,3 +43,17 @@ def test_bloom_filter_as_a_two_kernel_chain_is_exact_and_its_flags_stay_on_the_d
     assert sum(s.nbytes for s in timeline.lane("copy-in")) <= words * 4
     assert not timeline.lane("copy-out")  # no per-word flag came back
     assert {s.label for s in timeline.lane("compute")} == {"flag", "score_flagged"}
+
+
+@pytest.mark.parametrize("ratio", [(2, 3), (1, 2)])
+def test_resample_downscales_an_image_larger_than_the_memory_limit(device, ratio):
+    if device.backend != "opencl":
+        pytest.skip("image blocks are OpenCL-only")
+    resample = _load("resample")
+    rows, columns = 600, 390  # 0.94 MB of float32, 4x the limit
+    exact, report = resample.run(device, rows, columns, ratio=ratio,
+                                 memory_limit=rows * columns)
+    assert exact
+    assert report.blocks > 4
+    assert report.outputs[0].shape == (rows * ratio[0] // ratio[1],
+                                       columns * ratio[0] // ratio[1])

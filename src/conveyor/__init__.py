@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from conveyor.kernels.portable import portable
     from conveyor.memory import pinned
     from conveyor.pipeline.chain import Chain, chain, link
+    from conveyor.pipeline.image import image
     from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
     from conveyor.pipeline.report import Report
     from conveyor.pipeline.resident import Resident, resident
@@ -65,6 +66,8 @@ def __getattr__(name: str) -> Any:
         from conveyor.pipeline import io
 
         value = getattr(io, name)
+    elif name == "image":
+        from conveyor.pipeline.image import image as value
     elif name == "Report":
         from conveyor.pipeline.report import Report as value
     elif name in ("per_block", "rows"):
@@ -110,6 +113,7 @@ __all__ = [
     "chain",
     "device",
     "devices",
+    "image",
     "iterate",
     "link",
     "npy",

@@ -91,6 +91,43 @@ class Registration(Closeable, ABC):
     page_locked: bool
 
 
+class DeviceImage(Closeable, ABC):
+    """A read-only 2-D image on the device (OpenCL ``image2d_t``): ``rows`` x ``columns``
+    pixels of ``channels`` channels of ``dtype``. ``close()`` frees it at once: the caller
+    guarantees no queued command still uses it."""
+
+    rows: int
+    columns: int
+    channels: int
+    dtype: np.dtype
+    nbytes: int
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the image now."""
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What a device's read-only 2-D images can be: the largest width and height in pixels,
+    and the (channels, dtype) pairs it has an image format for (from the driver's list)."""
+
+    max_width: int
+    max_height: int
+    formats: frozenset[tuple[int, np.dtype]]
+
+
+def no_images(device: Device) -> Exception:
+    """The InputError of a device without image blocks (every CUDA device)."""
+    from conveyor.errors import InputError
+
+    return InputError(
+        f"image blocks are OpenCL-only: {device.spec} runs {device.backend}, whose backend "
+        f"in conveyor does not drive texture objects (README: Image blocks); stream the "
+        f"array as a plain input (a buffer), or pick an OpenCL device "
+        f"(device=cv.device('opencl'))")
+
+
 class Kernel(ABC):
     """A kernel, built and loaded, ready to launch. ``params`` is its parsed signature;
     ``converters`` turn each launch argument into what the driver takes."""
@@ -188,6 +225,12 @@ class Queue(Closeable, ABC):
         (a ``pyopencl.array.Array``; anything with ``__cuda_array_interface__``), into
         ``dst`` on this queue."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy device arrays")
+
+    def copy_to_image(self, dst: DeviceImage, src: np.ndarray, rows: int, *,
+                      wait_for: Sequence[Event] = ()) -> Event:
+        """Copy the first ``rows`` rows of pixels of ``src`` (C-contiguous host memory, rows
+        of ``dst.columns`` pixels) into rows ``0:rows`` of image ``dst``."""
+        raise no_images(self.device)
 
     @abstractmethod
     def marker(self, wait_for: Sequence[Event] = ()) -> Event:
@@ -355,6 +398,22 @@ class Device(Closeable, ABC):
         OpenCL: a ``pyopencl.array.Array`` on ``queue``. CUDA: an object that speaks DLPack and
         ``__cuda_array_interface__`` (with ``queue``'s stream), for CuPy, PyTorch and Numba.
         """
+
+    def image_limits(self) -> ImageLimits:
+        """The sizes and formats of read-only 2-D images this device has; InputError where it
+        has none (every CUDA device: conveyor's CUDA backend has no image blocks)."""
+        raise no_images(self)
+
+    def alloc_image(self, rows: int, columns: int, channels: int, dtype: np.dtype
+                    ) -> DeviceImage:
+        """A read-only 2-D image of ``rows`` x ``columns`` pixels (a format of
+        ``image_limits().formats``); OutOfMemoryError if it cannot be made."""
+        raise no_images(self)
+
+    def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:
+        """A sampler (OpenCL ``sampler_t``): ``address`` "clamp_to_edge", "clamp", "repeat" or
+        "mirrored_repeat"; ``filter`` "nearest" or "linear"; ``normalized`` coordinates."""
+        raise no_images(self)
 
     @abstractmethod
     def _release(self) -> None:

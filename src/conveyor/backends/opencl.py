@@ -189,7 +189,13 @@ class Kernel(base.Kernel):
         self.name = name
         self.params = tuple(params)
         self.lock = threading.Lock()  # set_args + enqueue must not interleave across threads
-        self.converters: list[Callable[[Any], Any]] = arg_converters(self.params, _buffer_arg)
+        from conveyor.backends.opencl_images import OPAQUE_ARGS
+
+        self.converters: list[Callable[[Any], Any]] = [
+            OPAQUE_ARGS.get(param.base.split(" ")[-1], convert)  # "read_only image2d_t" too
+            for param, convert in zip(self.params, arg_converters(self.params, _buffer_arg),
+                                      strict=True)
+        ]
         self.work_group_size = int(
             cl_kernel.get_work_group_info(
                 cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device
@@ -303,6 +309,12 @@ class Queue(base.Queue):
             raise _backend_error(exc, "clEnqueueFillBuffer") from exc
         return Event(ev)
 
+    def copy_to_image(self, dst: base.DeviceImage, src: np.ndarray, rows: int, *,
+                      wait_for: Sequence[base.Event] = ()) -> Event:
+        from conveyor.backends import opencl_images
+
+        return opencl_images.copy_to_image(self, dst, src, rows, wait_for)
+
     def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
         return Event(cl.enqueue_marker(self._q, wait_for=_events(wait_for) or None))
 
@@ -409,6 +421,7 @@ class Device(base.Device):
         _check_not_forked()
         super().__init__(info)
         self.cl_device = cl_device
+        self._image_limits: base.ImageLimits | None = None
         _install_fork_hook()  # from the first context on, a forked child cannot use OpenCL
         try:
             self.context = cl.Context([cl_device])
@@ -552,6 +565,25 @@ class Device(base.Device):
 
         assert isinstance(queue, Queue)
         return cl_array.Array(queue._q, shape, dtype, data=_cl_buf(buf))
+
+    # Images live in opencl_images.py (this file keeps the buffer backend's shape).
+    def image_limits(self) -> base.ImageLimits:
+        from conveyor.backends import opencl_images
+
+        if self._image_limits is None:
+            self._image_limits = opencl_images.limits(self)
+        return self._image_limits
+
+    def alloc_image(self, rows: int, columns: int, channels: int, dtype: np.dtype
+                    ) -> base.DeviceImage:
+        from conveyor.backends import opencl_images
+
+        return opencl_images.alloc(self, rows, columns, channels, dtype)
+
+    def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:
+        from conveyor.backends import opencl_images
+
+        return opencl_images.sampler(self, address, filter, normalized)
 
     def _release(self) -> None:
         if not _forked:  # finish() would hang in a forked child

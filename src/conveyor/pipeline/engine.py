@@ -91,6 +91,7 @@ class Engine(Closeable):
             dev, plan, self.sources, self.sinks, zero_copy=bool(self.options.zero_copy),
             in_place=self.in_place, staging=rings, records=self.records,
             boundary=self.options.boundary)
+        self.peak_device_bytes += sum(path.device_bytes for path in self.inputs)
         for index in range(plan.depth):
             slot = Slot(index, len(self.sources), len(self.sinks))
             self.slots.append(slot)

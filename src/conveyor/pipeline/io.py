@@ -288,6 +288,10 @@ def as_source(value: Any, index: int) -> Source:
     """Input ``index`` as a Source: a path (``.npy``), a Source, or an array."""
     if isinstance(value, Source):
         return value
+    from conveyor.pipeline.image import ImageInput
+
+    if isinstance(value, ImageInput):  # cv.image(...): pipeline/image.py
+        return value.source(index)
     if isinstance(value, str | os.PathLike):
         if Path(value).suffix.lower() != ".npy":
             raise InputError(f"input {index} {value}: a path must name a .npy file; use "

@@ -60,6 +60,9 @@ class Slot:
 class Path(Closeable):
     """The arrays ``indices`` (of the inputs, or of the outputs) and how they travel."""
 
+    #: Device bytes the path holds itself, beside ``slot_bytes`` (the images of image inputs).
+    device_bytes = 0
+
     def __init__(self, indices: Sequence[int], slot_bytes: Sequence[int],
                  records: Records) -> None:
         self.indices = tuple(indices)
@@ -184,6 +187,8 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
            boundary: Boundary = "nearest") -> tuple[list[Path], list[Path]]:
     """The input paths and the output paths of a stream, each array on exactly one.
     ``staging`` makes the staged paths (pipeline/staged.py: StagingRings)."""
+    from conveyor.pipeline.image import ImageIn, ImageSource  # it builds on the staged path
+
     if zero_copy:  # stream() allows it for C-contiguous arrays only
         arrays_in = [_array(s) for s in sources]
         arrays_out = [_array(s) for s in sinks]
@@ -204,12 +209,15 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
         if direct_out:
             outputs.append(DirectOut(direct_out, plan, [_array(sinks[i]) for i in direct_out],
                                      records))
-        staged_in = [i for i in range(len(sources)) if i not in direct_in]
+        images = [i for i, s in enumerate(sources) if isinstance(s, ImageSource)]
+        staged_in = [i for i in range(len(sources)) if i not in direct_in and i not in images]
         staged_out = [i for i in range(len(sinks)) if i not in direct_out]
         if staged_in:
             inputs.append(staging.inputs(staged_in, halo_rows, boundary))
         if staged_out:
             outputs.append(staging.outputs(staged_out))
+        if images:  # pipeline/image.py: staged, then copied into the slot's images
+            inputs.append(ImageIn(staging, images, halo_rows, boundary))
     except BaseException:
         for path in (*inputs, *outputs):
             path.give_back()

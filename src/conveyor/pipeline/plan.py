@@ -222,9 +222,11 @@ def make_plan(
     partial_bytes: tuple[int, ...] = (),
     resident_bytes: int = 0,
     temp_row_bytes: tuple[int, ...] = (),
+    max_block_rows: int | None = None,
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits (beside
-    ``resident_bytes`` of resident arrays, counted against the same limit)."""
+    ``resident_bytes`` of resident arrays, counted against the same limit). Blocks have at
+    most ``max_block_rows`` rows where given (image inputs: the device's image height)."""
     if not inputs:
         raise InputError("a stream needs at least one input array")
     if depth < 1:
@@ -280,6 +282,12 @@ def make_plan(
     if rows:
         block_rows = min(block_rows, rows)  # rows is a multiple of step (shaped.Rows)
     block_rows = max(block_rows, 1)
+    if max_block_rows is not None and block_rows > max_block_rows:
+        if max_block_rows < step:
+            raise InputError(f"blocks may have at most {max_block_rows} rows (the device's "
+                             f"image height less the halo), fewer than the {step} rows an "
+                             f"output's ratio needs: use a smaller halo or ratio")
+        block_rows = max_block_rows // step * step
     if rows:
         # No more slots than blocks: depth=10**6 on a short stream held 781 MiB of slots
         # that no block would ever use.

@@ -11,6 +11,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Kernel, Queue
 from conveyor.errors import InputError
+from conveyor.pipeline import image
 from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
@@ -62,7 +63,8 @@ class KernelStep(Step):
         # Modulo 2**64: a negative first_row (margin rows before the whole array's row 0)
         # wraps as the kernel's unsigned arithmetic expects, so offset + i is still right.
         offset = (self.first_row + block.start) * self.row_items % (1 << 64)
-        args = [*slot.dev_in, *outputs, *self.args, np.uint64(offset), np.uint64(n)]
+        inputs = image.launch_inputs(slot.dev_in)  # an image input: its image and sampler
+        args = [*inputs, *outputs, *self.args, np.uint64(offset), np.uint64(n)]
         event = queue.launch(self.kernel, n, args, wait_for=wait_for)
         self.records.append(("compute", block.index, event, 0))
         return event

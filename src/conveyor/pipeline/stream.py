@@ -12,7 +12,7 @@ import numpy as np
 from conveyor import files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
-from conveyor.pipeline import overlap, resident, validate
+from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
@@ -98,6 +98,10 @@ def stream(
     (a file output's dtype defaults to the kernel's output parameter type, else input 0's);
     ``report.outputs`` then holds the path. See ``conveyor.pipeline.io``.
 
+    ``cv.image(a)`` (OpenCL) streams a 2-D input through images: the kernel takes
+    ``read_only image2d_t, sampler_t`` in its place and the sampler's addressing mode matches
+    ``boundary=`` (``conveyor.pipeline.image``).
+
     ``halo=h`` gives each input block ``h`` extra rows before and after, so element ``i`` of
     the block is at index ``i + h * row`` of the input buffer; outputs are exactly the block.
     The rows past either end follow ``boundary``, as Dask's ``map_overlap`` names them and
@@ -159,8 +163,8 @@ def stream(
         sinks = [
             o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
             else as_sink(o, i, rows, sources[0].shape[1:],
-                         _file_dtype(compute, len(sources), i, sources[0].dtype,
-                                     len(outputs or ())))
+                         _file_dtype(compute, len(sources) + len(image.indices(sources)), i,
+                                     sources[0].dtype, len(outputs or ())))
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
@@ -220,6 +224,13 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     reduce, element = opts.reduce, None
     residents: Any = None  # resident.ResidentArgs, or a chain's (chain.ChainResidents)
     planner: Any = make_plan
+    if isinstance(compute, Chain) and image.indices(sources):
+        raise InputError("image inputs (cv.image) are read by a single kernel, not by a chain: "
+                         "stream the image with one kernel, or pass the array as a plain "
+                         "input to the chain")
+    # Image inputs (pipeline/image.py): checked against the device (first: OpenCL-only), and
+    # the most rows a block may have to fit the device's images.
+    max_rows = image.prepare(compute, dev, sources, opts.boundary, opts.halo)
     if isinstance(compute, Chain):
         compute = compute.bind(dev, sources, sinks, opts.args, reduce)
         element, residents, planner = compute.element, compute.residents, compute.make_plan
@@ -233,6 +244,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
             )
         element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
         buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
+        buffers += len(image.indices(sources))  # each image input's sampler_t
         residents = resident.bind(compute, buffers, opts.args)
     elif not callable(compute):
         raise InputError(
@@ -243,7 +255,8 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
                                with_kernel=isinstance(compute, Kernel) or element is not None)
-    in_place = overlap.in_place_inputs(sources, sinks)
+    in_place = overlap.in_place_inputs(
+        [s.inner if isinstance(s, image.ImageSource) else s for s in sources], sinks)
     plan = planner(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -255,6 +268,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         max_alloc_bytes=dev.max_alloc_bytes,
         **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
         resident_bytes=residents.nbytes if residents is not None else 0,
+        max_block_rows=max_rows,
     )
     for sink in sinks:
         if isinstance(sink, ShapedSink):

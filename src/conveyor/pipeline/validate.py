@@ -87,6 +87,11 @@ def check_kernel(
     buffers = len(inputs) + len(outputs) + (1 if reduce is not None else 0)
     expected = buffers + len(args) + 2
     params = list(kernel.params)
+    from conveyor.pipeline import image
+
+    images = image.indices(inputs)
+    if images:  # each takes image2d_t, sampler_t: checked there, the samplers dropped
+        params = image.kernel_params(kernel.name, params, images, expected)
     if len(params) != expected:
         what = "1 partial buffer, " if reduce is not None else f"{len(outputs)} outputs, "
         raise InputError(
@@ -99,8 +104,9 @@ def check_kernel(
     arrays += [(f"output {i}", a.dtype) for i, a in enumerate(outputs)]
     if reduce is not None:
         arrays.append(("the per-element reduce buffer", None))
-    for param, (what, dtype) in zip(params, arrays, strict=False):
-        check_buffer(kernel.name, param, what, dtype)
+    for index, (param, (what, dtype)) in enumerate(zip(params, arrays, strict=False)):
+        if index not in images:
+            check_buffer(kernel.name, param, what, dtype)
     check_args(params[buffers:], args)
     for param in params[buffers + len(args):]:
         if param.is_pointer:
