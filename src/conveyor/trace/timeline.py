@@ -32,13 +32,15 @@ WORK_LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "combin
 
 @dataclass(frozen=True)
 class Span:
-    """One stage of one block: ``lane``, block index, start and end in ns, bytes moved."""
+    """One stage of one block: ``lane``, block index, start and end in ns, bytes moved, and
+    the device it ran for (set on a stream over several devices, pipeline/merged.py)."""
 
     lane: str
     block: int
     start_ns: int
     end_ns: int
     nbytes: int = 0
+    device: str = ""
 
     @property
     def duration_ns(self) -> int:
@@ -120,6 +122,8 @@ class Timeline:
             spans, key=lambda s: (order.get(s.lane, len(order)), s.lane, s.start_ns, s.block))
         self.start_ns = start_ns
         self.clock_error_ns = clock_error_ns
+        #: The devices of a stream over several (each span's ``device``), in their order.
+        self.devices: list[str] = []
 
     @classmethod
     def from_records(cls, records: Sequence[Record], host_spans: Sequence[Span],
