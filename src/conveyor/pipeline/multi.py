@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import threading
 import time
 from collections.abc import Sequence
@@ -278,12 +279,18 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
     from conveyor.pipeline.stream import _zero_copy
 
     in_place = overlap.in_place_inputs(sources, sinks)
+    if in_place and plan.halo:
+        # One device reads block k's halo rows after before block k + 1 writes them; another
+        # device may write them first.
+        raise InputError(f"an input that is also an output, with halo={plan.halo}, on several "
+                         f"devices: a device could read halo rows that another has already "
+                         f"overwritten; write into another array, or stream on one device")
     supply = Supply(plan, len(devices), schedule)
     total_workers = opts.workers or default_workers()
     workers = max(1, total_workers // len(devices))  # the host's threads, shared fairly
     progress = Progress(opts.progress, plan)
-    # No engine starts its first block before every engine is built: an in-place halo saves
-    # the rows it overwrites while it builds, before any block is written.
+    # No engine starts its first block before every engine is built (a failed build then
+    # stops the others before they write anything).
     barrier = threading.Barrier(len(devices))
     engines: list[Engine] = []
     try:
@@ -295,7 +302,7 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
                 reduction=_fresh(reduction),
                 in_place=in_place, residents=residents[index],
                 blocks=supply.feed(index), progress=progress,
-                started=lambda: None if barrier.wait() is None else None))
+                started=functools.partial(_wait, barrier)))
         started = time.perf_counter()
         reports = _run_engines(engines, supply, barrier)
         seconds = time.perf_counter() - started
@@ -350,6 +357,10 @@ def _run_engines(engines: list[Engine], supply: Supply,
         real = [f for f in failures if not isinstance(f, threading.BrokenBarrierError)]
         raise (real or failures)[0]
     return [r for r in reports if r is not None]
+
+
+def _wait(barrier: threading.Barrier) -> None:
+    barrier.wait()
 
 
 def _fresh(reduction: Reduction | None) -> Reduction | None:
