@@ -14,14 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEVICES
 
 import conveyor as cv
+from conftest import DEVICES
 from conveyor.cli import main, streaming
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pipeline"))
-from test_cli import KERNELS  # noqa: E402
 from test_multi import _second_context  # noqa: E402
+
+from test_cli import KERNELS  # noqa: E402
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conveyor.backends.base import Device
-from conveyor.closing import join
+from conveyor.closing import Closeable, join
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def aggregate_bandwidth(devices: Sequence[Device], nbytes: int = 64 * 2**20,
     """Measure pinned copies on every device of ``devices`` at once, each way; best of
     ``repeats`` rounds (after one warm-up round)."""
     queues = [dev.create_queue() for dev in devices]
-    held = []
+    held: list[Closeable] = []
     try:
         buffers = []
         for dev in devices:
