@@ -320,3 +320,15 @@ def multi_plan(blocks: int):
     spec = ArraySpec((blocks * 10,), np.dtype(np.float32))
     return make_plan((spec,), (), depth=3, block_bytes=40, memory_limit=None, halo=0,
                      global_mem_bytes=2**30, max_alloc_bytes=2**30)
+
+
+def test_pinned_arrays_are_direct_only_where_the_backend_shares_them(pair):
+    from conveyor.memory.pinned import is_pinned_for
+
+    x = cv.pinned.empty(1000, np.float32, device=pair[0])
+    assert is_pinned_for(x, pair[0])
+    # OpenCL pinned memory belongs to one context; CUDA's is portable (portable_pinned).
+    assert is_pinned_for(x, pair[1]) == (pair[1].portable_pinned
+                                         and pair[1].backend == pair[0].backend)
+    assert not is_pinned_for(np.zeros(10, np.float32), pair[0])
+    del x

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.backends.base import Device, Kernel
-from conveyor.closing import finish_uninterrupted
+from conveyor.closing import finish_uninterrupted, join
 from conveyor.errors import InputError
 from conveyor.pipeline import overlap, resident, validate
 from conveyor.pipeline.engine import Compute, Engine
@@ -325,32 +325,51 @@ def _run_engines(engines: list[Engine], supply: Supply,
     once every engine has finished and given its buffers back."""
     reports: list[Report | None] = [None] * len(engines)
     failures: list[BaseException] = []
-    lock = threading.Lock()
+    done = threading.Condition()
+    running = [0]
 
     def main(index: int) -> None:
         try:
             reports[index] = engines[index].run()
         except BaseException as exc:  # handed to the calling thread, which raises it
-            with lock:
+            with done:
                 failures.append(exc)
             supply.stop()
             barrier.abort()
+        finally:
+            with done:
+                running[0] -= 1
+                done.notify_all()
+
+    def wait_all() -> None:
+        with done:
+            while running[0]:
+                done.wait()
 
     threads = [threading.Thread(target=main, args=(i,), name=f"conveyor-device-{i}",
                                 daemon=True) for i in range(len(engines))]
     interrupted: KeyboardInterrupt | None = None
     try:
         for thread in threads:
-            start_thread(thread)
-        for thread in threads:
-            thread.join()
+            with done:
+                running[0] += 1
+            try:
+                start_thread(thread)
+            except BaseException:
+                with done:
+                    running[0] -= 1
+                raise
+        # Waiting on a condition, not in Thread.join: a Ctrl-C that lands in a join can
+        # leave the thread listed for ever (Python 3.11).
+        wait_all()
     except KeyboardInterrupt as exc:  # stop every engine, let them drain, then raise it
         interrupted = exc
         supply.stop()
         barrier.abort()
+    finish_uninterrupted(wait_all)
     for thread in threads:
         if thread.ident is not None:
-            finish_uninterrupted(thread.join)
+            join(thread)
     if interrupted is not None:
         raise interrupted
     if failures:
