@@ -30,7 +30,7 @@ from streamkit import (
 import conveyor as cv
 from conftest import DEVICES
 from conveyor.errors import InputError
-from conveyor.pipeline import multi
+from conveyor.pipeline import supply
 
 SCHEDULES = ["dynamic", "static"]
 
@@ -297,8 +297,15 @@ def test_ctrl_c_stops_every_device(pair):
     assert len(calls) < 100
 
 
-def test_the_merged_report_and_trace(pair, tmp_path):
+def test_the_merged_report_and_trace(pair, tmp_path, monkeypatch):
     import json
+
+    from conveyor.measure_all import group_key
+    from conveyor.trace.ceiling import save_link_ceiling
+
+    monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(tmp_path / "cache"))
+    save_link_ceiling(*group_key(list(pair)), {"pinned_h2d_gbps": 100.0,
+                                               "pinned_d2h_gbps": 100.0})
 
     a, b = data((50_000,), np.float32, 1), data((50_000,), np.float32, 2)
     trace = tmp_path / "run.json"
@@ -311,7 +318,9 @@ def test_the_merged_report_and_trace(pair, tmp_path):
     names = [e["args"]["name"] for e in events if e["name"] == "process_name"]
     assert len(names) == 2 and len({e["pid"] for e in events if e["ph"] == "X"}) == 2
     assert "2 devices, imbalance" in str(report)
-    assert multi.Supply(multi_plan(50), 2, "dynamic").run_blocks == multi.RUN_BLOCKS
+    assert report.ceiling is not None  # the all-at-once ceiling of these devices
+    assert report.ceiling_ratio_in == pytest.approx(report.gbps_in / 100.0)
+    assert supply.Supply(multi_plan(50), 2, "dynamic").run_blocks == supply.RUN_BLOCKS
 
 
 def multi_plan(blocks: int):
@@ -332,3 +341,40 @@ def test_pinned_arrays_are_direct_only_where_the_backend_shares_them(pair):
                                          and pair[1].backend == pair[0].backend)
     assert not is_pinned_for(np.zeros(10, np.float32), pair[0])
     del x
+
+
+def test_the_supply_deals_runs_in_order_and_static_shares():
+    from conveyor.pipeline.supply import Supply
+
+    plan = multi_plan(50)
+    dynamic = Supply(plan, 2, "dynamic")
+    first, second = dynamic.feed(0), dynamic.feed(1)
+    got = [first.get(0), second.get(0), first.get(1), second.get(4), first.get(4)]
+    assert [b.index for b in got] == [0, 4, 1, 8, 12]  # runs of 4, to whoever asks first
+    assert [b.seq for b in got] == [0, 0, 1, 4, 4]
+    static = Supply(plan, 2, "static")
+    shares = [static.feed(0), static.feed(1)]
+    assert [shares[1].get(k).index for k in range(25)] == list(range(25, 50))
+    assert shares[1].get(25) is None and shares[0].get(24).index == 24
+    static.stop()
+    assert shares[0].get(0) is None
+
+
+def test_a_kernel_future_is_built_for_each_device(pair):
+    a, b = data((20_000,), np.float32, 1), data((20_000,), np.float32, 2)
+    c = np.zeros_like(a)
+    source = kernel(pair[0], "add").source
+    future = pair[0].compile(source, "add_float32", wait=False)
+    cv.stream(future, [a, b], [c], device=list(pair), block_bytes=4000)
+    np.testing.assert_array_equal(c, add_reference(a, b))
+
+
+def test_a_failed_build_on_one_device_stops_the_other(pair, monkeypatch):
+    def create_queue():
+        raise Boom("no queue on the second device")
+
+    monkeypatch.setattr(pair[1], "create_queue", create_queue)
+    a, b = data((20_000,), np.float32, 1), data((20_000,), np.float32, 2)
+    with pytest.raises(Boom):
+        cv.stream(_add(pair[0]), [a, b], [np.float32], device=list(pair), block_bytes=4000,
+                  zero_copy=False)
