@@ -257,6 +257,17 @@ class FailingQueue:
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_a_fault_on_one_device_stops_both_and_returns_every_buffer(pair, schedule,
                                                                   monkeypatch, tmp_path):
+    _fault_on_the_second(pair, schedule, monkeypatch, tmp_path)
+
+
+@pytest.mark.inline_staging
+def test_a_fault_on_one_device_with_inline_staging(pair, monkeypatch, tmp_path):
+    # Small blocks stage on the engine's own thread: a stopped engine must still get the
+    # blocks it had already taken.
+    _fault_on_the_second(pair, "dynamic", monkeypatch, tmp_path)
+
+
+def _fault_on_the_second(pair, schedule, monkeypatch, tmp_path):
     real = pair[1].create_queue
     made: list[FailingQueue] = []
 
@@ -357,7 +368,7 @@ def test_the_supply_deals_runs_in_order_and_static_shares():
     assert [shares[1].get(k).index for k in range(25)] == list(range(25, 50))
     assert shares[1].get(25) is None and shares[0].get(24).index == 24
     static.stop()
-    assert shares[0].get(0) is None
+    assert static.feed(0).get(0) is None  # no block is handed out new after a stop
 
 
 def test_a_kernel_future_is_built_for_each_device(pair):
@@ -378,3 +389,14 @@ def test_a_failed_build_on_one_device_stops_the_other(pair, monkeypatch):
     with pytest.raises(Boom):
         cv.stream(_add(pair[0]), [a, b], [np.float32], device=list(pair), block_bytes=4000,
                   zero_copy=False)
+
+
+def test_a_stopped_supply_still_gives_what_either_caller_had():
+    from conveyor.pipeline.supply import Supply
+
+    supply = Supply(multi_plan(50), 2, "static")
+    feed = supply.feed(0)
+    assert feed.get(3).index == 3  # the staging thread ran ahead to block 3
+    supply.stop()
+    assert [feed.get(k).index for k in range(4)] == [0, 1, 2, 3]  # the engine gets them too
+    assert feed.get(4) is None  # nothing new after the stop

@@ -108,7 +108,7 @@ class StagedIn(Path):
 
     def take(self, slot: Slot, block: Block) -> None:
         assert self.ahead is not None
-        self.entry = self.ahead.take(block.seq)
+        self.entry = self.ahead.take(block.seq, block)
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> list[Event]:

@@ -202,14 +202,15 @@ class StageAhead(_StagingThread):
                 self._ready[k] = (index, batch)
                 self._cond.notify_all()
 
-    def take(self, k: int) -> Entry:
-        """Wait until block ``k`` is staged; return its ring entry."""
+    def take(self, k: int, block: Block | None = None) -> Entry:
+        """Wait until block ``k`` (``block``, as the engine got it) is staged; return its ring
+        entry."""
         if self.inline:
             previous = k - len(self.ring)
             for event in self._fences.pop(previous, []):
                 event.wait()
             entry = self.ring[k % len(self.ring)]
-            block = self.blocks.get(k)
+            block = block if block is not None else self.blocks.get(k)
             assert block is not None, f"block {k} was never claimed"
             self._copy(self.fill(block, entry), block)
             return entry

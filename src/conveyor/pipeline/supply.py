@@ -70,14 +70,17 @@ class Feed:
         self._starts: list[int] = []  # the seq of each run's first block
         self._runs: list[tuple[int, int]] = []  # each run's [first, stop) block indices
         self._count = 0
+        self._handed = 0  # positions up to this one were returned to someone
         self._lock = threading.Lock()
 
     def get(self, position: int) -> Block | None:
         """This engine's block ``position``, claiming runs as needed; None once the supply
-        is empty or stopped."""
-        if self.supply.stopped:
-            return None
+        is empty, or stopped and no caller has had this position yet (once the engine's
+        thread or its staging thread has had a block, the other gets it too: both see the
+        same blocks)."""
         with self._lock:
+            if self.supply.stopped and position >= self._handed:
+                return None
             while position >= self._count:
                 first, stop = self.supply.claim(self.engine, self._count)
                 if stop <= first:
@@ -85,6 +88,7 @@ class Feed:
                 self._starts.append(self._count)
                 self._runs.append((first, stop))
                 self._count += stop - first
+            self._handed = max(self._handed, position + 1)
             run = bisect.bisect_right(self._starts, position) - 1
             index = self._runs[run][0] + position - self._starts[run]
         block = self.supply.plan.block(index)
