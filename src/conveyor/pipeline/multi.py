@@ -264,7 +264,7 @@ def _run_engines(engines: list[Engine], supply: Supply,
 
     threads = [threading.Thread(target=main, args=(i,), name=f"conveyor-device-{i}",
                                 daemon=True) for i in range(len(engines))]
-    interrupted: KeyboardInterrupt | None = None
+    interrupted: BaseException | None = None
     try:
         for thread in threads:
             with done:
@@ -278,8 +278,8 @@ def _run_engines(engines: list[Engine], supply: Supply,
         # Waiting on a condition, not in Thread.join: a Ctrl-C that lands in a join can
         # leave the thread listed for ever (Python 3.11).
         wait_all()
-    except KeyboardInterrupt as exc:  # stop every engine, let them drain, then raise it
-        interrupted = exc
+    except BaseException as exc:  # Ctrl-C, or a thread that would not start: stop every
+        interrupted = exc  # engine, let each drain and give its buffers back, then raise it
         supply.stop()
         barrier.abort()
     finish_uninterrupted(wait_all)
