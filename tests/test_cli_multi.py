@@ -20,22 +20,16 @@ from conftest import DEVICES
 from conveyor.cli import main, streaming
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pipeline"))
-from test_multi import _second_context  # noqa: E402
+from test_multi import two_devices  # noqa: E402
 
 from test_cli import KERNELS  # noqa: E402
 
 
 @pytest.fixture
 def two(monkeypatch):
-    """Two devices, and ``--device pair`` selecting both."""
-    if not DEVICES or DEVICES[0].backend != "opencl":
-        pytest.skip("needs an OpenCL device")
-    made = None
-    if len(DEVICES) >= 2 and DEVICES[1].backend == "opencl":
-        pair = [DEVICES[0], DEVICES[1]]
-    else:
-        made = _second_context(DEVICES[0])
-        pair = [DEVICES[0], made]
+    """Two devices of one backend, and ``--device pair`` selecting both."""
+    first, second, made = two_devices()
+    pair = [first, second]
     real = streaming.select
     monkeypatch.setattr(streaming, "select",
                         lambda specs: pair if specs == ["pair"] else real(specs))
@@ -52,9 +46,10 @@ def test_map_and_reduce_on_two_devices(two, tmp_path, capsys):
     y = rng.standard_normal(50_000).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
-    (tmp_path / "k.cl").write_text(KERNELS)
+    kernel_file = tmp_path / ("k.cu" if two[0].backend == "cuda" else "k.cl")
+    kernel_file.write_text(KERNELS)
     for schedule in ("dynamic", "static"):
-        code = main(["map", str(tmp_path / "k.cl"), "--kernel", "saxpy", "-i",
+        code = main(["map", str(kernel_file), "--kernel", "saxpy", "-i",
                      str(tmp_path / "x.npy"), "-i", str(tmp_path / "y.npy"), "-o",
                      str(tmp_path / "out.npy"), "--arg", "2", "--device", "pair",
                      "--schedule", schedule, "--block-bytes", "4000", "--json", "--force"])
@@ -62,7 +57,7 @@ def test_map_and_reduce_on_two_devices(two, tmp_path, capsys):
         figures = json.loads(capsys.readouterr().out)
         assert len(figures["devices"]) == 2 and figures["blocks"] == 50
         np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), np.float32(2) * x + y)
-    code = main(["reduce", str(tmp_path / "k.cl"), "--kernel", "positive", "-i",
+    code = main(["reduce", str(kernel_file), "--kernel", "positive", "-i",
                  str(tmp_path / "x.npy"), "--device", "pair", "--block-bytes", "4000",
                  "--json"])
     assert code == 0
@@ -74,10 +69,11 @@ def test_map_and_reduce_on_two_devices(two, tmp_path, capsys):
 def test_a_device_repeated_is_refused(tmp_path, capsys):
     if not DEVICES:
         pytest.skip("no usable device")
-    (tmp_path / "k.cl").write_text(KERNELS)
+    kernel_file = tmp_path / ("k.cu" if DEVICES[0].backend == "cuda" else "k.cl")
+    kernel_file.write_text(KERNELS)
     np.save(tmp_path / "x.npy", np.ones(100, np.float32))
     spec = DEVICES[0].spec
-    code = main(["reduce", str(tmp_path / "k.cl"), "--kernel", "positive", "-i",
+    code = main(["reduce", str(kernel_file), "--kernel", "positive", "-i",
                  str(tmp_path / "x.npy"), "--device", spec, "--device", spec])
     assert code == 2 and "listed twice" in capsys.readouterr().err
 

@@ -43,20 +43,29 @@ def _second_context(dev: cv.Device) -> cv.Device:
     return opencl.Device(dev.cl_device, platform, index)  # type: ignore[attr-defined]
 
 
+def two_devices() -> tuple[cv.Device, cv.Device, cv.Device | None]:
+    """Two devices of one backend under test (the GPUs on the GPU machine), else one OpenCL
+    device and a second context on it; the third item is that context (to close), or None.
+    Skips where neither is possible."""
+    for backend in ("cuda", "opencl"):
+        of_backend = [d for d in DEVICES if d.backend == backend]
+        if len(of_backend) >= 2:
+            return of_backend[0], of_backend[1], None
+    opencl = [d for d in DEVICES if d.backend == "opencl"]
+    if not opencl:
+        pytest.skip("no two devices of one backend, and no OpenCL device for a second context")
+    second = _second_context(opencl[0])
+    return opencl[0], second, second
+
+
 @pytest.fixture(scope="module")
 def pair():
-    """Two devices: two usable ones, or one and a second context on its hardware."""
-    if not DEVICES:
-        pytest.skip("no usable device")
-    if len(DEVICES) >= 2:
-        yield DEVICES[0], DEVICES[1]
-        return
-    if DEVICES[0].backend != "opencl":
-        pytest.skip("one CUDA device: no second device to stream on")
-    second = _second_context(DEVICES[0])
-    yield DEVICES[0], second
-    gc.collect()
-    second.close()
+    """Two devices (``two_devices``)."""
+    first, second, made = two_devices()
+    yield first, second
+    if made is not None:
+        gc.collect()
+        made.close()
 
 
 @pytest.fixture(autouse=True)
