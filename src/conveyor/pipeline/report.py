@@ -43,7 +43,8 @@ class Report:
     #: Older form of ``timeline_source``: the spans alone (one clock assumed).
     spans_source: Callable[[], list[Span]] | None = field(default=None, repr=False)
     #: Several devices (pipeline/multi.py): one report per device, in the order given (its
-    #: blocks, its share of the bytes, its own timeline); empty on one device.
+    #: block count, its share of the bytes, its own seconds and timeline; its blocks are not
+    #: contiguous, so its ``block_ranges`` do not apply); empty on one device.
     devices: list[Report] = field(default_factory=list)
     #: Several devices: the latest device's finish minus the earliest's, as a share of wall
     #: time (0 is perfectly even); None on one device.
