@@ -409,3 +409,20 @@ def test_a_stopped_supply_still_gives_what_either_caller_had():
     supply.stop()
     assert [feed.get(k).index for k in range(4)] == [0, 1, 2, 3]  # the engine gets them too
     assert feed.get(4) is None  # nothing new after the stop
+
+
+def test_staging_threads_are_shared_between_the_devices(pair, monkeypatch):
+    from conveyor.pipeline import engine as engine_module
+
+    made = []
+    real = engine_module.Stager
+
+    def counting(workers=None, *args, **kwargs):
+        made.append(workers)
+        return real(workers, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "Stager", counting)
+    a, b = data((20_000,), np.float32, 1), data((20_000,), np.float32, 2)
+    cv.stream(_add(pair[0]), [a, b], [np.float32], device=list(pair), block_bytes=4000,
+              zero_copy=False, workers=5)
+    assert made == [2, 2]  # 5 threads in all, split evenly (at least one each)
