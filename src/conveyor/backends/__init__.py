@@ -5,12 +5,15 @@ found once per process and kept, so every caller shares one Device (and its pool
 
 Spec strings: ``"cuda"``, ``"cuda:N"``, ``"opencl"`` (best OpenCL device), ``"opencl:P:D"``
 (platform P, device D), ``"gpu"`` (best GPU of any backend), ``"cpu"`` (first CPU device).
+``select(spec)`` also takes the specs of several devices: ``"cuda:all"``, ``"opencl:all"``,
+``"opencl:gpu:all"``, ``"gpu:all"``, ``"cpu:all"``, ``"all"``, or a comma list of specs.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import threading
+from collections.abc import Sequence
 
 from conveyor import config
 from conveyor.backends.base import Device
@@ -83,6 +86,35 @@ def device(spec: str | None = None) -> Device:
     return chosen
 
 
+def select(spec: str | Device | Sequence[str | Device]) -> list[Device]:
+    """The devices a stream over several runs on: a Device, a spec, a spec ending in
+    ``:all`` (every device of that backend and/or kind: ``cuda:all``, ``opencl:gpu:all``,
+    ``gpu:all``, ``all``), a comma list of specs, or a list of any of these. InputError when
+    a spec matches nothing, or an ``:all`` matches no device."""
+    if isinstance(spec, Device):
+        return [spec]
+    if not isinstance(spec, str):
+        return [dev for item in spec for dev in select(item)]
+    if "," in spec:
+        return [dev for part in spec.split(",") if part.strip() for dev in select(part)]
+    text = spec.strip().lower()
+    if text != "all" and not text.endswith(":all"):
+        return [device(spec)]
+    found = devices()
+    for part in text.split(":")[:-1]:
+        if part in ("cuda", "opencl"):
+            found = [d for d in found if d.backend == part]
+        elif part in ("gpu", "cpu", "other"):
+            found = [d for d in found if d.kind == part]
+        else:
+            raise InputError(f"device {spec!r}: before ':all' name a backend (cuda, opencl) "
+                             f"and/or a kind (gpu, cpu), e.g. 'cuda:all', 'opencl:gpu:all'")
+    if not found:
+        listing = "; ".join(f"{d.spec} ({d.kind})" for d in devices()) or "none"
+        raise InputError(f"no device matches {spec!r}; devices here: {listing}")
+    return found
+
+
 def _match(spec: str, found: list[Device]) -> Device | None:
     if spec in ("gpu", "cpu"):
         of_kind = [d for d in found if d.kind == spec]
@@ -100,4 +132,4 @@ def _match(spec: str, found: list[Device]) -> Device | None:
     return None
 
 
-__all__ = ["Device", "device", "devices"]
+__all__ = ["Device", "device", "devices", "select"]

@@ -326,6 +326,10 @@ class Device(Closeable, ABC):
         """True when the device supports fine-grained shared virtual memory."""
         return self.info.svm
 
+    #: Pinned host memory of this backend is page-locked for every device of the backend (CUDA
+    #: allocates it portable), so an array pinned for one device is copied directly by another.
+    portable_pinned: bool = False
+
     @property
     def host_unified(self) -> bool:
         """True when device and host share physical memory (CPU devices, integrated GPUs)."""

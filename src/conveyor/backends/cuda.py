@@ -524,6 +524,8 @@ class Queue(base.Queue):
 class Device(base.Device):
     """One CUDA device, used through its primary context (shared with CuPy, PyTorch, Numba)."""
 
+    portable_pinned = True  # cuMemHostAlloc(PORTABLE), cuMemHostRegister(PORTABLE)
+
     def __init__(self, index: int) -> None:
         core = cc.Device(index)
         core.set_current()

@@ -48,7 +48,7 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
     with connect(options.scheduler, options.cluster) as client:
         report = stream(spec, sources, outputs, client=client, reduce=reduce,
                         args=[_number(a) for a in options.args],
-                        halo=getattr(options, "halo", 0), device=options.device,
+                        halo=getattr(options, "halo", 0), device=_one_device(options.device),
                         depth=options.depth, block_bytes=options.block_bytes,
                         memory_limit=options.memory_limit, workers=options.workers)
     if options.json:
@@ -72,3 +72,11 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
         else:
             print(f"wrote {', '.join(outputs)}")
     return 0
+
+
+def _one_device(specs: list[str] | None) -> str | None:
+    """The one ``--device`` of a cluster run (each worker streams on its own device)."""
+    if specs and len(specs) > 1:
+        raise InputError("--device once with --scheduler/--cluster: each worker streams on "
+                         "one device (local-cuda starts one worker per GPU)")
+    return specs[0] if specs else None

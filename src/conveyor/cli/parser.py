@@ -121,9 +121,13 @@ def _stream_options(sub: argparse.ArgumentParser, name: str) -> None:
     sub.add_argument("--cast", action="append", default=[], metavar="[NAME:]DTYPE",
                      help="convert an input to DTYPE as it is read; NAME is the kernel "
                           "parameter or the -i text (default: every input)")
-    sub.add_argument("--device", metavar="SPEC",
+    sub.add_argument("--device", metavar="SPEC", action="append",
                      help="device spec: cuda, cuda:1, opencl, opencl:0:1, cpu, gpu "
-                          "(default: $CONVEYOR_DEVICE, else the best)")
+                          "(default: $CONVEYOR_DEVICE, else the best); repeat it, or give "
+                          "cuda:all / opencl:gpu:all, to stream over several devices at once")
+    sub.add_argument("--schedule", choices=("dynamic", "static"), default="dynamic",
+                     help="several devices: blocks to whichever has room (dynamic), or one "
+                          "contiguous share each (static)")
     sub.add_argument("--memory-limit", type=size, metavar="SIZE",
                      help="device memory the stream may use, e.g. 1GiB, 512MiB (default: half "
                           "the device's memory)")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 import conveyor as cv
+from conveyor.backends import select
 from conveyor.cli import cluster, words
 from conveyor.cli.files import refuse_one_file_twice, refuse_to_replace
 from conveyor.cli.inputs import Input, apply_casts, check_options, open_input
@@ -99,14 +100,16 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
     try:
         for item in inputs:
             sources.append(open_input(item, options))
-        dev = cv.device(options.device)
-        if dev.backend != backend:
-            other = "cuda" if backend == "cuda" else "opencl"
-            raise InputError(
-                f"{kernel_path.name} is {'CUDA' if backend == 'cuda' else 'OpenCL'} C but "
-                f"{dev.spec} is an {dev.backend} device: pass --device {other}, or write the "
-                f"kernel as {'.cl' if dev.backend == 'opencl' else '.cu'}"
-            )
+        devs = select(options.device) if options.device else [cv.device(None)]
+        for dev in devs:
+            if dev.backend != backend:
+                other = "cuda" if backend == "cuda" else "opencl"
+                raise InputError(
+                    f"{kernel_path.name} is {'CUDA' if backend == 'cuda' else 'OpenCL'} C but "
+                    f"{dev.spec} is an {dev.backend} device: pass --device {other}, or write "
+                    f"the kernel as {'.cl' if dev.backend == 'opencl' else '.cu'}"
+                )
+        dev = devs[0]
         try:
             with words.compiler_output():
                 kernel = dev.compile(source, options.kernel)
@@ -119,7 +122,8 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
             opened.close()
         raise
     progress = sys.stderr.isatty() and not options.quiet and not options.json
-    return cv.stream(kernel, sources, outputs, device=dev, memory_limit=options.memory_limit,
+    return cv.stream(kernel, sources, outputs, device=devs if len(devs) > 1 else dev,
+                     schedule=options.schedule, memory_limit=options.memory_limit,
                      block_bytes=options.block_bytes, depth=options.depth,
                      workers=options.workers, halo=getattr(options, "halo", 0), reduce=reduce,
                      args=[_number(a) for a in options.args],
@@ -154,6 +158,10 @@ def _print_json(options: argparse.Namespace, report: cv.Report, **extra: Any) ->
         "block_rows": report.block_rows, "depth": report.depth,
         "zero_copy": report.zero_copy, "peak_device_bytes": report.peak_device_bytes,
     }
+    if report.devices:
+        figures["devices"] = [{"device": r.device, "blocks": r.blocks, "bytes_in": r.bytes_in,
+                               "seconds": r.seconds} for r in report.devices]
+        figures["imbalance"] = report.imbalance
     if report.blocks:
         figures.update({
             "overlap": report.overlap, "bound": report.bound,

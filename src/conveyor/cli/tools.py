@@ -57,6 +57,30 @@ def _measure_all(found: list[cv.Device]) -> None:
             print(f"  (not cached: {' '.join(str(exc).split())})")
         else:
             print(f"  cached in {where}")
+    _measure_together(found)
+
+
+def _measure_together(found: list[cv.Device]) -> None:
+    """Every backend's devices of one kind at once (where there are several): the aggregate
+    ceiling of a stream over them (conveyor.measure_all)."""
+    from conveyor.measure_all import aggregate_bandwidth, group_key, groups
+    from conveyor.trace.ceiling import save_link_ceiling
+
+    for group in groups(found):
+        spec, name = group_key(group)
+        try:
+            figures = aggregate_bandwidth(group)
+        except ConveyorError as exc:
+            print(f"{spec}: all at once: cannot measure: {' '.join(str(exc).split())}")
+            continue
+        print(f"{spec} all at once: pinned in {figures.pinned_h2d_gbps:.2f}, "
+              f"out {figures.pinned_d2h_gbps:.2f} GB/s")
+        try:
+            where = save_link_ceiling(spec, name, figures.as_dict())
+        except (OSError, ConveyorError) as exc:
+            print(f"  (not cached: {' '.join(str(exc).split())})")
+        else:
+            print(f"  cached in {where}")
 
 
 def run_demo(options: argparse.Namespace) -> int:

@@ -117,6 +117,17 @@ def is_pinned(array: np.ndarray, device: Device | None = None) -> bool:
     return found is not None and (device is None or found.device is device)
 
 
+def is_pinned_for(array: np.ndarray, device: Device) -> bool:
+    """True when ``device`` can copy ``array`` without staging it: pinned for ``device``, or
+    for another device of its backend whose pinned memory is portable (CUDA), as when one
+    pinned input streams over several GPUs."""
+    found = owner(array)
+    if found is None:
+        return False
+    mine = found.device
+    return mine is device or (device.portable_pinned and mine.backend == device.backend)
+
+
 def record_use(array: np.ndarray, event: Event) -> None:
     """Note that ``event`` uses ``array``: its block is not reused before the event completes."""
     found = owner(array)

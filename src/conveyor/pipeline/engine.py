@@ -12,7 +12,7 @@ and the reduction were all chosen once.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from conveyor.pipeline import paths, step
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.options import StreamOptions
 from conveyor.pipeline.paths import Path, Records, Slot
-from conveyor.pipeline.plan import Plan
+from conveyor.pipeline.plan import BlockSource, Plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
@@ -40,15 +40,26 @@ Compute = step.Compute
 
 class Engine(Closeable):
     """Runs one stream on one device. Build it, call ``run()`` once; it cleans up after
-    itself."""
+    itself.
+
+    ``blocks`` is where it takes its blocks from (default: every block of the plan, in
+    order); several engines share one supply of blocks (pipeline/multi.py), and then also
+    one ``progress`` bar and a ``started`` hook, called once the engine is built, before its
+    first block."""
 
     def __init__(self, device: Device, plan: Plan, compute: Compute,
                  sources: Sequence[np.ndarray | Source], sinks: Sequence[np.ndarray | Sink],
                  options: StreamOptions, *, reduction: Reduction | None = None,
                  in_place: frozenset[int] = frozenset(),
-                 residents: ResidentArgs | None = None) -> None:
+                 residents: ResidentArgs | None = None, blocks: BlockSource | None = None,
+                 progress: Progress | None = None,
+                 started: Callable[[], None] | None = None) -> None:
         self.device = device
         self.plan = plan
+        self.blocks = blocks if blocks is not None else plan.blocks()
+        self.started = started
+        self.blocks_done = 0  # blocks this engine issued (several devices: its share)
+        self.finished_at = 0.0  # perf_counter when its last block had left the device
         self.compute = compute
         self.options = options
         self.reduction = reduction
@@ -58,7 +69,8 @@ class Engine(Closeable):
         self.sinks = [a if isinstance(a, Sink) else ArraySink(a) for a in sinks]
         self.nvtx = trace_nvtx.annotator(device.backend)  # None unless CUDA and nvtx
         self.stager = Stager(options.workers)
-        self.progress = Progress(options.progress, plan)
+        self._own_progress = progress is None  # a shared bar is closed by whoever made it
+        self.progress = progress if progress is not None else Progress(options.progress, plan)
         self.clock: ClockAnchor | None = None
         self.records: Records = []
         self.host_spans: list[Span] = []
@@ -86,7 +98,7 @@ class Engine(Closeable):
                                 reduce=self.reduction is not None,
                                 first_row=self.options.first_row)
         rings = StagingRings(dev, plan, self.sources, self.sinks, self.stager,
-                             self.host_spans, self.nvtx, self.records)
+                             self.host_spans, self.nvtx, self.records, self.blocks)
         self.inputs, self.outputs = paths.choose(
             dev, plan, self.sources, self.sinks, zero_copy=bool(self.options.zero_copy),
             in_place=self.in_place, staging=rings, records=self.records,
@@ -127,10 +139,13 @@ class Engine(Closeable):
             # One marker timed by host and device puts device spans on the host clock; taken
             # while the queues are idle, before the first block (trace/clock.py).
             self.clock = ClockAnchor.take(self.compute_q)
+            if self.started is not None:
+                self.started()
             with hazards.hot_path(self.device, strict=self.options.strict):
                 self._loop()
             for queue in self.queues:
                 queue.finish()
+            self.finished_at = time.perf_counter()
             if self.residents is not None:
                 self.residents.copy_back(self.copy_out_q)
         except BaseException:
@@ -147,7 +162,8 @@ class Engine(Closeable):
                 try:
                     self._release()
                 finally:
-                    self.progress.close()
+                    if self._own_progress:
+                        self.progress.close()
         return self._report(time.perf_counter() - started)
 
     def _loop(self) -> None:
@@ -155,8 +171,10 @@ class Engine(Closeable):
         every = (*self.inputs, *self.outputs)
         for path in every:
             path.start()
-        for block in plan.blocks():
-            slot = self.slots[block.index % plan.depth]
+        issued = 0
+        while (block := self.blocks.get(issued)) is not None:
+            issued += 1
+            slot = self.slots[block.seq % plan.depth]
             if slot.block is not None:
                 self._retire(slot)
             slot.block = block
@@ -180,7 +198,8 @@ class Engine(Closeable):
                 path.release(block, in_events)
             for path in self.outputs:
                 path.release(block, slot.done)
-        for index in range(plan.block_count, plan.block_count + plan.depth):
+        self.blocks_done = issued
+        for index in range(issued, issued + plan.depth):
             slot = self.slots[index % plan.depth]  # in block order: partials combine in order
             if slot.block is not None:
                 self._retire(slot)
@@ -206,7 +225,7 @@ class Engine(Closeable):
         slot.registrations = []
         if self.reduction is not None:
             start = time.perf_counter_ns()
-            self.reduction.collect(slot.scratch, slot.partial)
+            self.reduction.collect(slot.scratch, slot.partial, block.index)
             slot.partial = None
             if slot.scratch is not None:
                 self.host_spans.append(Span("combine", block.index, start,

@@ -249,4 +249,4 @@ def _pinned(end: Source | Sink, device: Device) -> bool:
     """True when the device can copy this array without staging (never for files)."""
     if not isinstance(end, ArraySource | ArraySink):
         return False
-    return pinned.is_pinned(end.array, device) and end.array.flags.c_contiguous
+    return pinned.is_pinned_for(end.array, device) and end.array.flags.c_contiguous

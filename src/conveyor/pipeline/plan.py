@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Protocol, overload
 
 import numpy as np
 
@@ -69,11 +69,20 @@ class ArraySpec:
 
 @dataclass(frozen=True)
 class Block:
-    """Rows ``[start, stop)`` of every array; the input slot also holds ``halo`` rows each side."""
+    """Rows ``[start, stop)`` of every array; the input slot also holds ``halo`` rows each side.
+
+    ``seq`` is the block's place in the order its engine issues blocks (ring slots and staging
+    entries follow it): the index itself on one device; on several (pipeline/multi.py) each
+    engine counts its own blocks from 0."""
 
     index: int
     start: int
     stop: int
+    seq: int = -1
+
+    def __post_init__(self) -> None:
+        if self.seq < 0:
+            object.__setattr__(self, "seq", self.index)
 
     @property
     def rows(self) -> int:
@@ -155,6 +164,16 @@ class Plan:
                                             self.partial_bytes, self.temp_row_bytes)
 
 
+class BlockSource(Protocol):
+    """Where an engine takes its blocks from: ``get(k)`` is its ``k``-th block (``seq`` k), or
+    None once there are no more. Called with increasing ``k`` from the engine's thread and
+    its staging thread (the same ``k`` gives the same block)."""
+
+    def get(self, position: int) -> Block | None:
+        """The ``position``-th block, or None when there are no more."""
+        ...
+
+
 class Blocks(Sequence[Block]):
     """The blocks of a plan as a sequence that makes each block when it is asked for: a list
     of every block of ``iterate(length=2**50)`` took 50 s and ran out of memory."""
@@ -183,6 +202,21 @@ class Blocks(Sequence[Block]):
 
     def __iter__(self) -> Iterator[Block]:
         return (self._plan.block(i) for i in range(self._count))
+
+    def get(self, position: int) -> Block | None:
+        """Block ``position``, or None past the last (a BlockSource over every block)."""
+        return self._plan.block(position) if 0 <= position < self._count else None
+
+
+class ListedBlocks:
+    """A BlockSource over a list of blocks (a test's, or a static share of a plan's)."""
+
+    def __init__(self, blocks: Sequence[Block]) -> None:
+        self._blocks = blocks
+
+    def get(self, position: int) -> Block | None:
+        """The ``position``-th block of the list, or None past its end."""
+        return self._blocks[position] if 0 <= position < len(self._blocks) else None
 
 
 def _slot_footprint(

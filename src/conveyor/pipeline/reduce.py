@@ -195,6 +195,7 @@ class Reduction:
         self.kernel: Any = None
         self.parts = 0
         self.partials: list[Any] = []
+        self.indices: list[int] = []  # the block of each partial (several devices: merged)
 
     @classmethod
     def make(cls, op: Any, element: np.dtype | None, fallback: np.dtype, elements: int,
@@ -260,9 +261,10 @@ class Reduction:
             records.append(("copy-out", block, copy, dst.nbytes))
         return event, copies
 
-    def collect(self, scratch: Scratch | None, partial: Any) -> None:
-        """Keep one block's partial (after its copies completed), in block order: the
+    def collect(self, scratch: Scratch | None, partial: Any, index: int = -1) -> None:
+        """Keep block ``index``'s partial (after its copies completed), in block order: the
         callable's return value, or the fold of the kernel's partials on the host."""
+        self.indices.append(index)
         if self.element is None:
             self.partials.append(partial)
             return

@@ -42,6 +42,13 @@ class Report:
     timeline_source: Callable[[], Timeline] | None = field(default=None, repr=False)
     #: Older form of ``timeline_source``: the spans alone (one clock assumed).
     spans_source: Callable[[], list[Span]] | None = field(default=None, repr=False)
+    #: Several devices (pipeline/multi.py): one report per device, in the order given (its
+    #: block count, its share of the bytes, its own seconds and timeline; its blocks are not
+    #: contiguous, so its ``block_ranges`` do not apply); empty on one device.
+    devices: list[Report] = field(default_factory=list)
+    #: Several devices: the latest device's finish minus the earliest's, as a share of wall
+    #: time (0 is perfectly even); None on one device.
+    imbalance: float | None = None
     _timeline: Timeline | None = field(default=None, repr=False)
     _ceiling: Any = field(default=_UNREAD, repr=False)
 
@@ -112,7 +119,14 @@ class Report:
         copy-out (CO) and compute (C) lanes. None without copies or device timing, and for a
         zero-copy stream (its data is not copied; a reduction's partials are, and show in the
         copy-out lane)."""
-        return None if self.zero_copy else self.timeline.overlap
+        if self.zero_copy:
+            return None
+        if self.devices:  # each device's own: a copy on one overlaps no kernel on another
+            found = [(r.overlap, r.bytes_in + r.bytes_out) for r in self.devices]
+            weighed = [(o, w) for o, w in found if o is not None]
+            total = sum(w for _, w in weighed)
+            return sum(o * w for o, w in weighed) / total if total else None
+        return self.timeline.overlap
 
     @property
     def busy_seconds(self) -> dict[str, float]:
@@ -187,6 +201,12 @@ class Report:
                 + f", {stall_text}"
             )
         lines.append(f"  peak device memory {self.peak_device_bytes / 2**20:.1f} MiB")
+        if self.devices:
+            lines.append(f"  {len(self.devices)} devices, imbalance {self.imbalance or 0:.1%} "
+                         f"of wall")
+            for report in self.devices:
+                lines.append(f"    {report.device:<14} {report.blocks:6d} blocks  "
+                             f"{report.bytes_in / 1e9:8.3f} GB in  {report.seconds:.3f} s")
         return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ from conveyor.pipeline import staging
 from conveyor.pipeline.halo import Boundary, HaloRows, Pads, fill_pads
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Path, Records, Slot
-from conveyor.pipeline.plan import Block, Plan
+from conveyor.pipeline.plan import Block, BlockSource, Plan
 from conveyor.pipeline.sinks import Sink
 from conveyor.pipeline.stage import Stager, StageTask
 from conveyor.pipeline.staging import Entry, StageAhead, StageBehind
@@ -34,9 +34,10 @@ class StagingRings:
 
     def __init__(self, device: Device, plan: Plan, sources: Sequence[Source],
                  sinks: Sequence[Sink], stager: Stager, spans: list[Span], nvtx: Any,
-                 records: Records) -> None:
+                 records: Records, blocks: BlockSource | None = None) -> None:
         self.device = device
         self.plan = plan
+        self.blocks = blocks if blocks is not None else plan.blocks()  # the engine's blocks
         self.sources = sources
         self.sinks = sinks
         self.stager = stager
@@ -101,13 +102,13 @@ class StagedIn(Path):
 
     def start(self) -> None:
         rings = self.rings
-        self.ahead = StageAhead(rings.stager, self.ring, self.plan.blocks(), self._fill,
+        self.ahead = StageAhead(rings.stager, self.ring, rings.blocks, self._fill,
                                 rings.spans, rings.nvtx, inline=rings.inline)
         self.ahead.start()
 
     def take(self, slot: Slot, block: Block) -> None:
         assert self.ahead is not None
-        self.entry = self.ahead.take(block.index)
+        self.entry = self.ahead.take(block.seq, block)
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> list[Event]:
@@ -121,7 +122,7 @@ class StagedIn(Path):
 
     def release(self, block: Block, events: Sequence[Event]) -> None:
         assert self.ahead is not None
-        self.ahead.release(block.index, events)
+        self.ahead.release(block.seq, events)
 
     def close(self) -> None:
         """Stop the staging thread; the ring goes back in ``give_back`` (after the queues)."""
@@ -179,7 +180,7 @@ class StagedOut(Path):
 
     def take(self, slot: Slot, block: Block) -> None:
         assert self.behind is not None
-        self.entry = self.behind.entry(block.index)
+        self.entry = self.behind.entry(block.seq)
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> list[Event]:
@@ -201,7 +202,7 @@ class StagedOut(Path):
             view = _view(pin, hi - lo, sink.shape[1:], sink.dtype)
             tasks.append(StageTask(sink.rows(lo, hi), view,
                                    f"output {i} of block {block.index}"))
-        self.behind.submit(block.index, block, events, tasks)
+        self.behind.submit(block.seq, block, events, tasks)
 
     def finish(self) -> None:
         assert self.behind is not None

@@ -32,7 +32,7 @@ from typing import Any
 from conveyor.backends.base import Event, PinnedBuffer
 from conveyor.closing import Closeable, join
 from conveyor.pipeline.interrupts import deferred_sigint, start_thread
-from conveyor.pipeline.plan import Block
+from conveyor.pipeline.plan import Block, BlockSource, ListedBlocks
 from conveyor.pipeline.stage import Batch, Stager, StageTask
 from conveyor.trace.timeline import Span
 
@@ -145,18 +145,22 @@ class StageAhead(_StagingThread):
     """Stages blocks ahead of the engine into ``ring``, in order.
 
     ``fill(block, entry)`` returns the staging copies of one block into one ring entry.
-    The engine calls ``take(k)`` before issuing block ``k`` and ``release(k, events)`` once the
-    copies that read what ``take`` gave are enqueued; those buffers are reused after ``events``.
+    The engine calls ``take(k)`` before issuing its block ``k`` (``seq``; ``blocks.get(k)``)
+    and ``release(k, events)`` once the copies that read what ``take`` gave are enqueued;
+    those buffers are reused after ``events``.
     """
 
     lane = "stage-in"
 
-    def __init__(self, stager: Stager, ring: list[Entry], blocks: Sequence[Block],
+    def __init__(self, stager: Stager, ring: list[Entry],
+                 blocks: BlockSource | Sequence[Block],
                  fill: Callable[[Block, Entry], list[StageTask]], spans: list[Span],
                  nvtx: Any, inline: bool = False) -> None:
         super().__init__(stager, spans, nvtx, inline)
         self.ring = ring
-        self.blocks = blocks
+        self.blocks: BlockSource = (ListedBlocks(blocks) if isinstance(blocks, list | tuple)
+                                    else blocks)  # type: ignore[assignment]
+        self._taken: dict[int, Block] = {}  # claimed blocks, until the engine takes them
         self.fill = fill
         self._claimed = 0  # the next block to claim
         self._ready: dict[int, tuple[int, Batch]] = {}  # staged: (entry, copies)
@@ -165,9 +169,13 @@ class StageAhead(_StagingThread):
     def _claim(self) -> int | None:
         """The next block to stage, or None when all are claimed."""
         with self._cond:
-            if self._stop or self._claimed >= len(self.blocks):
+            if self._stop:
+                return None
+            block = self.blocks.get(self._claimed)
+            if block is None:
                 return None
             k, self._claimed = self._claimed, self._claimed + 1
+            self._taken[k] = block
             return k
 
     def _fenced(self, k: int) -> list[Event]:
@@ -188,27 +196,32 @@ class StageAhead(_StagingThread):
             last_user[index] = k
             # Hand the copies over without waiting for them: the workers always have the next
             # block queued, so no worker idles while a block's last pieces finish.
-            batch = self.stager.submit(self.fill(self.blocks[k], self.ring[index]))
+            block = self._taken[k]
+            batch = self.stager.submit(self.fill(block, self.ring[index]))
             with self._cond:
                 self._ready[k] = (index, batch)
                 self._cond.notify_all()
 
-    def take(self, k: int) -> Entry:
-        """Wait until block ``k`` is staged; return its ring entry."""
+    def take(self, k: int, block: Block | None = None) -> Entry:
+        """Wait until block ``k`` (``block``, as the engine got it) is staged; return its ring
+        entry."""
         if self.inline:
             previous = k - len(self.ring)
             for event in self._fences.pop(previous, []):
                 event.wait()
             entry = self.ring[k % len(self.ring)]
-            self._copy(self.fill(self.blocks[k], entry), self.blocks[k])
+            block = block if block is not None else self.blocks.get(k)
+            assert block is not None, f"block {k} was never claimed"
+            self._copy(self.fill(block, entry), block)
             return entry
         with self._cond:
             while k not in self._ready:
                 self._raise_failure()
                 self._cond.wait()
             index, batch = self._ready.pop(k)
+            block = self._taken.pop(k)
         batch.wait()
-        self._record(batch, self.blocks[k])
+        self._record(batch, block)
         return self.ring[index]
 
     def release(self, k: int, events: Sequence[Event]) -> None:
@@ -260,7 +273,7 @@ class StageBehind(_StagingThread):
         with self._cond:
             if batch.error is not None and self._error is None:
                 self._error = batch.error
-            self._finished[block.index] = (batch, block)
+            self._finished[block.seq] = (batch, block)
             while self._done + 1 in self._finished:
                 self._done += 1
                 self._record(*self._finished.pop(self._done))

@@ -29,7 +29,7 @@ def stream(
     inputs: Sequence[Any],
     outputs: Sequence[Any] | None = None,
     *,
-    device: Device | None = None,
+    device: Device | str | Sequence[Device | str] | None = None,
     depth: int = 3,
     block_bytes: int | str | None = None,
     memory_limit: int | str | None = None,
@@ -44,6 +44,7 @@ def stream(
     warmup: bool = True,
     boundary: str | float = "nearest",
     first_row: int = 0,
+    schedule: str = "dynamic",
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
@@ -130,6 +131,14 @@ def stream(
     may be negative for margin rows before the whole array's start that the caller discards
     (a kernel's ``ulong offset`` then wraps, and ``offset + i`` is still the row's index).
 
+    ``device`` is a Device or a spec string (``"cuda:1"``); several devices stream at once
+    given as a list (``[d0, d1]``, ``["cuda:0", "cuda:1"]``) or a spec ending in ``:all``
+    (``"cuda:all"``, ``"opencl:gpu:all"``): one engine per device, fed blocks from one
+    supply, ``schedule="dynamic"`` (runs of blocks to whichever device has room) or
+    ``"static"`` (one contiguous share each); ``report.devices`` holds each device's report
+    and ``report.imbalance`` how unevenly they finished (``conveyor.pipeline.multi``). A
+    kernel (or its source string, when it defines one kernel) is built for each device.
+
     ``inputs`` and ``outputs`` may also be one array, path or dtype alone; counts and sizes may
     be integral floats, and sizes strings like ``"512MiB"`` or ``"1.5GB"``
     (``conveyor.pipeline.options``).
@@ -148,7 +157,24 @@ def stream(
     inputs, outputs = as_inputs(inputs), as_outputs(outputs)
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
-    dev = device if device is not None else default_device()
+    if device is None:
+        devs = [default_device()]
+    elif isinstance(device, Device):
+        devs = [device]
+    else:
+        from conveyor.backends import select
+
+        devs = select(device)
+    if schedule not in ("dynamic", "static"):
+        raise InputError(f"schedule={schedule!r}: use 'dynamic' (blocks to whichever device "
+                         f"has room) or 'static' (one contiguous share per device)")
+    dev = devs[0]
+    if isinstance(compute, str):
+        compute = _compile_source(compute, dev)
+    if len(devs) > 1:
+        from conveyor.pipeline import multi
+
+        multi.check_devices(devs, schedule)
     if trace is not None and not isinstance(trace, str):
         raise InputError("trace= takes a file path (str)")
     if trace is not None:
@@ -170,7 +196,12 @@ def stream(
         _check_files(sources, sinks, compute)
         if trace is not None:
             _check_trace(trace, sources, sinks)
-        report = _run(compute, sources, sinks, dev, opts)
+        if len(devs) > 1:
+            from conveyor.pipeline import multi
+
+            report = multi.stream_several(compute, sources, sinks, devs, opts, schedule)
+        else:
+            report = _run(compute, sources, sinks, dev, opts)
     except BaseException:
         for sink in sinks:
             sink.abort()
@@ -187,6 +218,18 @@ def stream(
             warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
                           f"itself succeeded", RuntimeWarning, stacklevel=2)
     return report
+
+
+def _compile_source(source: str, dev: Device) -> Kernel:
+    """The one kernel a source string defines, built for ``dev`` (through the cache)."""
+    from conveyor.kernels.signature import kernel_names
+
+    names = kernel_names(source)
+    if len(names) != 1:
+        raise InputError(f"compute is a source string that defines {len(names)} kernels "
+                         f"({', '.join(names) or 'none'}): pass device.compile(source, name) "
+                         f"for the one to run")
+    return dev.compile(source, names[0])
 
 
 def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:

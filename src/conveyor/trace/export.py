@@ -14,23 +14,35 @@ def chrome_trace(timeline: Timeline, process: str = "conveyor") -> dict[str, Any
     """The timeline as a Trace Event dict: one thread (track) per lane in journey order, one
     complete event (``ph: "X"``) per block and stage with its block index and bytes in
     ``args``; ``ts`` and ``dur`` in microseconds from the stream's start, on the one clock of
-    the timeline (host ``perf_counter``, device spans aligned to it)."""
+    the timeline (host ``perf_counter``, device spans aligned to it). A stream over several
+    devices has one process per device, named ``process: device``, each with its lanes."""
     lanes = list(LANES) + [lane for lane in timeline.lanes if lane not in LANES]
     tids = {lane: tid for tid, lane in enumerate(lanes, start=1)}
-    events: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": process}},
-    ]
-    for lane in timeline.lanes:
-        tid = tids[lane]
-        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid,
-                       "args": {"name": lane}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": tid,
-                       "args": {"sort_index": tid}})
+    tagged = list(timeline.devices) or [""]
+    tagged += sorted({s.device for s in timeline.spans} - set(tagged))
+    pids = {device: pid for pid, device in enumerate(tagged, start=1)}
+    events: list[dict[str, Any]] = []
+    for device, pid in pids.items():
+        name = f"{process}: {device}" if device else process
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                       "args": {"name": name}})
+        if len(pids) > 1:
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                           "args": {"sort_index": pid}})
+        present = {s.lane for s in timeline.spans if s.device == device}
+        for lane in timeline.lanes:
+            if lane not in present:
+                continue
+            tid = tids[lane]
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                           "args": {"name": lane}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": tid}})
     origin = timeline.origin_ns
     for span in timeline.spans:
         events.append({
-            "name": f"{span.title} {span.block}", "cat": span.lane, "ph": "X", "pid": 1,
-            "tid": tids[span.lane],
+            "name": f"{span.title} {span.block}", "cat": span.lane, "ph": "X",
+            "pid": pids[span.device], "tid": tids[span.lane],
             "ts": (span.start_ns - origin) / 1000.0, "dur": span.duration_ns / 1000.0,
             "args": {"block": span.block, "bytes": span.nbytes},
         })

@@ -32,8 +32,9 @@ WORK_LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "combin
 
 @dataclass(frozen=True)
 class Span:
-    """One stage of one block: ``lane``, block index, start and end in ns, bytes moved, and a
-    ``label`` within the lane ("" but for the links of a chain: their kernel's name)."""
+    """One stage of one block: ``lane``, block index, start and end in ns, bytes moved, a
+    ``label`` within the lane ("" but for the links of a chain: their kernel's name), and the
+    device it ran for (set on a stream over several devices, pipeline/merged.py)."""
 
     lane: str
     block: int
@@ -41,6 +42,7 @@ class Span:
     end_ns: int
     nbytes: int = 0
     label: str = ""
+    device: str = ""
 
     @property
     def title(self) -> str:
@@ -130,6 +132,8 @@ class Timeline:
             spans, key=lambda s: (order.get(s.lane, len(order)), s.lane, s.start_ns, s.block))
         self.start_ns = start_ns
         self.clock_error_ns = clock_error_ns
+        #: The devices of a stream over several (each span's ``device``), in their order.
+        self.devices: list[str] = []
 
     @classmethod
     def from_records(cls, records: Sequence[Record], host_spans: Sequence[Span],

@@ -1,0 +1,114 @@
+"""The aggregate link ceiling of several devices: pinned copies on every device at once.
+
+A stream over several devices (pipeline/multi.py) is bound by the sum of their links, if the
+host (its memory, its PCIe root complex) can feed them all at once: measured on a 2 x H200
+host, one node, pinned host-to-device 55.3 GB/s alone, 105.7 on both at once. So the ceiling
+of a stream over several devices is measured with every device copying at the same moment:
+each round, every device waits at a barrier, then copies ``nbytes`` from its own pinned
+buffer; the round's figure is the bytes of every device over the round's wall time; the best
+round counts. ``conveyor devices --measure`` stores it under the devices' joined spec and
+names, the key a stream's merged report looks up (``report.ceiling``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from conveyor.backends.base import Device
+from conveyor.closing import Closeable, join
+
+
+@dataclass(frozen=True)
+class AggregateFigures:
+    """Pinned copy bandwidth of several devices at once, in GB/s (1e9 bytes/s)."""
+
+    pinned_h2d_gbps: float
+    pinned_d2h_gbps: float
+
+    def as_dict(self) -> dict[str, float]:
+        """The figures by name (the keys of the cached JSON)."""
+        return {"pinned_h2d_gbps": self.pinned_h2d_gbps, "pinned_d2h_gbps": self.pinned_d2h_gbps}
+
+
+def group_key(devices: Sequence[Device]) -> tuple[str, str]:
+    """(spec, name) under which the ceiling of ``devices`` together is cached: what the
+    merged report of a stream over them looks up."""
+    return ",".join(d.spec for d in devices), ",".join(d.name for d in devices)
+
+
+def groups(devices: Sequence[Device]) -> list[list[Device]]:
+    """The sets of devices to measure together: every backend's devices of one kind, where
+    there are two or more (``cuda:all``, ``opencl:gpu:all``)."""
+    found: dict[tuple[str, str], list[Device]] = {}
+    for dev in devices:
+        found.setdefault((dev.backend, dev.kind), []).append(dev)
+    return [group for group in found.values() if len(group) > 1]
+
+
+def aggregate_bandwidth(devices: Sequence[Device], nbytes: int = 64 * 2**20,
+                        repeats: int = 3) -> AggregateFigures:
+    """Measure pinned copies on every device of ``devices`` at once, each way; best of
+    ``repeats`` rounds (after one warm-up round)."""
+    queues = [dev.create_queue() for dev in devices]
+    held: list[Closeable] = []
+    try:
+        buffers = []
+        for dev in devices:
+            device_buffer = dev.alloc_device(nbytes)
+            held.append(device_buffer)
+            pinned = dev.alloc_pinned(nbytes)
+            held.append(pinned)
+            pinned.array[:nbytes].fill(1)
+            buffers.append((device_buffer, pinned.array[:nbytes]))
+        figures = []
+        for inward in (True, False):
+            best = float("inf")
+            for _ in range(repeats + 1):  # the first round pays for driver set-up
+                best = min(best, _round(queues, buffers, inward))
+            figures.append(len(devices) * nbytes / best / 1e9 if best > 0 else 0.0)
+        return AggregateFigures(figures[0], figures[1])
+    finally:
+        for queue in queues:
+            queue.finish()
+            queue.close()
+        for buffer in held:
+            buffer.close()
+
+
+def _round(queues: list, buffers: list, inward: bool) -> float:
+    """One round: every device copies at once; the seconds from the common start to the
+    last copy's end."""
+    barrier = threading.Barrier(len(queues) + 1)
+    ends = [0.0] * len(queues)
+    failures: list[BaseException] = []
+
+    def copy(index: int) -> None:
+        queue, (device_buffer, host) = queues[index], buffers[index]
+        try:
+            barrier.wait()
+            if inward:
+                queue.copy_in(device_buffer, host).wait()
+            else:
+                queue.copy_out(host, device_buffer).wait()
+        except BaseException as exc:  # raised on the calling thread below
+            failures.append(exc)
+            barrier.abort()
+        ends[index] = time.perf_counter()
+
+    threads = [threading.Thread(target=copy, args=(i,), name="conveyor-measure", daemon=True)
+               for i in range(len(queues))]
+    for thread in threads:
+        thread.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    started = time.perf_counter()
+    for thread in threads:
+        join(thread)
+    if failures:
+        raise failures[0]
+    return max(ends) - started

@@ -1,0 +1,372 @@
+"""One stream over several devices of one host: one engine per device, one supply of blocks.
+
+``cv.stream(..., device=[d0, d1])`` (or ``"cuda:all"``, a list of spec strings) plans the
+stream once, for the smallest of the devices, so every device cuts the same blocks (and a
+reduction's partials are the same whatever device folds them). Each device gets its own
+:class:`~conveyor.pipeline.engine.Engine` (its rings, queues, pools, staging threads) on its
+own thread, and every engine takes its blocks from one shared ``Supply``
+(pipeline/supply.py):
+
+- ``schedule="dynamic"`` (the default): an engine takes the next *run* of ``RUN_BLOCKS``
+  consecutive blocks whenever it has room for another block (its staging ring or its device
+  ring has a free entry), so a device behind a slower link, or busy with another job, takes
+  fewer runs. Within a run its blocks go in increasing order; a run is short so the last runs
+  end close together on every device.
+- ``schedule="static"``: device ``i`` of ``n`` takes the contiguous blocks
+  ``[i * blocks // n, (i + 1) * blocks // n)``; kept to compare with.
+
+The first failure on any engine stops the supply: every engine issues no new block, lets
+what it has in flight finish, gives every buffer back, and the first failure is raised as is
+(a Ctrl-C on the calling thread does the same). Outputs are committed only when every engine
+succeeded. Reductions fold the blocks' partials in global block order (``reduce.combine``),
+so the result is bitwise the one device's.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from conveyor.backends.base import Device, Kernel
+from conveyor.closing import finish_uninterrupted, join
+from conveyor.errors import InputError
+from conveyor.pipeline import image, overlap, resident, validate
+from conveyor.pipeline.chain import Chain, Link
+from conveyor.pipeline.engine import Compute, Engine
+from conveyor.pipeline.interrupts import start_thread
+from conveyor.pipeline.io import ArraySource, FileSource, IterSource, Source
+from conveyor.pipeline.merged import merge_reports
+from conveyor.pipeline.options import StreamOptions
+from conveyor.pipeline.plan import Plan, make_plan
+from conveyor.pipeline.progress import Progress
+from conveyor.pipeline.reduce import Reduction
+from conveyor.pipeline.report import Report
+from conveyor.pipeline.shaped import ShapedSink
+from conveyor.pipeline.sinks import Sink
+from conveyor.pipeline.stage import default_workers
+from conveyor.pipeline.supply import SCHEDULES, Supply
+
+
+def kernel_for(compute: Compute, device: Device) -> Compute:
+    """``compute`` for ``device``: a Kernel built for another device is built for this one
+    from its source, through the kernel cache; a callable is called as it is."""
+    if not isinstance(compute, Kernel) or compute.device is device:
+        return compute
+    if compute.source is None:
+        raise InputError(f"kernel {compute.name!r} was built for {compute.device.spec} and "
+                         f"its source is unknown: compile it with device.compile(source, "
+                         f"name) so that it can be built for {device.spec}")
+    return device.compile(compute.source, compute.name, compute.options)
+
+
+def check_devices(devices: Sequence[Device], schedule: str) -> None:
+    """InputError for a device named twice (``schedule`` is checked by ``stream``)."""
+    assert schedule in SCHEDULES
+    for i, dev in enumerate(devices):
+        if any(other is dev for other in devices[:i]):
+            raise InputError(f"device {dev.spec} is listed twice: name each device once")
+
+
+def _check_sources(sources: list[Source]) -> list[Source]:
+    """Sources several engines can read at once: arrays and files as they are; other
+    sources (Parquet, Arrow) behind a lock, one reader at a time; an iterable refused."""
+    checked: list[Source] = []
+    for source in sources:
+        if isinstance(source, IterSource):
+            raise InputError(f"{source.name} is read once, in order, and several devices "
+                             f"read their blocks at once: pass an array or a file, or "
+                             f"stream on one device")
+        if isinstance(source, ArraySource | FileSource):
+            checked.append(source)
+        else:
+            checked.append(_OneReader(source))
+    return checked
+
+
+class _OneReader(Source):
+    """A source that keeps state between reads (decoded chunks), read by one engine at a
+    time."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.shape = source.shape
+        self.dtype = source.dtype
+        self.name = source.name
+        self._lock = threading.Lock()
+
+    def rows(self, lo: int, hi: int) -> Any:
+        with self._lock:
+            return self.source.rows(lo, hi)
+
+
+def _args_for(args: Sequence[Any], device: Device, devices: Sequence[Device]) -> list[Any]:
+    """``args`` for the engine on ``device``: a cv.resident handle bound to another device
+    becomes its array (uploaded to this one as a copy made for the stream); a writable one is
+    refused (each device would write its own copy)."""
+    values = list(args)
+    for index, value in enumerate(values):
+        if isinstance(value, resident.Resident):
+            if value.writable:
+                raise InputError(f"args[{index}] is cv.resident(writable=True): with several "
+                                 f"devices each would write its own copy; stream on one "
+                                 f"device, or pass a read-only table")
+            home = value.device if value.device is not None else devices[0]
+            if home is not device:
+                values[index] = value.array
+    return values
+
+
+def _residents(kernel: Compute, device: Device, first: int, args: tuple[Any, ...],
+               devices: Sequence[Device]) -> resident.ResidentArgs | None:
+    """The resident arrays of ``args`` for the engine on ``device``: a cv.resident handle
+    bound to another device is uploaded to this one as a copy made for the stream."""
+    if not isinstance(kernel, Kernel):
+        return None
+    bound = resident.bind(kernel, first, _args_for(args, device, devices))
+    if bound.device_arrays:
+        raise InputError("a device array in args= lives on one device: with several devices "
+                         "pass a NumPy array or cv.resident(array), uploaded to each")
+    return bound
+
+
+def stream_several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
+                   devices: list[Device], opts: StreamOptions, schedule: str) -> Report:
+    """``cv.stream`` over several devices: check, plan once for all, run, commit the sinks."""
+    reduce, element = opts.reduce, None
+    if image.indices(sources):
+        raise InputError("image inputs (cv.image) stream on one device: each device has its "
+                         "own image formats and limits; pass one device")
+    sources = _check_sources(sources)
+    if isinstance(compute, Chain):
+        return _chain_several(compute, sources, sinks, devices, opts, schedule)
+    kernels = [kernel_for(compute, dev) for dev in devices]
+    first_kernel = kernels[0]
+    if isinstance(first_kernel, Kernel):
+        if reduce is not None and sinks:
+            raise InputError(
+                "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
+                "holds per-element values that conveyor folds on the device")
+        for kernel, dev in zip(kernels, devices, strict=True):
+            assert isinstance(kernel, Kernel)
+            element = validate.check_kernel(kernel, dev, sources, sinks, opts.args, reduce)
+    elif not callable(first_kernel):
+        raise InputError(f"compute must be a Kernel (device.compile) or a callable, "
+                         f"got {type(first_kernel).__name__}")
+    first = sources[0]
+    reduction = Reduction.make(reduce, element, first.dtype,
+                               int(np.prod(first.shape, dtype=np.int64)),
+                               with_kernel=isinstance(first_kernel, Kernel))
+    buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
+    residents = [_residents(k, d, buffers, opts.args, devices)
+                 for k, d in zip(kernels, devices, strict=True)]
+    return _plan_and_run(kernels, sources, sinks, devices, opts, schedule, reduction,
+                         residents, make_plan)
+
+
+def _chain_several(chain: Chain, sources: list[Source], sinks: list[Sink],
+                   devices: list[Device], opts: StreamOptions, schedule: str) -> Report:
+    """A chain over several devices: its kernel links built and its checks made for each
+    device, its temps counted in the one plan."""
+    bound = [_chain_for(chain, dev, devices).bind(dev, sources, sinks, opts.args, opts.reduce)
+             for dev in devices]
+    first = sources[0]
+    reduction = Reduction.make(opts.reduce, bound[0].element, first.dtype,
+                               int(np.prod(first.shape, dtype=np.int64)),
+                               with_kernel=bound[0].element is not None)
+    return _plan_and_run(bound, sources, sinks, devices, opts, schedule, reduction,
+                         [b.residents for b in bound], bound[0].make_plan)
+
+
+def _chain_for(chain: Chain, device: Device, devices: Sequence[Device]) -> Chain:
+    """``chain`` with its kernel links built for ``device`` (kernel_for) and their resident
+    args for it (as for a single kernel's args: see ``_args_for``)."""
+    links: list[Any] = []
+    for item in chain.links:
+        if isinstance(item, Link):
+            links.append(replace(item, compute=kernel_for(item.compute, device),
+                                 args=tuple(_args_for(item.args, device, devices))))
+        else:
+            links.append(kernel_for(item, device))
+    made = copy.copy(chain)
+    made.links = links
+    return made
+
+
+def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sink],
+                  devices: list[Device], opts: StreamOptions, schedule: str,
+                  reduction: Reduction | None, residents: Sequence[Any], planner: Any
+                  ) -> Report:
+    """Plan once for every device, run the engines, commit the sinks; the residents are
+    released whatever happens."""
+    first = sources[0]
+    try:
+        # One plan for every device (the smallest's memory): the same blocks everywhere, so
+        # a reduction's partials do not depend on which device folded them.
+        plan = planner(
+            tuple(validate.spec(a) for a in sources),
+            tuple(validate.spec(a) for a in sinks),
+            depth=opts.depth, block_bytes=opts.block_bytes, memory_limit=opts.memory_limit,
+            halo=opts.halo,
+            global_mem_bytes=min(d.global_mem_bytes for d in devices),
+            max_alloc_bytes=min(d.max_alloc_bytes for d in devices),
+            **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
+            resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
+        )
+        for sink in sinks:
+            if isinstance(sink, ShapedSink):
+                sink.allocate(plan.block_count)  # a per-block output: one record per block
+            sink.open()
+        if plan.block_count == 0:
+            for sink in sinks:
+                sink.commit()
+            return Report(device=",".join(d.spec for d in devices), depth=opts.depth,
+                          outputs=[s.result for s in sinks], block_rows=plan.block_rows,
+                          result=reduction.result() if reduction is not None else None)
+        report = run(kernels, sources, sinks, devices, opts, plan, reduction, schedule,
+                     residents)
+    finally:
+        for bound in residents:
+            if bound is not None:
+                bound.release()  # closes the copies made for the stream (twice is fine)
+    for sink in sinks:
+        sink.commit()
+    return report
+
+
+def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
+        devices: list[Device], opts: StreamOptions, plan: Plan, reduction: Reduction | None,
+        schedule: str, residents: Sequence[resident.ResidentArgs | None]) -> Report:
+    """Run a planned stream over ``devices`` with ``kernels`` (one per device; see the
+    module); the sinks are open, and committed by the caller."""
+    from conveyor.pipeline.stream import _zero_copy
+
+    in_place = overlap.in_place_inputs(sources, sinks)
+    if in_place and plan.halo:
+        # One device reads block k's halo rows after before block k + 1 writes them; another
+        # device may write them first.
+        raise InputError(f"an input that is also an output, with halo={plan.halo}, on several "
+                         f"devices: a device could read halo rows that another has already "
+                         f"overwritten; write into another array, or stream on one device")
+    supply = Supply(plan, len(devices), schedule)
+    total_workers = opts.workers or default_workers()
+    workers = max(1, total_workers // len(devices))  # the host's threads, shared fairly
+    progress = Progress(opts.progress, plan)
+    # No engine starts its first block before every engine is built (a failed build then
+    # stops the others before they write anything).
+    barrier = threading.Barrier(len(devices))
+    engines: list[Engine] = []
+    try:
+        for index, (kernel, dev) in enumerate(zip(kernels, devices, strict=True)):
+            own = replace(opts, workers=workers, progress=False, zero_copy=_zero_copy(
+                opts.zero_copy, dev, opts.halo, sources, sinks))
+            engines.append(Engine(
+                dev, plan, kernel, sources, sinks, own,
+                reduction=_fresh(reduction),
+                in_place=in_place, residents=residents[index],
+                blocks=supply.feed(index), progress=progress,
+                started=functools.partial(_wait, barrier)))
+        started = time.perf_counter()
+        reports = _run_engines(engines, supply, barrier)
+        seconds = time.perf_counter() - started
+    except BaseException:
+        for engine in engines:
+            engine.stager.close()  # an engine that never ran: its workers
+        raise
+    finally:
+        progress.close()
+    if reduction is not None:
+        _merge_partials(reduction, [e.reduction for e in engines])
+    feeds = [e.blocks for e in engines]
+    return merge_reports(reports, engines, feeds, plan, sources, sinks, seconds,
+                         result=reduction.result() if reduction is not None else None)
+
+
+def _run_engines(engines: list[Engine], supply: Supply,
+                 barrier: threading.Barrier) -> list[Report]:
+    """Run every engine on its own thread; the first failure stops them all and is raised
+    once every engine has finished and given its buffers back."""
+    reports: list[Report | None] = [None] * len(engines)
+    failures: list[BaseException] = []
+    done = threading.Condition()
+    running = [0]
+
+    def main(index: int) -> None:
+        try:
+            reports[index] = engines[index].run()
+        except BaseException as exc:  # handed to the calling thread, which raises it
+            with done:
+                failures.append(exc)
+            supply.stop()
+            barrier.abort()
+        finally:
+            with done:
+                running[0] -= 1
+                done.notify_all()
+
+    def wait_all() -> None:
+        with done:
+            while running[0]:
+                done.wait()
+
+    threads = [threading.Thread(target=main, args=(i,), name=f"conveyor-device-{i}",
+                                daemon=True) for i in range(len(engines))]
+    interrupted: BaseException | None = None
+    try:
+        for thread in threads:
+            with done:
+                running[0] += 1
+            try:
+                start_thread(thread)
+            except BaseException:
+                with done:
+                    running[0] -= 1
+                raise
+        # Waiting on a condition, not in Thread.join: a Ctrl-C that lands in a join can
+        # leave the thread listed for ever (Python 3.11).
+        wait_all()
+    except BaseException as exc:  # Ctrl-C, or a thread that would not start: stop every
+        interrupted = exc  # engine, let each drain and give its buffers back, then raise it
+        supply.stop()
+        barrier.abort()
+    finish_uninterrupted(wait_all)
+    for thread in threads:
+        if thread.ident is not None:
+            join(thread)
+    if interrupted is not None:
+        raise interrupted
+    if failures:
+        real = [f for f in failures if not isinstance(f, threading.BrokenBarrierError)]
+        raise (real or failures)[0]
+    return [r for r in reports if r is not None]
+
+
+def _wait(barrier: threading.Barrier) -> None:
+    barrier.wait()
+
+
+def _fresh(reduction: Reduction | None) -> Reduction | None:
+    """An engine's own copy of ``reduction``: its fold kernel (built for its device) and its
+    partials."""
+    if reduction is None:
+        return None
+    own = copy.copy(reduction)
+    own.kernel, own.partials, own.indices = None, [], []
+    return own
+
+
+def _merge_partials(reduction: Reduction, parts: Sequence[Reduction | None]) -> None:
+    """Every engine's partials into ``reduction``, in global block order."""
+    pairs = []
+    for part in parts:
+        if part is not None:
+            pairs += list(zip(part.indices, part.partials, strict=True))
+    pairs.sort(key=lambda pair: pair[0])
+    reduction.indices = [index for index, _ in pairs]
+    reduction.partials = [partial for _, partial in pairs]
