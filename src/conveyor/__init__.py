@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from conveyor.kernels.portable import portable
     from conveyor.memory import pinned
+    from conveyor.memory.keep import configure, keep_pinned, release_pinned
     from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
     from conveyor.pipeline.report import Report
     from conveyor.pipeline.resident import Resident, resident
@@ -78,6 +79,10 @@ def __getattr__(name: str) -> Any:
         from conveyor.pipeline.stream import stream as value
     elif name == "pinned":
         from conveyor.memory import pinned as value
+    elif name in ("configure", "keep_pinned", "release_pinned"):
+        from conveyor.memory import keep
+
+        value = getattr(keep, name)
     else:
         raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function
@@ -101,9 +106,11 @@ __all__ = [
     "Resident",
     "__version__",
     "arrow",
+    "configure",
     "device",
     "devices",
     "iterate",
+    "keep_pinned",
     "npy",
     "npy_out",
     "parquet",
@@ -112,6 +119,7 @@ __all__ = [
     "portable",
     "raw",
     "raw_out",
+    "release_pinned",
     "resident",
     "rows",
     "stream",

@@ -30,6 +30,8 @@ PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
 #: 0 allocates a staging ring whole before the first block; 1 (default) grows it beside the
 #: stream (pipeline/ring.py).
 RING_GROW_VAR = "CONVEYOR_RING_GROW"
+#: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
+PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 #: PyOpenCL appends this variable's words to every build's options (outside conveyor's control):
 #: the kernel cache key must cover it, or a binary built under it is served to runs without it.
@@ -120,6 +122,12 @@ def prefault_mode() -> str:
 def pinned_alloc_mode() -> str:
     """``CONVEYOR_PINNED_ALLOC``: "register" (default) or "driver" (CUDA backend)."""
     return _choice(PINNED_ALLOC_VAR, ("register", "driver"))
+
+
+def pinned_budget() -> int | None:
+    """``CONVEYOR_PINNED_BUDGET`` (a size), or None when unset."""
+    value = _get(PINNED_BUDGET_VAR)
+    return None if value is None else parse_size(PINNED_BUDGET_VAR, value)
 
 
 def ring_grow() -> bool:

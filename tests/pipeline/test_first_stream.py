@@ -8,14 +8,13 @@ import mmap
 
 import numpy as np
 import pytest
+from streamkit import add_reference, data, kernel
 
 import conveyor as cv
 from conveyor.errors import OutOfMemoryError
 from conveyor.memory import hostmem, prefault
 from conveyor.pipeline import ring as ring_module
 from conveyor.pipeline import staged as staged_module
-
-from streamkit import add_reference, data, kernel
 
 ROWS = 64 * 1024  # 16 blocks of 16 KiB per float32 array
 BLOCK = 16 * 1024

@@ -43,6 +43,7 @@ def stream(
     warmup: bool = True,
     boundary: str | float = "nearest",
     first_row: int = 0,
+    keep_pinned: bool = False,
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
@@ -126,6 +127,11 @@ def stream(
     be integral floats, and sizes strings like ``"512MiB"`` or ``"1.5GB"``
     (``conveyor.pipeline.options``).
 
+    ``keep_pinned=True`` registers every pageable, C-contiguous array input (not a memmap)
+    and keeps it page-locked from this stream on, within ``cv.configure(pinned_budget=...)``:
+    this and later streams of the same arrays copy them directly, with no staging copy
+    (``cv.keep_pinned``, ``cv.release_pinned``: memory/keep.py).
+
     Raises InputError (before any work) for arguments that cannot work; the first failure of a
     kernel, callable or staging copy is raised as is, after everything in flight has finished
     and every buffer has gone back to its pool.
@@ -161,6 +167,8 @@ def stream(
         _check_files(sources, sinks, compute)
         if trace is not None:
             _check_trace(trace, sources, sinks)
+        if keep_pinned:
+            _keep_inputs(sources, dev)
         report = _run(compute, sources, sinks, dev, opts)
     except BaseException:
         for sink in sinks:
@@ -178,6 +186,17 @@ def stream(
             warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
                           f"itself succeeded", RuntimeWarning, stacklevel=2)
     return report
+
+
+def _keep_inputs(sources: list[Source], dev: Device) -> None:
+    """Register the pageable array inputs for this and later streams (memory/keep.py)."""
+    from conveyor.memory import keep
+
+    for source in sources:
+        array = getattr(source, "array", None)
+        if (isinstance(source, ArraySource) and array is not None
+                and not isinstance(array, np.memmap) and array.flags.c_contiguous):
+            keep.keep_pinned(source.array, device=dev)
 
 
 def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:
