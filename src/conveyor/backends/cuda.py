@@ -645,7 +645,8 @@ class Device(base.Device):
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         self._current()
-        if nbytes >= _REGISTER_MIN_BYTES and config.pinned_alloc_mode() == "register":
+        if (nbytes >= _REGISTER_MIN_BYTES and config.pinned_alloc_mode() == "register"
+                and hostmem.fits(nbytes)):
             made = self._alloc_registered(nbytes)
             if made is not None:
                 return made
@@ -661,7 +662,7 @@ class Device(base.Device):
         try:
             ptr = hostmem.map_faulted(nbytes)
         except MemoryError:
-            raise OutOfMemoryError(nbytes, 0, None, where="pinned host") from None
+            return None  # the driver's own allocation says whether there is memory
         (err,) = driver.cuMemHostRegister(ptr, hostmem.round_up(nbytes),
                                           _REGISTER_PORTABLE | _REGISTER_DEVICEMAP)
         if int(err) != 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,6 +53,15 @@ def round_up(nbytes: int) -> int:
     return max(-(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE, mmap.PAGESIZE)
 
 
+def fits(nbytes: int) -> bool:
+    """True when ``nbytes`` is at most the host's free physical memory: more would have
+    the kernel reclaim or kill while faulting; the caller then lets the driver allocate."""
+    try:
+        return nbytes <= os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return True
+
+
 def map_faulted(nbytes: int) -> int:
     """The address of ``round_up(nbytes)`` bytes of fresh anonymous memory, every page faulted
     in (zeros), huge pages asked for. MemoryError when the mapping or a fault fails; free it
@@ -68,7 +78,9 @@ def map_faulted(nbytes: int) -> int:
         pieces = [flat[s : s + step] for s in range(0, size, step)]
         # Always faulted here (CONVEYOR_PREFAULT is about outputs): else the driver's
         # registration would fault every page on one thread.
-        list(_threads().map(lambda piece: prefault.populate(piece, "madvise"), pieces))
+        ways = list(_threads().map(lambda piece: prefault.populate(piece, "madvise"), pieces))
+        if "failed" in ways:
+            raise MemoryError(f"could not fault in {size} bytes of host memory")
     except BaseException:
         libc.munmap(address, size)
         raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import functools
 import mmap
 from collections.abc import Callable
@@ -47,16 +48,19 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def _madvise(address: int, length: int, advice: int) -> bool:
-    """``madvise`` on the whole pages inside [address, address + length); False if refused."""
+def _madvise(address: int, length: int, advice: int) -> int:
+    """``madvise`` on the whole pages inside [address, address + length): 0, or the errno
+    (EINVAL where the kernel does not know the advice)."""
     libc = _libc()
     start = -(-address // PAGE) * PAGE
     end = (address + length) // PAGE * PAGE
     if libc is None:
-        return False
+        return errno.EINVAL
     if end <= start:
-        return True
-    return libc.madvise(start, end - start, advice) == 0
+        return 0
+    if libc.madvise(start, end - start, advice) == 0:
+        return 0
+    return ctypes.get_errno() or errno.EINVAL
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
@@ -65,13 +69,20 @@ def _bytes(array: np.ndarray) -> np.ndarray:
 
 def populate(array: np.ndarray, mode: str | None = None) -> str:
     """Fault in every page of ``array`` (C-contiguous) for writing, contents unchanged.
-    Returns the way it was done: "madvise", "touch" or "off"."""
+    Returns the way it was done: "madvise", "touch" (the kernel has no MADV_POPULATE_WRITE,
+    or ``mode`` says so), "off", or "failed" (the kernel could not fault the memory in, e.g.
+    out of memory: then no page is touched, and a later write faults or fails as it would
+    have)."""
     mode = mode or config.prefault_mode()
     if mode == "off" or array.nbytes == 0:
         return "off"
     flat = _bytes(array)
-    if mode == "madvise" and _madvise(flat.ctypes.data, flat.nbytes, MADV_POPULATE_WRITE):
-        return "madvise"
+    if mode == "madvise":
+        code = _madvise(flat.ctypes.data, flat.nbytes, MADV_POPULATE_WRITE)
+        if code == 0:
+            return "madvise"
+        if code != errno.EINVAL:
+            return "failed"
     touch(flat)
     return "touch"
 
@@ -92,7 +103,7 @@ def advise_huge(array: np.ndarray) -> bool:
     memory conveyor allocates itself: 512 times fewer faults. NumPy does this itself for large
     arrays where it can; this makes it explicit. False where refused (THP off)."""
     flat = _bytes(array)
-    return _madvise(flat.ctypes.data, flat.nbytes, MADV_HUGEPAGE)
+    return _madvise(flat.ctypes.data, flat.nbytes, MADV_HUGEPAGE) == 0
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
