@@ -93,9 +93,10 @@ def touch(flat: np.ndarray) -> None:
     writes these bytes meanwhile."""
     first = (-flat.ctypes.data) % PAGE  # the first byte that starts a page
     picks = flat[first::PAGE]
-    flat[first::PAGE] = picks  # a read then a write of the same value: a write fault
+    # A ufunc, not `flat[...] = picks`: NumPy skips an assignment of an array to itself.
+    np.bitwise_or(picks, 0, out=picks)
     if first:
-        flat[:1] = flat[:1]
+        np.bitwise_or(flat[:1], 0, out=flat[:1])
 
 
 def advise_huge(array: np.ndarray) -> bool:
