@@ -176,9 +176,9 @@ class StageAhead(_StagingThread):
         self._entry_of: dict[int, int] = {}  # block -> the entry it was staged into
 
     def added(self, index: int) -> None:
-        """The ring grew: entry ``index`` is free to use."""
+        """The ring grew: entry ``index`` is free to use (first: no copy still reads it)."""
         with self._cond:
-            self._free.append((index, []))
+            self._free.appendleft((index, []))
             self._cond.notify_all()
 
     def _claim(self) -> int | None:
