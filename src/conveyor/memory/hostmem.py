@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,12 +53,17 @@ def round_up(nbytes: int) -> int:
 
 
 def fits(nbytes: int) -> bool:
-    """True when ``nbytes`` is at most the host's free physical memory: more would have
-    the kernel reclaim or kill while faulting; the caller then lets the driver allocate."""
+    """True when ``nbytes`` is at most the memory the host has available (MemAvailable):
+    more would have the kernel reclaim or kill while faulting; the caller then lets the
+    driver allocate."""
     try:
-        return nbytes <= os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return True
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return nbytes <= int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
 
 
 def map_faulted(nbytes: int) -> int:

@@ -184,7 +184,10 @@ def _forget(key: tuple[int, int, int]) -> None:
     with _lock:
         kept = _kept.pop(key, None)
     if kept is not None:
-        kept.registration.close()  # the finalizer is this call
+        try:
+            kept.registration.close()  # the finalizer is this call
+        except Exception:  # never raise from a finalizer (a device gone, a forked child)
+            pass
 
 
 def release_pinned(array: np.ndarray | None = None, *, device: Device | None = None) -> int:
