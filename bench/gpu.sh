@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark suite of issue 6 on the lent GPU machine, from the repository root:
 #   bash bench/gpu.sh [OUTDIR] [suite options, e.g. --gib 1]
+#   bash bench/gpu.sh /tmp/suite --small     # tiny, on PoCL where there is no GPU
 # Writes OUTDIR/suite.json, suite.md and suite.png (OUTDIR: $OUT if set, else bench/out) and
 # prints suite.md. Sets up the carried wheels and NVIDIA's OpenCL (scripts/gpu-env.sh) unless
 # src/ is on PYTHONPATH already.

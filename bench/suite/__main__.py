@@ -2,8 +2,10 @@
 pre-pinned inputs; writes suite.json, suite.md and suite.png and prints suite.md.
 
 On the GPU machine use ``bash bench/gpu.sh [OUTDIR]``. Locally, on PoCL, tiny:
-``PYTHONPATH=src .venv/bin/python -m bench.suite --gib 0.0625 --block-mib 4 --device opencl:0:0
---out /tmp/suite``.
+``bash bench/gpu.sh /tmp/suite --small`` (or ``PYTHONPATH=src:. python -m bench.suite --small
+--out /tmp/suite``). Besides the peer tables it measures issue 17's figures: each workload's
+first call in a fresh process (bench/first_call.py), the host staging bound, the iterative case
+(``--iterative``, ``--passes``) and ``conveyor map`` from the shell (bench/cli_map.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import platform
 import subprocess
@@ -25,7 +28,7 @@ import numpy as np
 
 import conveyor as cv
 
-from . import ceilings, output
+from . import ceilings, iterative, output
 from .systems import Conveyor, NaivePyOpenCL, System
 from .workloads import NAMES, THREADS, Workload, make, parallel_fill
 
@@ -53,10 +56,30 @@ def _options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", default=",".join(NAMES), help="comma list of workloads")
     p.add_argument("--kinds", default="pageable,pinned", help="comma list of input kinds")
     p.add_argument("--out", default=os.environ.get("OUT") or "bench/out", help="output folder")
-    return p.parse_args(argv)
+    p.add_argument("--first-call", default=",".join(NAMES),
+                   help="workloads whose first call in a fresh process is measured per "
+                        "conveyor system (bench/first_call.py; '' for none)")
+    p.add_argument("--iterative", default="map,filter-sum",
+                   help="workloads streamed --passes times over the same pageable arrays, "
+                        "without and with keep_pinned ('' for none)")
+    p.add_argument("--passes", type=int, default=3, help="passes of the iterative case")
+    p.add_argument("--cli-map-gib", type=float, default=None,
+                   help="GiB of the conveyor map .npy-to-.npy run (bench/cli_map.py; default "
+                        "--gib; 0 for none)")
+    p.add_argument("--small", action="store_true",
+                   help="tiny sizes (--gib 0.0625, 4 MiB blocks, 1 repeat, 20 flops) and, "
+                        "where no GPU is found, the first OpenCL device: the whole suite in "
+                        "half a minute on PoCL")
+    o = p.parse_args(argv)
+    if o.small:
+        o.gib, o.block_mib, o.repeats, o.flops = 0.0625, 4, 1, 20
+    return o
 
 
-def _devices(specs: list[str]) -> tuple[cv.Device | None, cv.Device | None]:
+def _devices(specs: list[str], small: bool = False
+             ) -> tuple[cv.Device | None, cv.Device | None]:
+    if small and not specs and not any(d.kind == "gpu" for d in cv.devices()):
+        specs = ["opencl"]
     if specs:
         chosen = [cv.device(s) for s in specs]
         return (next((d for d in chosen if d.backend == "cuda"), None),
@@ -147,6 +170,47 @@ def _run_row(system: System, wl: Workload, kind: str, pageable_out: np.ndarray |
     return row
 
 
+def _issue17(o: argparse.Namespace, suite: dict[str, Any], systems: list[System],
+             wl: Workload, block: int) -> None:
+    """The host staging bound, the first call and the iterative case of one workload."""
+    fig = suite["ceilings"]
+    for spec, dev_fig in fig["devices"].items():
+        suite["host_bound"].setdefault(wl.name, {})[spec] = iterative.host_bound(
+            wl, dev_fig["pinned_h2d"], fig.get("host_memcpy_to_pinned"))
+    for system in systems:
+        if not isinstance(system, Conveyor):
+            continue
+        key = f"{wl.name}|{system.name}"
+        if wl.name in o.first_call.split(","):
+            result = iterative.first_call(system.device_spec, wl.name, o.gib, o.flops)
+            suite["first_call"][key] = result
+            print(f"  {system.name:16} first call: "
+                  + (f"{result['first_gbps']:.2f} GB/s, warm {result['warm_fresh_gbps']:.2f}"
+                     if "error" not in result else result["error"]), flush=True)
+        if wl.name in o.iterative.split(","):
+            try:
+                result = iterative.iterative(system.dev, wl, o.passes, block, o.depth)
+            except Exception as exc:
+                traceback.print_exc()
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            suite["iterative"][key] = result
+            print(f"  {system.name:16} iterative: {result}", flush=True)
+            system.trim()
+
+
+def _cli_map(spec: str, gib: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parent.parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root),
+                                         *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, "-m", "bench.cli_map", "--gib", str(gib),
+                           "--device", spec], env=env, cwd=root, capture_output=True,
+                          text=True, check=False)
+    if done.returncode:
+        return {"error": (done.stderr.strip() or done.stdout.strip())[-300:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def _driver(first: cv.Device | None) -> str:
     try:
         query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
@@ -167,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             sys.exit(f"unknown {', '.join(sorted(bad))}: choose from {', '.join(allowed)}")
     block = o.block_mib * 2**20 // 4
-    cuda, ocl = _devices(o.device)
+    cuda, ocl = _devices(o.device, o.small)
     devices = [d for d in (cuda, ocl) if d is not None]
     systems, skipped = _systems(names, cuda, ocl, block, o.depth)
     for name, why in skipped.items():
@@ -184,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "options": {"gib": o.gib, "block_mib": o.block_mib, "depth": o.depth,
                     "repeats": o.repeats, "flops": o.flops, "systems": names, "kinds": kinds},
         "skipped": skipped, "rows": [], "titles": {}, "kernel_alone": {},
+        "first_call": {}, "iterative": {}, "host_bound": {}, "cli_map": {},
     }
     suite["ceilings"] = ceilings.measure(devices, int(o.gib / 2 * 2**30))
     h2d = {spec: fig["pinned_h2d"] for spec, fig in suite["ceilings"]["devices"].items()}
@@ -222,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {system.name:16} {kind:8} {figure}  ({time.perf_counter() - t0:.1f} s, "
                       f"at {time.perf_counter() - started:.0f} s)", flush=True)
             system.trim()
+        _issue17(o, suite, systems, wl, block)
         if wl_name == "compute-heavy":
             for dev in devices:
                 alone = ceilings.kernel_alone(dev, wl, block)
@@ -238,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         suite["elapsed_seconds"] = time.perf_counter() - started
         output.write(suite, Path(o.out))  # what is done so far survives a killed run
+    cli_gib = o.gib if o.cli_map_gib is None else o.cli_map_gib
+    for system in systems if cli_gib else []:
+        if isinstance(system, Conveyor):
+            suite["cli_map"][system.name] = _cli_map(system.device_spec, cli_gib)
+            print(f"  conveyor map {cli_gib:g} GiB .npy on {system.device_spec}: "
+                  f"{suite['cli_map'][system.name]}", flush=True)
     suite["elapsed_seconds"] = time.perf_counter() - started
     text = output.write(suite, Path(o.out))
     print("\n" + text)

@@ -142,6 +142,9 @@ def markdown(suite: dict[str, Any]) -> str:
                               f"copies at the pinned ceilings: {alone['link_seconds'] * 1e3:.1f}"
                               f" ms; " + ("compute-bound." if alone["compute_bound"] else
                                           "not compute-bound (the link is the bound).")]
+    from . import issue17
+
+    lines += issue17.markdown(suite)
     lines += ["", "Targets (issue 6), from this run:", ""]
     for t in suite["targets"]:
         lines.append(f"- **{t['status']}** {t['target']}: {t['detail']}")

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from conveyor.kernels.portable import portable
     from conveyor.memory import pinned
+    from conveyor.memory.keep import configure, keep_pinned, release_pinned
     from conveyor.pipeline.chain import Chain, chain, link
     from conveyor.pipeline.image import image
     from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
@@ -86,6 +87,10 @@ def __getattr__(name: str) -> Any:
         from conveyor.pipeline.stream import stream as value
     elif name == "pinned":
         from conveyor.memory import pinned as value
+    elif name in ("configure", "keep_pinned", "release_pinned"):
+        from conveyor.memory import keep
+
+        value = getattr(keep, name)
     else:
         raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function
@@ -111,10 +116,12 @@ __all__ = [
     "__version__",
     "arrow",
     "chain",
+    "configure",
     "device",
     "devices",
     "image",
     "iterate",
+    "keep_pinned",
     "link",
     "npy",
     "npy_out",
@@ -124,6 +131,7 @@ __all__ = [
     "portable",
     "raw",
     "raw_out",
+    "release_pinned",
     "resident",
     "rows",
     "stream",

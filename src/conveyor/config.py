@@ -21,6 +21,17 @@ STRICT_VAR = "CONVEYOR_STRICT"
 #: Most idle bytes each memory pool keeps between streams (a size: 512MiB, 2GiB, 0); unset:
 #: what the last stream used (memory/pool.py).
 POOL_KEEP_VAR = "CONVEYOR_POOL_KEEP"
+#: How fresh outputs are faulted in ahead of the stage-out: madvise (default), touch, off
+#: (memory/prefault.py).
+PREFAULT_VAR = "CONVEYOR_PREFAULT"
+#: How the CUDA backend allocates pinned staging memory: register (anonymous memory faulted in
+#: parallel, then cuMemHostRegister; the default) or driver (cuMemHostAlloc).
+PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
+#: 0 allocates a staging ring whole before the first block; 1 (default) grows it beside the
+#: stream (pipeline/ring.py).
+RING_GROW_VAR = "CONVEYOR_RING_GROW"
+#: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
+PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 #: PyOpenCL appends this variable's words to every build's options (outside conveyor's control):
 #: the kernel cache key must cover it, or a binary built under it is served to runs without it.
@@ -101,6 +112,36 @@ def pool_keep() -> int | None:
     None when unset: then each pool keeps what the last stream used."""
     value = _get(POOL_KEEP_VAR)
     return None if value is None else parse_size(POOL_KEEP_VAR, value)
+
+
+def prefault_mode() -> str:
+    """``CONVEYOR_PREFAULT``: "madvise" (default), "touch" (the fallback, forced) or "off"."""
+    return _choice(PREFAULT_VAR, ("madvise", "touch", "off"))
+
+
+def pinned_alloc_mode() -> str:
+    """``CONVEYOR_PINNED_ALLOC``: "register" (default) or "driver" (CUDA backend)."""
+    return _choice(PINNED_ALLOC_VAR, ("register", "driver"))
+
+
+def pinned_budget() -> int | None:
+    """``CONVEYOR_PINNED_BUDGET`` (a size), or None when unset."""
+    value = _get(PINNED_BUDGET_VAR)
+    return None if value is None else parse_size(PINNED_BUDGET_VAR, value)
+
+
+def ring_grow() -> bool:
+    """``CONVEYOR_RING_GROW`` (default on): staging rings grow beside the stream."""
+    return parse_bool(RING_GROW_VAR, _get(RING_GROW_VAR), True)
+
+
+def _choice(name: str, allowed: tuple[str, ...]) -> str:
+    value = _get(name)
+    if value is None:
+        return allowed[0]
+    if value.lower() not in allowed:
+        raise InputError(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value.lower()
 
 
 def cache_disabled() -> bool:

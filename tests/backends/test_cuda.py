@@ -367,3 +367,51 @@ def test_fork_after_init_gives_a_clear_error_in_the_child(dev):
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     dev.alloc_device(16).close()  # the parent is unaffected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["register", "driver"])
+def test_large_pinned_blocks_are_registered_memory_and_copy_exactly(dev, monkeypatch, mode):
+    """Issue 17: pinned blocks of 4 MiB or more page-lock anonymous memory faulted in on
+    several threads (CONVEYOR_PINNED_ALLOC=driver: cuMemHostAlloc); both copy exactly and
+    both count as page-locked."""
+    monkeypatch.setenv("CONVEYOR_PINNED_ALLOC", mode)
+    nbytes = 8 * 2**20 + 12
+    values = np.arange(nbytes // 4, dtype=np.float32)
+    buf, view = _pinned(dev, values)
+    try:
+        assert isinstance(buf, cuda_backend.RegisteredPinned) is (mode == "register")
+        assert dev._is_pinned(buf.array.ctypes.data, nbytes)
+        q = dev.create_queue()
+        dbuf = dev.alloc_device(values.nbytes)
+        out = np.empty_like(values)
+        q.copy_in(dbuf, view).wait()
+        q.copy_out(out, dbuf).wait()
+        assert np.array_equal(out, values)
+        q.close()
+        dbuf.close()
+    finally:
+        buf.close()
+    small = dev.alloc_pinned(4096)  # below 4 MiB: the driver's allocation
+    assert not isinstance(small, cuda_backend.RegisteredPinned)
+    small.close()
+
+
+@pytest.mark.gpu
+def test_kept_arrays_are_page_locked_and_stream_exactly(dev):
+    """Issue 17: cv.keep_pinned page-locks a pageable array (cuMemHostRegister) and streams
+    of it take the direct path."""
+    a = np.arange(1 << 20, dtype=np.float32)
+    try:
+        assert cv.keep_pinned(a, device=dev)
+        assert dev._is_pinned(a.ctypes.data, a.nbytes)
+        kernel = dev.compile(cv.portable("""
+__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = 2.0f * x[i];
+}"""), "twice")
+        y = np.empty_like(a)
+        cv.stream(kernel, [a], [y], device=dev, block_bytes=2**20)
+        assert np.array_equal(y, 2 * a)
+    finally:
+        cv.release_pinned()

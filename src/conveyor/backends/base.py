@@ -479,6 +479,9 @@ class Device(Closeable, ABC):
                 return
             self._closed = True
             pools = [p for p in (self._memory_pool, self._pinned_pool) if p is not None]
+        from conveyor.memory import keep
+
+        keep.release_device(self)  # arrays kept page-locked on it (cv.keep_pinned)
         for pool in pools:
             pool.close()
         self._release()

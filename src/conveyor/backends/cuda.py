@@ -36,12 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import hazards
+from conveyor import config, hazards
 from conveyor.backends import base
 from conveyor.backends.cuda_array import DeviceArray
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.argtypes import check_sizes
 from conveyor.kernels.signature import Param, arg_converters
+from conveyor.memory import hostmem
 
 _IMPORT_ERROR: Exception | None = None
 try:
@@ -171,7 +172,11 @@ def _open_gate(state: list[Any]) -> None:
 # -- memory ------------------------------------------------------------------------------------
 _HOST_ALLOC_FLAGS = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
 _REGISTER_PORTABLE = 0x01
+_REGISTER_DEVICEMAP = 0x02
 _REGISTER_READ_ONLY = 0x08
+#: Pinned allocations of this size or more page-lock anonymous memory faulted in on several
+#: threads (memory/hostmem.py) instead of calling cuMemHostAlloc (``CONVEYOR_PINNED_ALLOC``).
+_REGISTER_MIN_BYTES = 4 * 2**20
 _MEMORYTYPE_HOST = 1  # CU_MEMORYTYPE_HOST
 
 
@@ -232,6 +237,37 @@ class PinnedBuffer(base.PinnedBuffer):
             self._finalizer.detach()
             self.device._current()
             _check(driver.cuMemFreeHost(ptr), "cuMemFreeHost")
+
+
+class RegisteredPinned(PinnedBuffer):
+    """Pinned memory made by page-locking anonymous memory that several threads faulted in
+    (memory/hostmem.py): much faster to make than ``cuMemHostAlloc`` (issue 17)."""
+
+    def __init__(self, device: Device, ptr: int, nbytes: int) -> None:
+        self.device = device
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.array = np.asarray(_HostMemory(ptr, nbytes))
+        self._unmapper = weakref.finalize(self, _unregister_and_unmap, ptr, nbytes)
+
+    def close(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            self.array = np.empty(0, np.uint8)
+            self._unmapper.detach()
+            self.device._current()
+            try:
+                _check(driver.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+            finally:
+                hostmem.unmap(ptr, self.nbytes)
+
+
+def _unregister_and_unmap(ptr: int, nbytes: int) -> None:
+    try:
+        driver.cuMemHostUnregister(ptr)
+        hostmem.unmap(ptr, nbytes)
+    except Exception:  # never raise from a finalizer
+        pass
 
 
 class Registration(base.Registration):
@@ -611,11 +647,32 @@ class Device(base.Device):
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         self._current()
+        if (nbytes >= _REGISTER_MIN_BYTES and config.pinned_alloc_mode() == "register"
+                and hostmem.fits(nbytes)):
+            made = self._alloc_registered(nbytes)
+            if made is not None:
+                return made
         err, ptr = driver.cuMemHostAlloc(max(nbytes, 1), _HOST_ALLOC_FLAGS)
         if _code_name(err) == "CUDA_ERROR_OUT_OF_MEMORY":
             raise OutOfMemoryError(nbytes, 0, None, where="pinned host")
         _check((err,), "cuMemHostAlloc")
         return PinnedBuffer(self, int(ptr), nbytes)
+
+    def _alloc_registered(self, nbytes: int) -> PinnedBuffer | None:
+        """Anonymous memory faulted in on several threads, then page-locked; None where the
+        driver refuses (the caller falls back to cuMemHostAlloc)."""
+        try:
+            ptr = hostmem.map_faulted(nbytes)
+        except MemoryError:
+            return None  # the driver's own allocation says whether there is memory
+        (err,) = driver.cuMemHostRegister(ptr, hostmem.round_up(nbytes),
+                                          _REGISTER_PORTABLE | _REGISTER_DEVICEMAP)
+        if int(err) != 0:
+            hostmem.unmap(ptr, nbytes)
+            if _code_name(err) == "CUDA_ERROR_OUT_OF_MEMORY":
+                raise OutOfMemoryError(nbytes, 0, None, where="pinned host")
+            return None
+        return RegisteredPinned(self, ptr, nbytes)
 
     def register_host(self, array: np.ndarray) -> Registration:
         ptr = _host_pointer(array, "register_host")

@@ -27,6 +27,7 @@ from conveyor.backends import base
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.argtypes import DriverArg, from_driver
 from conveyor.kernels.signature import Param, arg_converters
+from conveyor.memory import keep
 
 _COMPLETE = cl.command_execution_status.COMPLETE
 _PROFILE_START = cl.profiling_info.START
@@ -167,10 +168,23 @@ class SvmBuffer(base.PinnedBuffer):
 class Registration(base.Registration):
     """An array wrapped in a ``USE_HOST_PTR`` buffer (see the module docstring)."""
 
-    def __init__(self, array: np.ndarray, cl_buffer: cl.Buffer) -> None:
+    def __init__(self, array: np.ndarray, cl_buffer: cl.Buffer,
+                 queue: cl.CommandQueue | None = None) -> None:
         self.array = array
         self.page_locked = False
         self.cl_buffer: cl.Buffer | None = cl_buffer
+        self._queue = queue
+
+    def host_changed(self) -> None:
+        """Tell the driver the host may have written the array since it last looked (a map
+        that invalidates, then an unmap): a kept array read by a new stream
+        (memory/keep.py)."""
+        if self.cl_buffer is None or self._queue is None or _forked:
+            return
+        flags = cl.map_flags.WRITE_INVALIDATE_REGION
+        mapped, _ = cl.enqueue_map_buffer(self._queue, self.cl_buffer, flags, 0,
+                                          (self.array.nbytes,), np.uint8, is_blocking=True)
+        mapped.base.release(self._queue).wait()
 
     def close(self) -> None:
         if self.cl_buffer is not None:
@@ -245,6 +259,9 @@ class Queue(base.Queue):
 
     def copy_in(self, dst: base.DeviceBuffer, src: np.ndarray, *, dst_offset: int = 0,
                 wait_for: Sequence[base.Event] = ()) -> Event:
+        kept = keep.find(self.device, src) if keep._kept else None
+        if kept is not None:  # an array kept registered (cv.keep_pinned): buffer to buffer
+            return self._copy_registered(dst, src, kept, dst_offset, wait_for)
         if hazards.armed(self.device) and not _is_pinned(src):
             hazards.pageable_copy(self.device, "copy_in", src.nbytes)
         try:
@@ -252,6 +269,17 @@ class Queue(base.Queue):
                                wait_for=_events(wait_for), is_blocking=False)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueWriteBuffer") from exc
+        return Event(ev)
+
+    def _copy_registered(self, dst: base.DeviceBuffer, src: np.ndarray, kept: Any,
+                         dst_offset: int, wait_for: Sequence[base.Event]) -> Event:
+        start = int(src.__array_interface__["data"][0]) - kept.address
+        try:
+            ev = cl.enqueue_copy(self._q, _cl_buf(dst), kept.registration.cl_buffer,
+                                 byte_count=src.nbytes, src_offset=start,
+                                 dst_offset=dst_offset, wait_for=_events(wait_for))
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
 
     def copy_out(self, dst: np.ndarray, src: base.DeviceBuffer, *, src_offset: int = 0,
@@ -498,7 +526,7 @@ class Device(base.Device):
             buf = cl.Buffer(self.context, flags, hostbuf=array)
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateBuffer(USE_HOST_PTR)") from exc
-        return Registration(array, buf)
+        return Registration(array, buf, self._host_queue)
 
     def user_event(self) -> UserEvent:
         _check_not_forked()

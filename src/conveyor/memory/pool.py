@@ -178,6 +178,20 @@ class BlockPool(Generic[B]):
         hazards.pool_allocation(getattr(self, "device", None), self._where, size)
         return self._allocate_with_ladder(size)
 
+    def try_acquire(self, nbytes: int) -> B | None:
+        """A block of at least ``nbytes`` if one is idle in the pool, else None (never
+        allocates: what a growing staging ring takes at once, pipeline/ring.py)."""
+        size = self._bin_size(max(nbytes, 1))
+        with self._lock:
+            self._collect_done()
+            free = self._free.get(size)
+            if not free:
+                return None
+            block = free.pop()
+            self._held_bytes -= size
+            self._hits += 1
+            return self._mark_in_use(block, size)
+
     def release(self, block: B, after: Event | None = None) -> None:
         """Give ``block`` back; it is reused only once ``after`` (if any) has completed."""
         size = block.nbytes

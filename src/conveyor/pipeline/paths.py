@@ -28,7 +28,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Queue, Registration
 from conveyor.closing import Closeable
-from conveyor.memory import pinned
+from conveyor.memory import keep, pinned
 from conveyor.pipeline.halo import Boundary, HaloRows
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
@@ -196,6 +196,13 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
                 [ZeroCopy(range(len(sinks)), arrays_out, device, True, records, plan)])
     direct_in = [i for i, s in enumerate(sources) if _pinned(s, device)]
     direct_out = [i for i, s in enumerate(sinks) if _pinned(s, device)]
+    # Pageable arrays kept page-locked between streams (cv.keep_pinned) go direct too.
+    holds = None
+    if keep.kept_bytes():
+        pageable = [i for i, s in enumerate(sources)
+                    if i not in direct_in and isinstance(s, ArraySource)]
+        found, holds = keep.hold(device, [_array(sources[i]) for i in pageable])
+        direct_in = sorted(direct_in + [i for i, ok in zip(pageable, found, strict=True) if ok])
     halo_rows = None
     if plan.halo and (direct_in or in_place):
         direct = [i in direct_in for i in range(len(sources))]
@@ -223,9 +230,13 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
             path.give_back()
         if halo_rows is not None:
             halo_rows.close()
+        if holds is not None:
+            holds.close()
         raise
     if halo_rows is not None:
         inputs.append(_Owner(halo_rows))
+    if holds is not None:
+        inputs.append(_Owner(holds))
     return inputs, outputs
 
 

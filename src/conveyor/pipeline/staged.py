@@ -13,12 +13,14 @@ from typing import Any
 import numpy as np
 
 from conveyor.backends.base import Device, Event, PinnedBuffer, Queue
+from conveyor.memory.prefault import Faulted, Prefaulter
 from conveyor.pipeline import staging
 from conveyor.pipeline.halo import Boundary, HaloRows, Pads, fill_pads
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Path, Records, Slot
 from conveyor.pipeline.plan import Block, BlockSource, Plan
-from conveyor.pipeline.sinks import Sink
+from conveyor.pipeline.ring import Ring
+from conveyor.pipeline.sinks import ArraySink, Sink
 from conveyor.pipeline.stage import Stager, StageTask
 from conveyor.pipeline.staging import Entry, StageAhead, StageBehind
 from conveyor.trace.timeline import Span
@@ -26,6 +28,8 @@ from conveyor.trace.timeline import Span
 #: Pinned staging entries beyond the device ring's depth: how far staging may run ahead of
 #: the device (inputs) and behind it (outputs).
 STAGING_EXTRA = 2
+#: Blocks of array outputs faulted in ahead of the stage-out (memory/prefault.py).
+PREFAULT_AHEAD = 4
 
 
 class StagingRings:
@@ -58,28 +62,11 @@ class StagingRings:
         """The staged path of outputs ``indices``."""
         return StagedOut(self, indices)
 
-    def ring(self, sizes: Sequence[int]) -> list[Entry]:
-        """Pinned buffers for ``entries`` blocks, appended one by one (a failed allocation
-        leaves every earlier one in the ring, where close() finds it)."""
-        ring: list[Entry] = []
-        try:
-            for _ in range(self.entries):
-                entry: Entry = []
-                ring.append(entry)
-                for nbytes in sizes:
-                    entry.append(self.device.pinned_pool.acquire(nbytes))
-        except BaseException:
-            self.give_back(ring)
-            raise
-        return ring
-
-    def give_back(self, ring: list[Entry]) -> None:
-        """Return a ring's buffers (every queue has finished: no copy still reads them)."""
-        for entry in ring:
-            for pin in entry:
-                if pin is not None:
-                    self.device.pinned_pool.release(pin)
-        ring.clear()
+    def ring(self, sizes: Sequence[int]) -> Ring:
+        """Pinned buffers for up to ``entries`` blocks: what the pool holds idle (at least
+        one entry) at once, the rest grown beside the stream once the path starts
+        (pipeline/ring.py)."""
+        return Ring(self.device.pinned_pool, sizes, self.entries)
 
 
 class StagedIn(Path):
@@ -105,6 +92,7 @@ class StagedIn(Path):
         self.ahead = StageAhead(rings.stager, self.ring, rings.blocks, self._fill,
                                 rings.spans, rings.nvtx, inline=rings.inline)
         self.ahead.start()
+        self.ring.start(self.ahead.added)
 
     def take(self, slot: Slot, block: Block) -> None:
         assert self.ahead is not None
@@ -127,12 +115,15 @@ class StagedIn(Path):
     def close(self) -> None:
         """Stop the staging thread; the ring goes back in ``give_back`` (after the queues)."""
         ahead, self.ahead = self.ahead, None  # it holds the bound _fill: drop the cycle
-        if ahead is not None:
-            ahead.close()
+        try:
+            self.ring.stop()
+        finally:
+            if ahead is not None:
+                ahead.close()
 
     def give_back(self) -> None:
         """The ring's pinned buffers back to the pool."""
-        self.rings.give_back(self.ring)
+        self.ring.give_back()
 
     def _fill(self, block: Block, entry: Entry) -> list[StageTask]:
         """The copies that stage one block's inputs into a pinned entry (on StageAhead's
@@ -171,12 +162,38 @@ class StagedOut(Path):
         self.ring = rings.ring(sizes)
         self.behind: StageBehind | None = None
         self.entry: Entry = []
+        # Array outputs are faulted in a few blocks ahead of the stage-out (a fresh
+        # np.empty_like output would otherwise take its page faults on the staging workers).
+        self.faulting = [(i, s) for i, s in zip(indices, self.sinks, strict=True)
+                         if isinstance(s, ArraySink) and s.array.flags.c_contiguous]
+        self.prefaulter: Prefaulter | None = None
 
     def start(self) -> None:
         rings = self.rings
         self.behind = StageBehind(rings.stager, self.ring, rings.spans, rings.nvtx,
                                   inline=rings.inline)
+        if self.faulting and not rings.inline:
+            prefaulter = Prefaulter()
+            if prefaulter.enabled:
+                self.prefaulter = prefaulter
+                # The engine's own first blocks (on several devices, only this engine
+                # writes them: the touch fallback must not race another's stage-out).
+                for seq in range(PREFAULT_AHEAD):
+                    block = rings.blocks.get(seq)
+                    if block is None:
+                        break
+                    self._prefault(block)
+            else:
+                prefaulter.close()
         self.behind.start()
+        self.ring.start(self.behind.added)
+
+    def _prefault(self, block: Block) -> None:
+        assert self.prefaulter is not None
+        parts = [self.rings.plan.output_rows(i, block) for i, _ in self.faulting]
+        self.prefaulter.submit(block.seq, [
+            np.asarray(sink.rows(lo, hi)) for (_, sink), (lo, hi) in
+            zip(self.faulting, parts, strict=True)])
 
     def take(self, slot: Slot, block: Block) -> None:
         assert self.behind is not None
@@ -202,7 +219,13 @@ class StagedOut(Path):
             view = _view(pin, hi - lo, sink.shape[1:], sink.dtype)
             tasks.append(StageTask(sink.rows(lo, hi), view,
                                    f"output {i} of block {block.index}"))
-        self.behind.submit(block.seq, block, events, tasks)
+        waits = list(events)
+        if self.prefaulter is not None:
+            waits.append(Faulted(self.prefaulter, block.seq))  # type: ignore[arg-type]
+            ahead = self.rings.blocks.get(block.seq + PREFAULT_AHEAD)
+            if ahead is not None:
+                self._prefault(ahead)
+        self.behind.submit(block.seq, block, waits, tasks)
 
     def finish(self) -> None:
         assert self.behind is not None
@@ -210,12 +233,18 @@ class StagedOut(Path):
 
     def close(self) -> None:
         behind, self.behind = self.behind, None
-        if behind is not None:
-            behind.close()
+        try:
+            self.ring.stop()
+            if behind is not None:
+                behind.close()
+        finally:
+            prefaulter, self.prefaulter = self.prefaulter, None
+            if prefaulter is not None:  # after the thread that waits on it
+                prefaulter.close()
 
     def give_back(self) -> None:
         """The ring's pinned buffers back to the pool."""
-        self.rings.give_back(self.ring)
+        self.ring.give_back()
 
 
 def _view(block: PinnedBuffer, rows: int, row_shape: tuple[int, ...], dtype: np.dtype

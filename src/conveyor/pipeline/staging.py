@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.backends.base import Event, PinnedBuffer
 from conveyor.closing import Closeable, join
@@ -41,6 +41,14 @@ THREAD_MIN_BYTES = 2**20
 
 #: Pinned buffers of one ring entry: one per input (or output), None where no staging is needed.
 Entry = list[PinnedBuffer | None]
+
+
+class EntryRing(Protocol):
+    """A ring of entries: a list, or a ring that grows (pipeline/ring.py)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Entry: ...
 
 
 class _Stopped(Exception):
@@ -147,12 +155,13 @@ class StageAhead(_StagingThread):
     ``fill(block, entry)`` returns the staging copies of one block into one ring entry.
     The engine calls ``take(k)`` before issuing its block ``k`` (``seq``; ``blocks.get(k)``)
     and ``release(k, events)`` once the copies that read what ``take`` gave are enqueued;
-    those buffers are reused after ``events``.
+    those buffers are reused after ``events``. Entries are handed out as they come free, so
+    the ring may grow while the stream runs (``added``: pipeline/ring.py).
     """
 
     lane = "stage-in"
 
-    def __init__(self, stager: Stager, ring: list[Entry],
+    def __init__(self, stager: Stager, ring: EntryRing,
                  blocks: BlockSource | Sequence[Block],
                  fill: Callable[[Block, Entry], list[StageTask]], spans: list[Span],
                  nvtx: Any, inline: bool = False) -> None:
@@ -164,7 +173,16 @@ class StageAhead(_StagingThread):
         self.fill = fill
         self._claimed = 0  # the next block to claim
         self._ready: dict[int, tuple[int, Batch]] = {}  # staged: (entry, copies)
-        self._fences: dict[int, list[Event]] = {}  # block -> the events that read its buffers
+        # Entries free to stage into, with the events that last read them, oldest first.
+        self._free: collections.deque[tuple[int, list[Event]]] = collections.deque(
+            (index, []) for index in range(len(ring)))
+        self._entry_of: dict[int, int] = {}  # block -> the entry it was staged into
+
+    def added(self, index: int) -> None:
+        """The ring grew: entry ``index`` is free to use (first: no copy still reads it)."""
+        with self._cond:
+            self._free.appendleft((index, []))
+            self._cond.notify_all()
 
     def _claim(self) -> int | None:
         """The next block to stage, or None when all are claimed."""
@@ -178,22 +196,20 @@ class StageAhead(_StagingThread):
             self._taken[k] = block
             return k
 
-    def _fenced(self, k: int) -> list[Event]:
-        """Wait until the engine has released block ``k``; return the events that read it."""
+    def _free_entry(self, k: int) -> int:
+        """Wait for a free entry (the engine released the block that used it, or the ring
+        grew); wait for the copies that read it; return it, now block ``k``'s."""
         with self._cond:
-            self._wait_until(lambda: k in self._fences)
-            return self._fences.pop(k)
+            self._wait_until(lambda: bool(self._free))
+            index, fences = self._free.popleft()
+            self._entry_of[k] = index
+        for event in fences:
+            event.wait()
+        return index
 
     def _work(self) -> None:
-        last_user: dict[int, int] = {}  # ring entry -> the block that used it last
-        used = 0
         while (k := self._claim()) is not None:
-            index = used % len(self.ring)
-            used += 1
-            if index in last_user:
-                for event in self._fenced(last_user[index]):
-                    event.wait()
-            last_user[index] = k
+            index = self._free_entry(k)
             # Hand the copies over without waiting for them: the workers always have the next
             # block queued, so no worker idles while a block's last pieces finish.
             block = self._taken[k]
@@ -205,11 +221,8 @@ class StageAhead(_StagingThread):
     def take(self, k: int, block: Block | None = None) -> Entry:
         """Wait until block ``k`` (``block``, as the engine got it) is staged; return its ring
         entry."""
-        if self.inline:
-            previous = k - len(self.ring)
-            for event in self._fences.pop(previous, []):
-                event.wait()
-            entry = self.ring[k % len(self.ring)]
+        if self.inline:  # every block before k is released: an entry is free
+            entry = self.ring[self._free_entry(k)]
             block = block if block is not None else self.blocks.get(k)
             assert block is not None, f"block {k} was never claimed"
             self._copy(self.fill(block, entry), block)
@@ -227,7 +240,7 @@ class StageAhead(_StagingThread):
     def release(self, k: int, events: Sequence[Event]) -> None:
         """What block ``k`` was read from may be reused once ``events`` (its copy-in) complete."""
         with self._cond:
-            self._fences[k] = list(events)
+            self._free.append((self._entry_of.pop(k), list(events)))
             self._cond.notify_all()
 
 
@@ -237,12 +250,13 @@ class StageBehind(_StagingThread):
     The engine calls ``entry(k)`` for the pinned buffers block ``k`` may copy out into (waiting
     until the block that used them before has been staged out), then ``submit(k, block,
     events, tasks)``: once ``events`` complete, ``tasks`` copy the entry into the outputs.
-    ``drain()`` waits for everything submitted.
+    ``drain()`` waits for everything submitted. Entries are handed out as they come free,
+    so the ring may grow while the stream runs (``added``: pipeline/ring.py).
     """
 
     lane = "stage-out"
 
-    def __init__(self, stager: Stager, ring: list[Entry], spans: list[Span], nvtx: Any,
+    def __init__(self, stager: Stager, ring: EntryRing, spans: list[Span], nvtx: Any,
                  inline: bool = False) -> None:
         super().__init__(stager, spans, nvtx, inline)
         self.ring = ring
@@ -254,6 +268,14 @@ class StageBehind(_StagingThread):
         self._submitted = -1
         # Staged out beyond _done, with their batches (batches can end out of order).
         self._finished: dict[int, tuple[Batch, Block]] = {}
+        self._free: collections.deque[int] = collections.deque(range(len(ring)))
+        self._entry_of: dict[int, int] = {}  # block -> its entry, until staged out
+
+    def added(self, index: int) -> None:
+        """The ring grew: entry ``index`` is free to use."""
+        with self._cond:
+            self._free.append(index)
+            self._cond.notify_all()
 
     def _work(self) -> None:
         while True:
@@ -274,6 +296,7 @@ class StageBehind(_StagingThread):
             if batch.error is not None and self._error is None:
                 self._error = batch.error
             self._finished[block.seq] = (batch, block)
+            self._free.append(self._entry_of.pop(block.seq))
             while self._done + 1 in self._finished:
                 self._done += 1
                 self._record(*self._finished.pop(self._done))
@@ -291,18 +314,23 @@ class StageBehind(_StagingThread):
                 event.wait()
             self._copy(tasks, block)
             self._done = k
+            with self._cond:
+                self._free.append(self._entry_of.pop(k))
 
     def entry(self, k: int) -> Entry:
-        """The ring entry for block ``k``, once the block before it there has been staged out."""
-        size = len(self.ring)
+        """A ring entry for block ``k``, once one is free (the block that used it last has
+        been staged out, or the ring grew)."""
         if self.inline:
-            self._stage_out_inline(k - size)
+            while not self._free and self._pending:
+                self._stage_out_inline(self._pending[0][0])
         with self._cond:
-            while self._done < k - size:
+            while not self._free:
                 self._raise_failure()
                 self._cond.wait()
             self._raise_failure()
-        return self.ring[k % size]
+            index = self._free.popleft()
+            self._entry_of[k] = index
+        return self.ring[index]
 
     def submit(self, k: int, block: Block, events: Sequence[Event],
                tasks: list[StageTask]) -> None:

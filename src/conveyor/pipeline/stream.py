@@ -45,6 +45,7 @@ def stream(
     boundary: str | float = "nearest",
     first_row: int = 0,
     schedule: str = "dynamic",
+    keep_pinned: bool = False,
 ) -> Report:
     """Stream ``inputs`` through ``compute`` block by block and fill ``outputs``.
 
@@ -143,6 +144,11 @@ def stream(
     be integral floats, and sizes strings like ``"512MiB"`` or ``"1.5GB"``
     (``conveyor.pipeline.options``).
 
+    ``keep_pinned=True`` registers every pageable, C-contiguous array input (not a memmap)
+    and keeps it page-locked from this stream on, within ``cv.configure(pinned_budget=...)``:
+    this and later streams of the same arrays copy them directly, with no staging copy
+    (``cv.keep_pinned``, ``cv.release_pinned``: memory/keep.py).
+
     Raises InputError (before any work) for arguments that cannot work; the first failure of a
     kernel, callable or staging copy is raised as is, after everything in flight has finished
     and every buffer has gone back to its pool.
@@ -199,8 +205,14 @@ def stream(
         if len(devs) > 1:
             from conveyor.pipeline import multi
 
+            if keep_pinned:
+                raise InputError("keep_pinned=True registers the inputs with one device: "
+                                 "stream on one device, or leave keep_pinned off with "
+                                 "several")
             report = multi.stream_several(compute, sources, sinks, devs, opts, schedule)
         else:
+            if keep_pinned:
+                _keep_inputs(sources, dev)
             report = _run(compute, sources, sinks, dev, opts)
     except BaseException:
         for sink in sinks:
@@ -230,6 +242,17 @@ def _compile_source(source: str, dev: Device) -> Kernel:
                          f"({', '.join(names) or 'none'}): pass device.compile(source, name) "
                          f"for the one to run")
     return dev.compile(source, names[0])
+
+
+def _keep_inputs(sources: list[Source], dev: Device) -> None:
+    """Register the pageable array inputs for this and later streams (memory/keep.py)."""
+    from conveyor.memory import keep
+
+    for source in sources:
+        array = getattr(source, "array", None)
+        if (isinstance(source, ArraySource) and array is not None
+                and not isinstance(array, np.memmap) and array.flags.c_contiguous):
+            keep.keep_pinned(source.array, device=dev)
 
 
 def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:

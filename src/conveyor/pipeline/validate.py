@@ -48,7 +48,9 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
             ) from exc
         if dtype.hasobject:
             raise InputError(f"output {index} asks for dtype {dtype}: use a numeric dtype")
-        return np.empty((rows, *row_shape), dtype)
+        from conveyor.memory import prefault
+
+        return prefault.empty((rows, *row_shape), dtype)  # huge pages asked for
     if value.dtype.hasobject:
         raise InputError(f"output {index} has dtype {value.dtype}: use a numeric dtype")
     if value.ndim == 0:

@@ -1,0 +1,117 @@
+"""The issue 17 section of suite.md: first call, host staging bound, iterative use and
+``conveyor map`` from the shell, with the issue's targets evaluated from the same run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .workloads import NAMES
+
+CONVEYOR = ("conveyor-cuda", "conveyor-opencl")
+
+
+def _row(rows: list[dict[str, Any]], wl: str, system: str, kind: str) -> dict[str, Any] | None:
+    for row in rows:
+        if (row["workload"], row["system"], row["kind"]) == (wl, system, kind):
+            return row if row.get("status") == "ok" else None
+    return None
+
+
+def _mark(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+def markdown(suite: dict[str, Any]) -> list[str]:
+    """Lines of markdown (empty when the run measured none of it)."""
+    lines: list[str] = []
+    targets: list[str] = []
+    first = suite.get("first_call", {})
+    if first:
+        lines += ["", "### Issue 17: the first call (fresh process, fresh `np.empty_like` "
+                      "output, README defaults) vs warm in the same process", "",
+                  "| workload | system | first GB/s | warm, fresh output | warm, pre-filled | "
+                  "first ÷ warm | device found s | kernel s |", "|---|---|---|---|---|---|---|---|"]
+        for key, r in first.items():
+            wl, system = key.split("|")
+            if "error" in r:
+                lines.append(f"| {wl} | {system} | failed: {r['error']} | | | | | |")
+                continue
+            lines.append(f"| {wl} | {system} | {r['first_gbps']:.1f} | {r['warm_fresh_gbps']:.1f}"
+                         f" | {r['warm_filled_gbps']:.1f} | {r['first_over_warm']:.2f} | "
+                         f"{r['process_to_device_seconds']:.2f} | {r['compile_seconds']:.2f} |")
+            targets.append(f"- {_mark(r['first_over_warm'] >= 0.90)} first stream ≥ 0.90 × warm "
+                           f"({wl}, {system}): {r['first_over_warm']:.2f}")
+    bounds = suite.get("host_bound", {})
+    if bounds:
+        lines += ["", "### Issue 17: pageable inputs against the host staging bound "
+                      "min(link, host memcpy ÷ bytes staged per input byte)", "",
+                  "| workload | system | staged bytes per input byte | link GB/s | host GB/s | "
+                  "bound GB/s | pageable GB/s | × bound | × pytorch |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        rows = suite["rows"]
+        torch = {wl: _row(rows, wl, "pytorch", "pageable") for wl in NAMES}
+        for wl in NAMES:
+            for system in CONVEYOR:
+                r = _row(rows, wl, system, "pageable")
+                b = bounds.get(wl, {}).get(r["device"]) if r is not None else None
+                if r is None or b is None:
+                    continue
+                ratio = r["gbps_in"] / b["bound_gbps"]
+                peer = torch.get(wl)
+                vs = r["gbps_in"] / peer["gbps_in"] if peer else None
+                host = "—" if b["host_gbps"] is None else f"{b['host_gbps']:.1f}"
+                lines.append(f"| {wl} | {system} | {b['staged_per_input_byte']:.2f} | "
+                             f"{b['link_gbps']:.1f} | {host} | {b['bound_gbps']:.1f} | "
+                             f"{r['gbps_in']:.1f} | {ratio:.2f} | "
+                             f"{'—' if vs is None else f'{vs:.2f}'} |")
+                if wl in ("map", "filter-sum", "stencil"):
+                    targets.append(f"- {_mark(ratio >= 0.95)} pageable {wl} ≥ 0.95 × host "
+                                   f"staging bound ({system}): {ratio:.2f}")
+                if wl == "filter-sum" and vs is not None:
+                    targets.append(f"- {_mark(vs >= 1.05)} pageable filter-sum ≥ 1.05 × "
+                                   f"PyTorch ({system}): {vs:.2f}")
+    loops = suite.get("iterative", {})
+    if loops:
+        lines += ["", "### Issue 17: the same pageable arrays streamed again "
+                      "(GB/s per pass; ratio: the best pass after the first ÷ pinned H2D)", "",
+                  "| workload | system | plain passes | keep_pinned passes | plain ratio | "
+                  "kept ratio |", "|---|---|---|---|---|---|"]
+        for key, r in loops.items():
+            wl, system = key.split("|")
+            if "error" in r:
+                lines.append(f"| {wl} | {system} | failed: {r['error']} | | | |")
+                continue
+            dev = next((row["device"] for row in suite["rows"] if row["system"] == system
+                        and row.get("device")), None)
+            h2d = suite["ceilings"]["devices"].get(dev, {}).get("pinned_h2d")
+            plain = max(r["plain"][1:] or r["plain"])
+            kept = max(r["kept"][1:] or r["kept"])
+            pr = f"{plain / h2d:.2f}" if h2d else "—"
+            kr = f"{kept / h2d:.2f}" if h2d else "—"
+            lines.append(f"| {wl} | {system} | {' / '.join(f'{x:.1f}' for x in r['plain'])} | "
+                         f"{' / '.join(f'{x:.1f}' for x in r['kept'])} | {pr} | {kr} |")
+            if h2d:
+                targets.append(f"- {_mark(kept / h2d >= 0.85)} iterative {wl} from the second "
+                               f"pass ≥ 0.85 × pinned H2D ({system}, keep_pinned): "
+                               f"{kept / h2d:.2f}")
+    cli = suite.get("cli_map", {})
+    if cli:
+        lines += ["", "### Issue 17: `conveyor map` .npy → .npy timed from the shell", "",
+                  "| system | GiB | shell s | shell GB/s | in-process file→file | "
+                  "in-process array→array | shell ÷ file | shell ÷ array |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for system, r in cli.items():
+            if "error" in r:
+                lines.append(f"| {system} | failed: {r['error']} | | | | | | |")
+                continue
+            lines.append(f"| {system} | {r['gib']:g} | {r['shell_seconds']:.2f} | "
+                         f"{r['shell_gbps']:.1f} | {r['in_process_file_gbps']:.1f} | "
+                         f"{r['in_process_array_gbps']:.1f} | {r['shell_over_file']:.2f} | "
+                         f"{r['shell_over_array']:.2f} |")
+            targets.append(f"- {_mark(r['shell_over_array'] >= 0.80)} conveyor map from the "
+                           f"shell ≥ 0.80 × warm in-process ({system}, array→array): "
+                           f"{r['shell_over_array']:.2f} (file→file: "
+                           f"{r['shell_over_file']:.2f})")
+    if targets:
+        lines += ["", "Targets (issue 17), from this run:", "", *targets]
+    return lines

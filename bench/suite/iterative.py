@@ -1,0 +1,84 @@
+"""Issue 17's extra figures for the suite: the first call in a fresh process (bench/first_call.py
+as a subprocess), the host staging bound of each workload, and the iterative case (the same
+pageable arrays streamed ``passes`` times, without and with ``keep_pinned=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import conveyor as cv
+
+from .workloads import Workload, parallel_fill
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def staged_per_input(wl: Workload) -> float:
+    """Host bytes copied (pageable to pinned and back) per input byte: in 1, out out/in."""
+    return (wl.in_bytes + wl.out_bytes) / wl.in_bytes
+
+
+def host_bound(wl: Workload, h2d: float, memcpy: float | None) -> dict[str, Any]:
+    """``min(link, host copy rate ÷ bytes staged per input byte)`` in input GB/s."""
+    per = staged_per_input(wl)
+    host = None if memcpy is None else memcpy / per
+    bound = h2d if host is None else min(h2d, host)
+    return {"staged_per_input_byte": per, "host_gbps": host, "link_gbps": h2d,
+            "bound_gbps": bound}
+
+
+def first_call(spec: str, workload: str, gib: float, flops: int = 2000, timeout: float = 900
+               ) -> dict[str, Any]:
+    """bench/first_call.py in a fresh process: its JSON, or {"error": ...}."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        done = subprocess.run([sys.executable, "-m", "bench.first_call", "--workload", workload,
+                               "--gib", str(gib), "--device", spec,
+                               "--flops", str(flops)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if done.returncode:
+        return {"error": (done.stderr.strip() or done.stdout.strip())[-300:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def iterative(dev: cv.Device, wl: Workload, passes: int, block_elems: int, depth: int
+              ) -> dict[str, Any]:
+    """Input GB/s of each pass over the same pageable inputs, without and with keep_pinned."""
+    kernel = dev.compile(wl.source, wl.kernel)
+    out = None if wl.reduce else np.empty(wl.n, np.float32)
+    if out is not None:
+        parallel_fill(out, 0.0)
+    options = dict(device=dev, depth=depth, block_bytes=block_elems * 4, halo=wl.halo,
+                   args=wl.args)
+    figures: dict[str, Any] = {}
+    for keep in (False, True):
+        cv.release_pinned()
+        rates = []
+        for _ in range(passes):
+            start = time.perf_counter()
+            if wl.reduce:
+                report = cv.stream(kernel, wl.inputs, reduce="sum", keep_pinned=keep, **options)
+            else:
+                report = cv.stream(kernel, wl.inputs, [out], keep_pinned=keep, **options)
+            seconds = time.perf_counter() - start
+            total = None if report.result is None else float(report.result)
+            check = wl.check(out, total)
+            if check != "ok":
+                raise RuntimeError(f"iterative {wl.name} keep_pinned={keep}: {check}")
+            rates.append(wl.in_bytes / seconds / 1e9)
+        figures["kept" if keep else "plain"] = rates
+    cv.release_pinned()
+    return figures

@@ -1,0 +1,274 @@
+"""Pageable input arrays kept page-locked between streams (issue 17, iterative use).
+
+An array streamed again and again (epochs, solver iterations) pays the host staging copy on
+every pass. ``cv.keep_pinned(a)`` (or ``cv.stream(..., keep_pinned=True)`` for every pageable
+array input) registers its memory with the device once, where it is: ``cuMemHostRegister`` on
+CUDA; a ``CL_MEM_USE_HOST_PTR`` buffer on OpenCL, from which blocks are copied buffer to
+buffer. Every later stream that reads it takes the direct path, with no staging copy.
+
+The registrations of a process hold at most a budget of host memory (``pinned_budget``:
+``cv.configure(pinned_budget=...)`` or ``CONVEYOR_PINNED_BUDGET``; default a quarter of the
+host's memory): keeping one more array releases the least recently used ones first, and an
+array larger than the budget is not kept (``keep_pinned`` returns False). A registration is
+released by ``cv.release_pinned(a)`` (or with no argument: all), by ``device.close()``, at
+interpreter exit, and when the array itself is freed (a weak reference: a dropped array does
+not stay registered). A registration a running stream uses is released when the stream ends.
+
+On OpenCL the host may change a kept array between streams: each stream that uses it first
+tells the driver so (a map and unmap of the buffer), since a driver may keep its own copy.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from conveyor import config
+from conveyor.closing import Closeable
+from conveyor.errors import InputError
+
+if TYPE_CHECKING:
+    from conveyor.backends.base import Device, Registration
+
+_lock = threading.RLock()
+_budget: int | None = None  # set by configure(); None: the environment's or the default
+#: (device, address, nbytes) -> Kept, least recently used first.
+_kept: OrderedDict[tuple[int, int, int], Kept] = OrderedDict()
+
+
+class Kept:
+    """One array's registration on one device, and how many running streams use it."""
+
+    def __init__(self, key: tuple[int, int, int], device: Device, registration: Registration,
+                 nbytes: int) -> None:
+        self.key = key
+        self.device = device
+        self.registration = registration
+        self.nbytes = nbytes
+        self.address = key[1]
+        self.holds = 0
+        self.doomed = False  # released while a stream held it: closed when the last lets go
+        self.finalizer: weakref.finalize[Any, Any] | None = None
+
+    def close(self) -> None:
+        if self.finalizer is not None:
+            self.finalizer.detach()
+        try:
+            self.registration.close()
+        except Exception:  # a device already gone: nothing left to unregister
+            pass
+
+
+def configure(*, pinned_budget: int | str | None = None) -> dict[str, int]:
+    """Set conveyor's process-wide settings; returns them. ``pinned_budget``: most bytes of
+    host memory that kept arrays (``cv.keep_pinned``) hold page-locked, an int or a size like
+    "8GiB"; lowering it releases the least recently used ones at once."""
+    global _budget
+    if pinned_budget is not None:
+        if isinstance(pinned_budget, str):
+            pinned_budget = config.parse_size("pinned_budget", pinned_budget)
+        if isinstance(pinned_budget, bool) or not isinstance(pinned_budget, int) \
+                or pinned_budget < 0:
+            raise InputError(f"pinned_budget={pinned_budget!r}: use 0 or more bytes (an int "
+                             f"or a size like '8GiB')")
+        with _lock:
+            _budget = pinned_budget
+            _fit(0)
+    return {"pinned_budget": budget()}
+
+
+def budget() -> int:
+    """The budget in bytes: configure()'s, else ``CONVEYOR_PINNED_BUDGET``, else a quarter of
+    the host's physical memory."""
+    if _budget is not None:
+        return _budget
+    from_env = config.pinned_budget()
+    if from_env is not None:
+        return from_env
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError):
+        return 4 * 2**30
+
+
+def kept_bytes() -> int:
+    """Bytes of host memory kept page-locked now (all devices)."""
+    with _lock:
+        return sum(k.nbytes for k in _kept.values())
+
+
+def _key(array: np.ndarray, device: Device) -> tuple[int, int, int]:
+    return (id(device), int(array.__array_interface__["data"][0]), array.nbytes)
+
+
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The ndarray that owns ``array``'s memory (freed when it is), or ``array`` itself."""
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root
+
+
+def keep_pinned(array: np.ndarray, *, device: Device | None = None) -> bool:
+    """Keep ``array`` (C-contiguous, pageable) page-locked on ``device`` between streams, within
+    the budget; True when it is kept (already or now), False when it cannot be (larger than
+    the budget, every older one held by running streams, or the driver refused). Streams that
+    read it then copy it directly, with no staging copy."""
+    if not isinstance(array, np.ndarray):
+        raise InputError(f"keep_pinned() takes a NumPy array, got {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise InputError("keep_pinned() needs a C-contiguous array: pass "
+                         "np.ascontiguousarray(a), and keep that")
+    if device is None:
+        from conveyor.backends import device as default_device
+
+        device = default_device()
+    from conveyor.memory import pinned
+
+    if array.nbytes == 0 or pinned.is_pinned(array):
+        return pinned.is_pinned(array)
+    key = _key(array, device)
+    with _lock:
+        found = _kept.get(key)
+        if found is not None and not found.doomed:
+            _kept.move_to_end(key)
+            return True
+        if array.nbytes > budget() or not _fit(array.nbytes):
+            return False
+        # Registered through a view that does not own or reference the array: the driver's
+        # objects keep what they are given alive, and the array must stay free to die (its
+        # finalizer below then releases the registration before its memory goes).
+        from conveyor.memory.hostmem import view
+
+        unowned = view(key[1], array.nbytes)
+        if not array.flags.writeable:
+            unowned.flags.writeable = False
+        try:
+            registration = device.register_host(unowned)
+        except Exception:
+            return False
+        if not registration.page_locked and device.backend == "cuda":
+            registration.close()  # the driver refused: copies would not be faster
+            return False
+        kept = Kept(key, device, registration, array.nbytes)
+        kept.finalizer = weakref.finalize(_owner(array), _forget, key)
+        _kept[key] = kept
+        return True
+
+
+def _fit(more: int) -> bool:
+    """Release least recently used registrations (not held by a stream) until ``more`` bytes
+    fit the budget; False when they cannot."""
+    limit = budget()
+    total = sum(k.nbytes for k in _kept.values())
+    for key in list(_kept):
+        if total + more <= limit:
+            break
+        kept = _kept[key]
+        if kept.holds:
+            continue
+        del _kept[key]
+        total -= kept.nbytes
+        kept.close()
+    return total + more <= limit
+
+
+def _forget(key: tuple[int, int, int]) -> None:
+    """The array was freed: release its registration (weakref callback)."""
+    with _lock:
+        kept = _kept.pop(key, None)
+    if kept is not None:
+        try:
+            kept.registration.close()  # the finalizer is this call
+        except Exception:  # never raise from a finalizer (a device gone, a forked child)
+            pass
+
+
+def release_pinned(array: np.ndarray | None = None, *, device: Device | None = None) -> int:
+    """Release the registration of ``array`` (on ``device``, else on every device), or of
+    every kept array when ``array`` is None; returns the bytes released. One a running stream
+    uses is released when the stream ends."""
+    with _lock:
+        doomed = [k for k in _kept.values()
+                  if (device is None or k.device is device)
+                  and (array is None or k.key[1:] == _key(array, k.device)[1:])]
+        freed = 0
+        for kept in doomed:
+            freed += kept.nbytes
+            if kept.holds:
+                kept.doomed = True
+                continue
+            del _kept[kept.key]
+            kept.close()
+    return freed
+
+
+def release_device(device: Device) -> None:
+    """Release every registration on ``device`` (it is closing)."""
+    with _lock:
+        for kept in [k for k in _kept.values() if k.device is device]:
+            del _kept[kept.key]
+            kept.close()
+
+
+def find(device: Device, array: np.ndarray) -> Kept | None:
+    """The kept registration that covers all of ``array`` on ``device``, or None."""
+    if not _kept:
+        return None
+    start = int(array.__array_interface__["data"][0])
+    end = start + array.nbytes
+    with _lock:
+        for kept in _kept.values():
+            if kept.device is device and kept.address <= start \
+                    and end <= kept.address + kept.nbytes:
+                return kept
+    return None
+
+
+class Holds(Closeable):
+    """Registrations a stream reads from: none is released before ``close()``."""
+
+    def __init__(self, held: list[Kept]) -> None:
+        self.held = held
+
+    def close(self) -> None:
+        held, self.held = self.held, []
+        with _lock:
+            for kept in held:
+                kept.holds -= 1
+                if kept.doomed and not kept.holds:
+                    _kept.pop(kept.key, None)
+                    kept.close()
+
+
+def hold(device: Device, arrays: list[np.ndarray]) -> tuple[list[bool], Holds]:
+    """Which of ``arrays`` are kept on ``device`` (these take the direct path), held until the
+    returned ``Holds`` closes; on OpenCL the driver is told the host may have changed them."""
+    found: list[Kept | None] = [find(device, a) if a.flags.c_contiguous else None
+                                for a in arrays]
+    held: list[Kept] = []
+    with _lock:
+        for kept in found:
+            if kept is not None and not kept.doomed:
+                kept.holds += 1
+                held.append(kept)
+                _kept.move_to_end(kept.key)
+    for kept in {id(k): k for k in held}.values():
+        changed = getattr(kept.registration, "host_changed", None)
+        if changed is not None:
+            changed()
+    return [k is not None and not k.doomed for k in found], Holds(held)
+
+
+@atexit.register
+def _release_all() -> None:
+    try:
+        release_pinned()
+    except Exception:  # at exit: the drivers may be gone already
+        pass

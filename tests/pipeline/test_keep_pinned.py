@@ -1,0 +1,153 @@
+"""Issue 17, iterative use: pageable inputs kept page-locked between streams
+(cv.keep_pinned / keep_pinned=True), within a budget, released on request, on device close,
+and when the array is freed."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from streamkit import add_reference, data, kernel, stencil_reference
+
+import conveyor as cv
+from conveyor.memory import keep
+from conveyor.pipeline import paths as paths_module
+
+ROWS = 64 * 1024
+BLOCK = 16 * 1024
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept_before_or_after():
+    keep.release_pinned()
+    old = keep._budget
+    yield
+    keep.release_pinned()
+    keep._budget = old
+    assert keep.kept_bytes() == 0
+
+
+def _stream(device, monkeypatch, a, b, c, **kw):
+    """Stream an add; return the input path classes chosen."""
+    chosen: list[list[str]] = []
+    real = paths_module.choose
+
+    def choose(*args, **kwargs):
+        ins, outs = real(*args, **kwargs)
+        chosen.append([type(p).__name__ for p in ins])
+        return ins, outs
+
+    monkeypatch.setattr(paths_module, "choose", choose)
+    cv.stream(kernel(device, "add"), [a, b], [c], device=device, block_bytes=BLOCK,
+              zero_copy=False, **kw)
+    monkeypatch.setattr(paths_module, "choose", real)
+    return chosen[0]
+
+
+def test_kept_inputs_go_direct_and_stay_exact_when_the_host_changes_them(device, monkeypatch):
+    a, b = data((ROWS,), np.float32, 1), data((ROWS,), np.float32, 2)
+    c = np.empty_like(a)
+    assert _stream(device, monkeypatch, a, b, c) == ["StagedIn"]  # not kept: staged
+    assert _stream(device, monkeypatch, a, b, c, keep_pinned=True) == ["DirectIn", "_Owner"]
+    np.testing.assert_array_equal(c, add_reference(a, b))
+    assert keep.kept_bytes() == a.nbytes + b.nbytes
+    for step in range(3):  # later passes need no option, and see the host's changes
+        a += np.float32(1)
+        assert _stream(device, monkeypatch, a, b, c) == ["DirectIn", "_Owner"]
+        np.testing.assert_array_equal(c, add_reference(a, b), err_msg=f"pass {step}")
+
+
+def test_a_halo_stream_reads_kept_inputs_exactly(device):
+    x = data((ROWS,), np.float32, 3)
+    assert cv.keep_pinned(x, device=device)
+    y = np.empty_like(x)
+    cv.stream(kernel(device, "sten"), [x], [y], device=device, block_bytes=BLOCK, halo=2,
+              args=(np.uint64(1), np.uint64(2)), zero_copy=False)
+    np.testing.assert_array_equal(y, stencil_reference(x, 2))
+
+
+def test_the_budget_releases_the_least_recently_used(device):
+    arrays = [data((ROWS,), np.float32, 10 + i) for i in range(3)]
+    cv.configure(pinned_budget=2 * arrays[0].nbytes)
+    assert cv.keep_pinned(arrays[0], device=device)
+    assert cv.keep_pinned(arrays[1], device=device)
+    assert cv.keep_pinned(arrays[0], device=device)  # used again: now the most recent
+    assert cv.keep_pinned(arrays[2], device=device)  # releases arrays[1], the oldest
+    assert keep.find(device, arrays[0]) is not None
+    assert keep.find(device, arrays[1]) is None
+    assert keep.find(device, arrays[2]) is not None
+    assert keep.kept_bytes() == 2 * arrays[0].nbytes
+    big = np.zeros(3 * ROWS, np.float32)
+    assert not cv.keep_pinned(big, device=device)  # larger than the budget: not kept
+    cv.configure(pinned_budget=arrays[0].nbytes)  # lowering it releases at once
+    assert keep.kept_bytes() == arrays[0].nbytes
+    assert cv.configure()["pinned_budget"] == arrays[0].nbytes
+
+
+def test_a_freed_array_does_not_keep_its_registration(device):
+    a = data((ROWS,), np.float32, 20)
+    assert cv.keep_pinned(a, device=device)
+    assert keep.kept_bytes() == a.nbytes
+    del a
+    gc.collect()
+    assert keep.kept_bytes() == 0
+
+
+def test_a_view_keeps_the_registration_until_its_base_is_freed(device):
+    base = data((2 * ROWS,), np.float32, 21)
+    view = base[:ROWS]
+    assert cv.keep_pinned(view, device=device)
+    del view
+    gc.collect()
+    assert keep.kept_bytes() == ROWS * 4  # the memory is still there: so is the lock
+    del base
+    gc.collect()
+    assert keep.kept_bytes() == 0
+
+
+def test_release_by_array_and_all(device):
+    a, b = data((ROWS,), np.float32, 22), data((ROWS,), np.float32, 23)
+    assert cv.keep_pinned(a, device=device) and cv.keep_pinned(b, device=device)
+    assert cv.release_pinned(a) == a.nbytes
+    assert keep.find(device, a) is None and keep.find(device, b) is not None
+    assert cv.release_pinned() == b.nbytes
+    assert keep.kept_bytes() == 0
+
+
+def test_a_release_during_a_stream_waits_for_the_stream(device):
+    a = data((ROWS,), np.float32, 24)
+    assert cv.keep_pinned(a, device=device)
+    found, holds = keep.hold(device, [a])
+    assert found == [True]
+    cv.release_pinned(a)
+    assert keep.kept_bytes() == a.nbytes  # held: released when the stream lets go
+    holds.close()
+    assert keep.kept_bytes() == 0
+
+
+def test_wrong_arguments_say_what_to_pass(device):
+    with pytest.raises(cv.InputError, match="NumPy array"):
+        cv.keep_pinned([1, 2, 3], device=device)  # type: ignore[arg-type]
+    with pytest.raises(cv.InputError, match="C-contiguous"):
+        cv.keep_pinned(np.zeros((8, 8), np.float32)[:, ::2], device=device)
+    with pytest.raises(cv.InputError, match="pinned_budget"):
+        cv.configure(pinned_budget=-1)
+    assert cv.configure(pinned_budget="1MiB")["pinned_budget"] == 2**20
+
+
+def test_closing_a_device_releases_what_is_kept_on_it():
+    code = (
+        "import numpy as np, conveyor as cv\n"
+        "from conveyor.memory import keep\n"
+        "dev = cv.device('opencl')\n"
+        "a = np.ones(1 << 16, np.float32)\n"
+        "assert cv.keep_pinned(a, device=dev)\n"
+        "dev.close()\n"
+        "print(keep.kept_bytes())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "0"
