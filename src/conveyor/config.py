@@ -24,8 +24,9 @@ POOL_KEEP_VAR = "CONVEYOR_POOL_KEEP"
 #: How fresh outputs are faulted in ahead of the stage-out: madvise (default), touch, off
 #: (memory/prefault.py).
 PREFAULT_VAR = "CONVEYOR_PREFAULT"
-#: How the CUDA backend allocates pinned staging memory: register (anonymous memory faulted in
-#: parallel, then cuMemHostRegister; the default) or driver (cuMemHostAlloc).
+#: How the CUDA backend allocates pinned staging memory: driver (cuMemHostAlloc; the default)
+#: or register (anonymous memory faulted in parallel, then cuMemHostRegister: a faster first
+#: allocation, but warm pageable streams staged through it ran slower on an H100).
 PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
 #: 0 allocates a staging ring whole before the first block; 1 (default) grows it beside the
 #: stream (pipeline/ring.py).
@@ -120,8 +121,8 @@ def prefault_mode() -> str:
 
 
 def pinned_alloc_mode() -> str:
-    """``CONVEYOR_PINNED_ALLOC``: "register" (default) or "driver" (CUDA backend)."""
-    return _choice(PINNED_ALLOC_VAR, ("register", "driver"))
+    """``CONVEYOR_PINNED_ALLOC``: "driver" (default) or "register" (CUDA backend)."""
+    return _choice(PINNED_ALLOC_VAR, ("driver", "register"))
 
 
 def pinned_budget() -> int | None:
