@@ -21,8 +21,8 @@ STRICT_VAR = "CONVEYOR_STRICT"
 #: Most idle bytes each memory pool keeps between streams (a size: 512MiB, 2GiB, 0); unset:
 #: what the last stream used (memory/pool.py).
 POOL_KEEP_VAR = "CONVEYOR_POOL_KEEP"
-#: How fresh outputs are faulted in ahead of the stage-out: madvise (default), touch, off
-#: (memory/prefault.py).
+#: How fresh outputs are faulted in ahead of the stage-out: off (default: it measured slower on
+#: an H100 host), madvise, touch (memory/prefault.py).
 PREFAULT_VAR = "CONVEYOR_PREFAULT"
 #: How the CUDA backend allocates pinned staging memory: driver (cuMemHostAlloc; the default)
 #: or register (anonymous memory faulted in parallel, then cuMemHostRegister: a faster first
@@ -116,8 +116,9 @@ def pool_keep() -> int | None:
 
 
 def prefault_mode() -> str:
-    """``CONVEYOR_PREFAULT``: "madvise" (default), "touch" (the fallback, forced) or "off"."""
-    return _choice(PREFAULT_VAR, ("madvise", "touch", "off"))
+    """``CONVEYOR_PREFAULT``: "off" (default), "madvise", or "touch" (the fallback,
+    forced)."""
+    return _choice(PREFAULT_VAR, ("off", "madvise", "touch"))
 
 
 def pinned_alloc_mode() -> str:
