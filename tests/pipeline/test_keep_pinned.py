@@ -151,3 +151,34 @@ def test_closing_a_device_releases_what_is_kept_on_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "0"
+
+
+def test_keep_and_release_take_a_device_spec_string(device):
+    # A spec string was looked up as a Device inside a try: keep_pinned returned False
+    # ("could not be kept") and release_pinned released nothing.
+    a = np.ones(100_000, np.float32)
+    assert cv.keep_pinned(a, device=device.spec)
+    assert keep.find(device, a) is not None
+    assert cv.release_pinned(a, device=device.spec) == a.nbytes
+    with pytest.raises(cv.InputError, match="pass a Device or a spec string"):
+        cv.keep_pinned(a, device=3)
+
+
+def test_an_array_pinned_for_another_context_is_registered_for_this_one(device):
+    if device.backend != "opencl":
+        pytest.skip("a second context of one device is an OpenCL notion")
+    from conveyor.backends import opencl
+
+    platform, index = (int(part) for part in device.spec.split(":")[1:])
+    other = opencl.Device(device.cl_device, platform, index)
+    try:
+        p = cv.pinned.empty(100_000, np.float32, device=other)
+        p[:] = 1
+        # It said "kept" (True) before, with nothing registered for this device.
+        assert cv.keep_pinned(p, device=device)
+        assert keep.find(device, p) is not None
+        cv.release_pinned(p)
+        del p
+        gc.collect()
+    finally:
+        other.close()

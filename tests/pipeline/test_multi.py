@@ -475,3 +475,16 @@ def test_keep_pinned_on_several_devices_is_refused(pair):
     with pytest.raises(InputError, match="keep_pinned=True registers the inputs with one"):
         cv.stream(_add(pair[0]), [a, b], [c], device=list(pair), keep_pinned=True)
     assert (c == 0).all()
+
+
+def test_a_chain_of_kernel_futures_runs_on_two_devices(pair):
+    # A KernelFuture link was passed through as is and refused ("built for opencl:0:0, the
+    # stream runs on opencl:0:0") on the second device.
+    futures = [pair[0].compile(CHAIN_SOURCE, name, wait=False) for name in ("scale", "square")]
+    chain = cv.chain(cv.link(futures[0], reads="in0", writes="t", args=(2.0,)),
+                     cv.link(futures[1], reads="t", writes="out0"), temps={"t": np.float32})
+    x = data((20_001,), np.float32, 5)
+    y = np.zeros_like(x)
+    cv.stream(chain, [x], [y], device=list(pair), block_bytes=4000)
+    t = np.float32(2.0) * x + np.arange(x.size, dtype=np.float32)
+    np.testing.assert_array_equal(y, t * t)

@@ -115,7 +115,20 @@ def _owner(array: np.ndarray) -> np.ndarray:
     return root
 
 
-def keep_pinned(array: np.ndarray, *, device: Device | None = None) -> bool:
+def _device(device: Device | str | None) -> Device:
+    """``device`` as ``cv.stream`` takes it: a Device, a spec string, or None (the default)."""
+    from conveyor.backends import device as open_device
+    from conveyor.backends.base import Device as DeviceType
+
+    if device is None or isinstance(device, str):
+        return open_device(device)
+    if not isinstance(device, DeviceType):
+        raise InputError(f"device={device!r}: pass a Device or a spec string like "
+                         f"'opencl:0:0' or 'cuda:0'")
+    return device
+
+
+def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> bool:
     """Keep ``array`` (C-contiguous, pageable) page-locked on ``device`` between streams, within
     the budget; True when it is kept (already or now), False when it cannot be (larger than
     the budget, every older one held by running streams, or the driver refused). Streams that
@@ -125,14 +138,11 @@ def keep_pinned(array: np.ndarray, *, device: Device | None = None) -> bool:
     if not array.flags.c_contiguous:
         raise InputError("keep_pinned() needs a C-contiguous array: pass "
                          "np.ascontiguousarray(a), and keep that")
-    if device is None:
-        from conveyor.backends import device as default_device
-
-        device = default_device()
+    device = _device(device)
     from conveyor.memory import pinned
 
-    if array.nbytes == 0 or pinned.is_pinned(array):
-        return pinned.is_pinned(array)
+    if array.nbytes == 0 or pinned.is_pinned_for(array, device):
+        return pinned.is_pinned_for(array, device)  # pinned for this device already
     key = _key(array, device)
     with _lock:
         found = _kept.get(key)
@@ -190,10 +200,13 @@ def _forget(key: tuple[int, int, int]) -> None:
             pass
 
 
-def release_pinned(array: np.ndarray | None = None, *, device: Device | None = None) -> int:
-    """Release the registration of ``array`` (on ``device``, else on every device), or of
-    every kept array when ``array`` is None; returns the bytes released. One a running stream
-    uses is released when the stream ends."""
+def release_pinned(array: np.ndarray | None = None, *,
+                   device: Device | str | None = None) -> int:
+    """Release the registration of ``array`` (on ``device``, a Device or a spec string, else
+    on every device), or of every kept array when ``array`` is None; returns the bytes
+    released. One a running stream uses is released when the stream ends."""
+    if device is not None:
+        device = _device(device)
     with _lock:
         doomed = [k for k in _kept.values()
                   if (device is None or k.device is device)

@@ -180,6 +180,9 @@ def _temp(name: Any, value: Any) -> Temp:
             raise InputError(f"temp {name!r}: row shape {raw!r} must be whole numbers of 0 or "
                              f"more, e.g. ((3,), np.float32)")
         shape = tuple(int(d) for d in raw)
+        if 0 in shape:
+            raise InputError(f"temp {name!r}: row shape {raw!r} holds no elements; give each "
+                             f"row at least one, e.g. ((3,), np.float32)")
     try:
         dtype = np.dtype(value)
     except TypeError as exc:

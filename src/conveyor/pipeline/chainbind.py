@@ -37,7 +37,8 @@ def bind(links: list[Link], temps: list[Temp], device: Device, inputs: Sequence[
     bound = [_bind_link(index, item, known, device) for index, item in enumerate(links)]
     _check_order(bound, known, len(outputs))
     element = _reduce_element(bound, reduce)
-    return BoundChain(bound, temps, element, reduce is not None)
+    first_row_items = math.prod(inputs[0].shape[1:])
+    return BoundChain(bound, temps, element, reduce is not None, first_row_items)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class BoundChain:
     arrays. The engine runs it through pipeline/chainstep.py."""
 
     def __init__(self, links: list[BoundLink], temps: list[Temp], element: np.dtype | None,
-                 reduces: bool) -> None:
+                 reduces: bool, first_row_items: int = 1) -> None:
+        self.first_row_items = first_row_items  # elements per row of input 0
         self.links = links
         self.temps = temps
         self.element = element
@@ -86,8 +88,11 @@ class BoundChain:
         self.residents = ChainResidents(links)
 
     def temp_row_bytes(self) -> tuple[int, ...]:
-        """Bytes of one row of each temp (one row of input 0)."""
-        return tuple(math.prod(t.row_shape or ()) * t.dtype.itemsize for t in self.temps)
+        """Device bytes per row of input 0 of each temp: its own row, but never fewer than
+        input 0's elements per row of its type, so a link that keeps to ``i < n`` never
+        writes past a narrower temp (as ArraySpec.device_bytes for inputs and outputs)."""
+        return tuple(max(math.prod(t.row_shape or ()), self.first_row_items) * t.dtype.itemsize
+                     for t in self.temps)
 
     def make_plan(self, inputs: tuple[ArraySpec, ...], outputs: tuple[ArraySpec, ...],
                   **options: Any) -> Plan:

@@ -107,11 +107,13 @@ class Engine(Closeable):
         for index in range(plan.depth):
             slot = Slot(index, len(self.sources), len(self.sinks))
             self.slots.append(slot)
-            for buffers, group in ((slot.dev_in, self.inputs), (slot.dev_out, self.outputs)):
+            for buffers, group, floor in ((slot.dev_in, self.inputs, plan.input_device_bytes),
+                                          (slot.dev_out, self.outputs,
+                                           plan.output_device_bytes)):
                 for path in group:
                     for i, nbytes in zip(path.indices, path.slot_bytes, strict=True):
-                        if nbytes:
-                            buffers[i] = self._acquire(nbytes)
+                        if nbytes:  # never fewer than n elements (ArraySpec.device_bytes)
+                            buffers[i] = self._acquire(max(nbytes, floor[i]))
             if self.reduction is not None:
                 self.reduction.allocate(slot, self._acquire, dev.pinned_pool,
                                         plan.block_rows * plan.scratch_row_bytes)

@@ -55,8 +55,13 @@ from conveyor.pipeline.supply import SCHEDULES, Supply
 
 
 def kernel_for(compute: Compute, device: Device) -> Compute:
-    """``compute`` for ``device``: a Kernel built for another device is built for this one
-    from its source, through the kernel cache; a callable is called as it is."""
+    """``compute`` for ``device``: a Kernel (or a KernelFuture's) built for another device is
+    built for this one from its source, through the kernel cache; a callable is called as it
+    is."""
+    from conveyor.kernels.build import KernelFuture
+
+    if isinstance(compute, KernelFuture):
+        compute = compute.result()
     if not isinstance(compute, Kernel) or compute.device is device:
         return compute
     if compute.source is None:
@@ -265,7 +270,7 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
     try:
         for index, (kernel, dev) in enumerate(zip(kernels, devices, strict=True)):
             own = replace(opts, workers=workers, progress=False, zero_copy=_zero_copy(
-                opts.zero_copy, dev, opts.halo, sources, sinks))
+                opts.zero_copy, dev, opts.halo, sources, sinks, plan))
             engines.append(Engine(
                 dev, plan, kernel, sources, sinks, own,
                 reduction=_fresh(reduction),

@@ -66,6 +66,20 @@ class ArraySpec:
         """Bytes in one row."""
         return self.row_items * self.dtype.itemsize
 
+    def device_bytes(self, rows: int, block_rows: int, first: ArraySpec) -> int:
+        """Device bytes of this array's buffer in a slot: its ``rows`` rows, but never fewer
+        than ``n`` elements of its type, ``n`` being the elements of ``first`` (input 0) in a
+        block of ``block_rows``: what every launch is told. A kernel that keeps to
+        ``i < n`` (the documented idiom) then never writes or reads past a buffer whose rows
+        are narrower than input 0's (an output of one value per row, a per-block record, a
+        ratio output); the copies move only the array's own rows."""
+        return max(rows * self.row_bytes, block_rows * first.row_items * self.dtype.itemsize)
+
+    def narrower_than(self, first: ArraySpec, block_rows: int) -> bool:
+        """Fewer elements in a block of ``block_rows`` than ``first`` (input 0) has there:
+        a kernel's ``n`` would run past this array's rows."""
+        return self.block_rows_of(block_rows) * self.row_items < block_rows * first.row_items
+
 
 @dataclass(frozen=True)
 class Block:
@@ -136,6 +150,19 @@ class Plan:
         """Bytes of each input's buffer in one slot (block plus halo rows)."""
         rows = self.block_rows + 2 * self.halo
         return tuple(rows * spec.row_bytes for spec in self.inputs)
+
+    @property
+    def input_device_bytes(self) -> tuple[int, ...]:
+        """Device bytes of each input's buffer in one slot (ArraySpec.device_bytes)."""
+        rows = self.block_rows + 2 * self.halo
+        return tuple(spec.device_bytes(rows, self.block_rows, self.inputs[0])
+                     for spec in self.inputs)
+
+    @property
+    def output_device_bytes(self) -> tuple[int, ...]:
+        """Device bytes of each output's buffer in one slot (ArraySpec.device_bytes)."""
+        return tuple(spec.device_bytes(spec.block_rows_of(self.block_rows), self.block_rows,
+                                       self.inputs[0]) for spec in self.outputs)
 
     @property
     def output_slot_bytes(self) -> tuple[int, ...]:
@@ -235,10 +262,12 @@ def _slot_footprint(
         parts = partials_for(block_rows * inputs[0].row_items)
         for nbytes in partial_bytes:
             total += device_bin(max(nbytes * parts, 1))
+    first = inputs[0]
     for spec in inputs:
-        total += device_bin(max((block_rows + 2 * halo) * spec.row_bytes, 1))
+        total += device_bin(max(spec.device_bytes(block_rows + 2 * halo, block_rows, first), 1))
     for spec in outputs:
-        total += device_bin(max(spec.block_rows_of(block_rows) * spec.row_bytes, 1))
+        total += device_bin(max(spec.device_bytes(spec.block_rows_of(block_rows), block_rows,
+                                                  first), 1))
     return total
 
 
@@ -340,8 +369,10 @@ def make_plan(
             + (f" less {resident_bytes} of resident arrays" if resident_bytes else "")
             + ": use a smaller block_bytes or depth, or a larger memory_limit"
         )
-    biggest = max([(block_rows + 2 * halo) * spec.row_bytes for spec in inputs]
-                  + [spec.block_rows_of(block_rows) * spec.row_bytes for spec in outputs]
+    biggest = max([spec.device_bytes(block_rows + 2 * halo, block_rows, inputs[0])
+                   for spec in inputs]
+                  + [spec.device_bytes(spec.block_rows_of(block_rows), block_rows, inputs[0])
+                     for spec in outputs]
                   + [block_rows * row_bytes for row_bytes in temp_row_bytes])
     if biggest > max_alloc_bytes:
         raise InputError(

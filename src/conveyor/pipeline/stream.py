@@ -17,7 +17,7 @@ from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
-from conveyor.pipeline.plan import make_plan
+from conveyor.pipeline.plan import Plan, make_plan
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.shaped import Shaped, ShapedSink
@@ -346,7 +346,8 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         return Report(device=dev.spec, depth=opts.depth, outputs=[s.result for s in sinks],
                       block_rows=plan.block_rows,
                       result=reduction.result() if reduction is not None else None)
-    opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks))
+    opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks,
+                                              plan))
     engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
                     in_place=in_place, residents=residents)
     report = engine.run()
@@ -356,20 +357,28 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
 
 
 def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],
-               outputs: list[Sink]) -> bool:
+               outputs: list[Sink], plan: Plan | None = None) -> bool:
     arrays = [s.array for s in inputs if isinstance(s, ArraySource)]
     arrays += [s.array for s in outputs if isinstance(s, ArraySink)]
+    # A kernel is told n = input 0's elements in the block: an array used in place with
+    # fewer (one value per row, a per-block record, a ratio output) would be written past its
+    # block's rows, into other rows or past the array. Staged, its device buffer is padded.
+    narrow = [] if plan is None else [
+        f"{kind} {i}" for kind, specs in (("input", plan.inputs), ("output", plan.outputs))
+        for i, spec in enumerate(specs) if spec.narrower_than(plan.inputs[0], plan.block_rows)]
     possible = (
         dev.host_unified
         and halo == 0
         and len(arrays) == len(inputs) + len(outputs)  # files always stage
         and all(a.flags.c_contiguous for a in arrays)
+        and not narrow
     )
     if wanted and not possible:
         raise InputError(
             f"zero_copy=True needs a device that shares memory with the host ({dev.spec} "
-            f"{'does' if dev.host_unified else 'does not'}), halo=0 and C-contiguous arrays "
-            f"(not files)"
+            f"{'does' if dev.host_unified else 'does not'}), halo=0, C-contiguous arrays "
+            f"(not files) and no array with fewer elements per block than input 0"
+            + (f" ({', '.join(narrow)} has fewer)" if narrow else "")
         )
     return possible if wanted is None else wanted
 
