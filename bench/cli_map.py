@@ -25,12 +25,14 @@ import numpy as np
 
 import conveyor as cv
 
-KERNEL = """
+# Portable (conveyor.kernels.portable): one text for OpenCL and CUDA devices. The CLI tells the
+# language by the file's extension, so it is written as affine.cl or affine.cu.
+KERNEL = cv.portable("""
 __kernel void affine(__global const float *x, __global float *y, ulong offset, ulong n) {
     ulong i = get_global_id(0);
     if (i < n) y[i] = 2.0f * x[i] + 1.0f;
 }
-"""
+""")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,11 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         np.save(work / "x.npy", x)
         want = np.empty_like(x)
         pmap(lambda s, e: np.add(np.float32(2) * x[s:e], np.float32(1), out=want[s:e]), n)
-        (work / "affine.cl").write_text(KERNEL)
+        source = work / ("affine.cu" if dev.backend == "cuda" else "affine.cl")
+        source.write_text(KERNEL)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
-        command = [sys.executable, "-m", "conveyor.cli", "map", str(work / "affine.cl"),
+        command = [sys.executable, "-m", "conveyor.cli", "map", str(source),
                    "--kernel", "affine", "-i", str(work / "x.npy"), "-o", str(work / "y.npy"),
                    "--device", dev.spec, "--force", "-q"]
         subprocess.run(command, env=env, check=True)  # warms the kernel cache on disk
