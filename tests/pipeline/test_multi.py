@@ -488,3 +488,17 @@ def test_a_chain_of_kernel_futures_runs_on_two_devices(pair):
     cv.stream(chain, [x], [y], device=list(pair), block_bytes=4000)
     t = np.float32(2.0) * x + np.arange(x.size, dtype=np.float32)
     np.testing.assert_array_equal(y, t * t)
+
+
+def test_a_device_that_cannot_build_is_named_by_its_spec(pair, monkeypatch):
+    # device="opencl:all" took in a device that builds nothing; its CompileError named only
+    # the device's long name, with no spec and no way out.
+    def refuse(*args, **kwargs):
+        raise cv.CompileError("build failed: unknown target CPU 'generic'")
+
+    monkeypatch.setattr(pair[1], "compile", refuse)
+    x = data((5000,), np.float32, 1)
+    with pytest.raises(cv.CompileError) as info:
+        cv.stream(_add(pair[0]), [x, x], [np.zeros_like(x)], device=list(pair))
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert pair[1].spec in notes and "name the devices to use" in notes

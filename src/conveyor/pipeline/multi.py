@@ -36,7 +36,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Kernel
 from conveyor.closing import finish_uninterrupted, join
-from conveyor.errors import InputError
+from conveyor.errors import CompileError, InputError
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain, Link
 from conveyor.pipeline.engine import Compute, Engine
@@ -68,7 +68,15 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
         raise InputError(f"kernel {compute.name!r} was built for {compute.device.spec} and "
                          f"its source is unknown: compile it with device.compile(source, "
                          f"name) so that it can be built for {device.spec}")
-    return device.compile(compute.source, compute.name, compute.options)
+    try:
+        return device.compile(compute.source, compute.name, compute.options)
+    except CompileError as exc:
+        # "opencl:all" may take in a device that builds nothing (a CPU OpenCL too old for its
+        # CPU): say which spec failed and how to leave it out.
+        exc.add_note(f"conveyor: building kernel {compute.name!r} for {device.spec}, one of "
+                     f"several devices; to leave it out, name the devices to use, e.g. "
+                     f"device=[{compute.device.spec!r}, ...]")
+        raise
 
 
 def check_devices(devices: Sequence[Device], schedule: str) -> None:
