@@ -337,6 +337,9 @@ def test_wrong_inputs_are_input_errors_before_any_work(two_workers, tmp_path):
         cvd.kernel(AXPY, "nope")
     with pytest.raises(cv.InputError, match="agree on axis 0"):
         cvd.map_blocks(k, da.from_array(x), da.from_array(x[:5]))
+    chain = cv.chain([lambda *a, **kw: None, lambda *a, **kw: None], temps=[np.float32])
+    with pytest.raises(cv.InputError, match=r"a chain \(cv.chain\) does not go to Dask"):
+        cvd.map_blocks(chain, da.from_array(x))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 

@@ -93,6 +93,10 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
         spec = spec if spec is not None else compute.device.spec
     elif callable(compute):
         what = compute
+    elif type(compute).__name__ == "Chain":  # not imported: the client loads no engine
+        raise InputError("conveyor.dask runs one kernel or callable per chunk; a chain "
+                         "(cv.chain) does not go to Dask workers yet: stream it with "
+                         "cv.stream, or pass its links' work as one kernel or callable")
     else:
         raise InputError(f"compute must be a Kernel, conveyor.dask.kernel(source, name) or a "
                          f"callable, got {type(compute).__name__}")
