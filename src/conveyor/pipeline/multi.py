@@ -48,7 +48,6 @@ from conveyor.pipeline.plan import Plan, make_plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
-from conveyor.pipeline.shaped import ShapedSink
 from conveyor.pipeline.sinks import Sink
 from conveyor.pipeline.stage import default_workers
 from conveyor.pipeline.supply import SCHEDULES, Supply
@@ -232,16 +231,12 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
             **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
             resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
         )
-        for sink in sinks:
-            if isinstance(sink, ShapedSink):
-                sink.allocate(plan.block_count)  # a per-block output: one record per block
-            sink.open()
-        if plan.block_count == 0:
-            for sink in sinks:
-                sink.commit()
-            return Report(device=",".join(d.spec for d in devices), depth=opts.depth,
-                          outputs=[s.result for s in sinks], block_rows=plan.block_rows,
-                          result=reduction.result() if reduction is not None else None)
+        from conveyor.pipeline.stream import open_sinks
+
+        empty = open_sinks(sinks, plan, reduction, ",".join(d.spec for d in devices),
+                           opts.depth)
+        if empty is not None:
+            return empty
         report = run(kernels, sources, sinks, devices, opts, plan, reduction, schedule,
                      residents)
     finally:

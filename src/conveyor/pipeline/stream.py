@@ -255,6 +255,23 @@ def _keep_inputs(sources: list[Source], dev: Device) -> None:
             keep.keep_pinned(source.array, device=dev)
 
 
+def open_sinks(sinks: Sequence[Sink], plan: Plan, reduction: Reduction | None, device: str,
+               depth: int) -> Report | None:
+    """Open the sinks for ``plan`` (a per-block output gets one record per block); when the
+    plan has no blocks, commit them and return the stream's whole Report, else None."""
+    for sink in sinks:
+        if isinstance(sink, ShapedSink):
+            sink.allocate(plan.block_count)
+        sink.open()
+    if plan.block_count:
+        return None
+    for sink in sinks:
+        sink.commit()
+    return Report(device=device, depth=depth, outputs=[s.result for s in sinks],
+                  block_rows=plan.block_rows,
+                  result=reduction.result() if reduction is not None else None)
+
+
 def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:
     """InputError when ``trace`` names a file the stream reads or writes: the trace, written
     last, would replace it."""
@@ -336,16 +353,9 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         resident_bytes=residents.nbytes if residents is not None else 0,
         max_block_rows=max_rows,
     )
-    for sink in sinks:
-        if isinstance(sink, ShapedSink):
-            sink.allocate(plan.block_count)  # a per-block output: one record per block
-        sink.open()
-    if plan.block_count == 0:
-        for sink in sinks:
-            sink.commit()
-        return Report(device=dev.spec, depth=opts.depth, outputs=[s.result for s in sinks],
-                      block_rows=plan.block_rows,
-                      result=reduction.result() if reduction is not None else None)
+    empty = open_sinks(sinks, plan, reduction, dev.spec, opts.depth)
+    if empty is not None:
+        return empty
     opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks,
                                               plan))
     engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
