@@ -76,21 +76,15 @@ class Texture:
             made.close()
 
 
-def _attribute(device: cuda.Device, name: str) -> int:
-    attribute = getattr(cuda.driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
-    value = cuda._check(cuda.driver.cuDeviceGetAttribute(attribute, device.index),
-                        "cuDeviceGetAttribute")
-    return int(value)
-
-
 def limits(device: cuda.Device) -> base.ImageLimits:
     """The largest 2-D texture over a CUDA array (``MAXIMUM_TEXTURE2D_WIDTH`` / ``_HEIGHT``)
     and every format a CUDA array has (all of DTYPES with 1, 2 or 4 channels)."""
     _check_texture_api()
     device._current()
     formats = frozenset((c, np.dtype(d)) for c in CHANNELS for d in DTYPES)
-    return base.ImageLimits(_attribute(device, "MAXIMUM_TEXTURE2D_WIDTH"),
-                            _attribute(device, "MAXIMUM_TEXTURE2D_HEIGHT"), formats)
+    props = device.core.properties  # cuDeviceGetAttribute(MAXIMUM_TEXTURE2D_WIDTH, ...)
+    return base.ImageLimits(int(props.maximum_texture2d_width),
+                            int(props.maximum_texture2d_height), formats)
 
 
 def _check_texture_api() -> None:
