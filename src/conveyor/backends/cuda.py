@@ -323,7 +323,8 @@ class Kernel(base.Kernel):
         from conveyor.backends.cuda_images import TEXTURE_TYPES, texture_arg
 
         self.converters: list[Callable[[Any], Any]] = [
-            texture_arg if param.base in TEXTURE_TYPES and not param.is_pointer else convert
+            texture_arg if param.base.split(" ")[-1] in TEXTURE_TYPES and not param.is_pointer
+            else convert
             for param, convert in zip(self.params, arg_converters(self.params, _pointer_arg),
                                       strict=True)
         ]

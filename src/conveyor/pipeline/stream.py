@@ -294,7 +294,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         raise InputError("image inputs (cv.image) are read by a single kernel, not by a chain: "
                          "stream the image with one kernel, or pass the array as a plain "
                          "input to the chain")
-    # Image inputs (pipeline/image.py): checked against the device (first: OpenCL-only), and
+    # Image inputs (pipeline/image.py): checked against the device (no images: InputError), and
     # the most rows a block may have to fit the device's images.
     max_rows = image.prepare(compute, dev, sources, opts.boundary, opts.halo)
     if isinstance(compute, Chain):
