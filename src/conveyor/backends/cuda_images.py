@@ -15,7 +15,6 @@ A block of rows is copied from a pinned staging buffer straight into the array
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,7 +88,7 @@ def limits(device: cuda.Device) -> base.ImageLimits:
 
 def _check_texture_api() -> None:
     try:
-        importlib.import_module("cuda.core.texture")
+        from cuda.core import texture  # noqa: F401  (binds no local name ``cuda``)
     except ImportError as exc:
         raise InputError(
             f"image blocks on CUDA need cuda.core 1.1 or newer (cuda.core.texture), and this "
