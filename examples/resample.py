@@ -1,4 +1,5 @@
-"""Bilinear downscale of an image larger than the memory limit, read through OpenCL images.
+"""Bilinear downscale of an image larger than the memory limit, read through OpenCL images
+or CUDA texture objects.
 
 The input streams as ``cv.image(x, filter="linear")``: each block of rows is copied into an
 ``image2d_t`` and the kernel reads it with ``read_imagef`` through a linear sampler, so the
@@ -12,6 +13,11 @@ Output pixel ``o`` samples the input at ``(o + 0.5) * q / p`` (pixel centres ali
 OpenCV's INTER_LINEAR and PIL's bilinear do). With the default factor 1.5 every weight is 1/4
 or 3/4, which GPU texture units (8-bit fixed-point weights) hold exactly, so the result agrees
 with the NumPy reference to float rounding on every device.
+
+On CUDA the kernel (CUDA_SOURCE) takes the block's texture object, ``cudaTextureObject_t``,
+in the image's place (the linear filter and clamp are bound to it) and reads with
+``tex2D<float>``; a CUDA kernel cannot ask a texture its width, so it takes the input's
+columns as one more arg.
 
     python examples/resample.py [--rows 6000] [--columns 6000] [--ratio 2 3] [--device SPEC]
 """
@@ -38,6 +44,21 @@ __kernel void downscale(read_only image2d_t img, sampler_t linear, __global floa
 }
 """
 
+CUDA_SOURCE = """
+extern "C" __global__ void downscale(cudaTextureObject_t img, float *out, unsigned int p,
+                                     unsigned int q, unsigned int out_columns,
+                                     unsigned int in_columns, unsigned long long offset,
+                                     unsigned long long n) {
+    /* n counts input elements of this block: rows x in_columns of the image */
+    unsigned long long out_rows = n / in_columns * p / q;
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i >= out_rows * out_columns) return;
+    float scale = (float)q / (float)p;
+    out[i] = tex2D<float>(img, ((float)(i % out_columns) + 0.5f) * scale,
+                          ((float)(i / out_columns) + 0.5f) * scale);
+}
+"""
+
 
 def reference(x: np.ndarray, p: int, q: int) -> np.ndarray:
     """Bilinear downscale in NumPy: the same sample points, edges clamped."""
@@ -61,10 +82,12 @@ def run(device: cv.Device, rows: int, columns: int, *, ratio: tuple[int, int] = 
     p, q = ratio
     x = np.random.default_rng(seed).random((rows, columns), dtype=np.float32)
     out_columns = columns * p // q
-    kernel = device.compile(SOURCE, "downscale")
+    cuda = device.backend == "cuda"
+    kernel = device.compile(CUDA_SOURCE if cuda else SOURCE, "downscale")
+    args = (p, q, out_columns, columns) if cuda else (p, q, out_columns)
     report = cv.stream(kernel, [cv.image(x, filter="linear")],
                        [cv.rows(np.float32, ratio=(p, q), shape=(out_columns,))],
-                       args=(p, q, out_columns), device=device,
+                       args=args, device=device,
                        memory_limit=memory_limit or x.nbytes // 4)
     exact = bool(np.allclose(report.outputs[0], reference(x, p, q), rtol=1e-5, atol=1e-6))
     return exact, report

@@ -47,9 +47,7 @@ def test_bloom_filter_as_a_two_kernel_chain_is_exact_and_its_flags_stay_on_the_d
 
 @pytest.mark.parametrize("ratio", [(2, 3), (1, 2)])
 def test_resample_downscales_an_image_larger_than_the_memory_limit(device, ratio):
-    if device.backend != "opencl":
-        pytest.skip("image blocks are OpenCL-only")
-    resample = _load("resample")
+    resample = _load("resample")  # OpenCL images, CUDA texture objects
     rows, columns = 600, 390  # 0.94 MB of float32, 4x the limit
     exact, report = resample.run(device, rows, columns, ratio=ratio,
                                  memory_limit=rows * columns)

@@ -108,7 +108,7 @@ def _copy_kernel(device, dtype):
 def image_device(device):
     """An OpenCL device with image support (each usable device in turn)."""
     if device.backend != "opencl":
-        pytest.skip("image blocks are OpenCL-only (test_cuda_refuses_image_inputs)")
+        pytest.skip("OpenCL images; CUDA texture objects: test_image_cuda.py")
     try:
         device.image_limits()
     except InputError as exc:  # test_a_device_without_images_says_so checks this error
@@ -345,18 +345,34 @@ def test_linear_reads_of_integer_images_are_refused(image_device):
                   device=image_device)
 
 
-def test_cuda_refuses_image_inputs(device):
-    if device.backend != "cuda":
-        # The base class's answer, which CUDA keeps: asked of a real OpenCL device here.
-        with pytest.raises(InputError,
-                           match=r"image blocks are OpenCL-only.*texture objects.*plain input"):
-            base.Device.image_limits(device)
-        return
-    kernel = device.compile("extern \"C\" __global__ void k(float *y, unsigned long long o, "
-                            "unsigned long long n) {}", "k")
-    with pytest.raises(InputError, match=r"image blocks are OpenCL-only"):
-        cv.stream(kernel, [cv.image(np.zeros((4, 4), np.float32))], [np.float32],
-                  device=device)
+def test_a_backend_without_images_says_so(device):
+    # The base class's answer (OpenCL and CUDA override it): asked of a real device here.
+    with pytest.raises(InputError, match=r"image blocks are OpenCL and CUDA only.*plain input"):
+        base.Device.image_limits(device)
+
+
+CUDA_TAKES = """
+extern "C" __global__ void k(cudaTextureObject_t img, const float *x, float *y, int w,
+                             unsigned long long offset, unsigned long long n) {}
+"""
+
+
+def test_cuda_kernels_take_one_texture_object_per_image_input():
+    from conveyor.kernels.signature import parse_params
+    from conveyor.pipeline.image import kernel_params
+
+    params = parse_params(CUDA_TAKES, "k")
+    # Input 0 an image, input 1 a buffer, one output, one arg, offset, n: six parameters.
+    assert kernel_params("k", params, frozenset({0}), 6, "cuda") == list(params)
+    with pytest.raises(InputError, match=r"CUDA kernel 'k' takes 'cudaTextureObject_t' in "
+                                         r"its place \(read with tex2D<T>\), not 'const float"):
+        kernel_params("k", params, frozenset({1}), 6, "cuda")
+    with pytest.raises(InputError, match=r"takes 6 parameters; this stream passes 7: on CUDA "
+                                         r"each image input takes one \(cudaTextureObject_t\)"):
+        kernel_params("k", params, frozenset({0}), 7, "cuda")
+    # The OpenCL rule is unchanged: image2d_t and sampler_t.
+    with pytest.raises(InputError, match=r"each image input takes two"):
+        kernel_params("k", params, frozenset({0}), 6, "opencl")
 
 
 def _images_made(monkeypatch, device, fail_at=None):

@@ -92,7 +92,8 @@ class Registration(Closeable, ABC):
 
 
 class DeviceImage(Closeable, ABC):
-    """A read-only 2-D image on the device (OpenCL ``image2d_t``): ``rows`` x ``columns``
+    """A read-only 2-D image on the device (OpenCL ``image2d_t``, a CUDA array read through
+    a texture object): ``rows`` x ``columns``
     pixels of ``channels`` channels of ``dtype``. ``close()`` frees it at once: the caller
     guarantees no queued command still uses it."""
 
@@ -118,13 +119,14 @@ class ImageLimits:
 
 
 def no_images(device: Device) -> Exception:
-    """The InputError of a device without image blocks (every CUDA device)."""
+    """The InputError of a backend without image blocks (the base class's default; OpenCL
+    and CUDA both have them)."""
     from conveyor.errors import InputError
 
     return InputError(
-        f"image blocks are OpenCL-only: {device.spec} runs {device.backend}, whose backend "
-        f"in conveyor does not drive texture objects (README: Image blocks); stream the "
-        f"array as a plain input (a buffer), or pick an OpenCL device "
+        f"image blocks are OpenCL and CUDA only: {device.spec} runs {device.backend}, whose "
+        f"backend in conveyor drives neither images nor texture objects (README: Image "
+        f"blocks); stream the array as a plain input (a buffer), or pick an OpenCL device "
         f"(device=cv.device('opencl'))")
 
 
@@ -405,7 +407,7 @@ class Device(Closeable, ABC):
 
     def image_limits(self) -> ImageLimits:
         """The sizes and formats of read-only 2-D images this device has; InputError where it
-        has none (every CUDA device: conveyor's CUDA backend has no image blocks)."""
+        has none."""
         raise no_images(self)
 
     def alloc_image(self, rows: int, columns: int, channels: int, dtype: np.dtype
@@ -418,6 +420,12 @@ class Device(Closeable, ABC):
         """A sampler (OpenCL ``sampler_t``): ``address`` "clamp_to_edge", "clamp", "repeat" or
         "mirrored_repeat"; ``filter`` "nearest" or "linear"; ``normalized`` coordinates."""
         raise no_images(self)
+
+    def image_arguments(self, image: DeviceImage, sampler: Any) -> tuple[Any, ...]:
+        """The launch arguments that stand for ``image`` read through ``sampler`` (a value
+        of ``image_sampler``): OpenCL's are the two (``image2d_t``, ``sampler_t``); CUDA's the
+        one texture object bound to both (closed with the image)."""
+        return (image, sampler)
 
     @abstractmethod
     def _release(self) -> None:

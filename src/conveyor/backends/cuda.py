@@ -320,7 +320,14 @@ class Kernel(base.Kernel):
         self.core_kernel = core_kernel
         self.name = name
         self.params = tuple(params)
-        self.converters: list[Callable[[Any], Any]] = arg_converters(self.params, _pointer_arg)
+        from conveyor.backends.cuda_images import TEXTURE_TYPES, texture_arg
+
+        self.converters: list[Callable[[Any], Any]] = [
+            texture_arg if param.base.split(" ")[-1] in TEXTURE_TYPES and not param.is_pointer
+            else convert
+            for param, convert in zip(self.params, arg_converters(self.params, _pointer_arg),
+                                      strict=True)
+        ]
         try:
             self.max_block = int(core_kernel.attributes.max_threads_per_block)
         except Exception:  # attribute query unsupported: CUDA's architectural limit
@@ -524,6 +531,12 @@ class Queue(base.Queue):
                    "cuMemsetD8Async")
         return self._end(start)
 
+    def copy_to_image(self, dst: base.DeviceImage, src: np.ndarray, rows: int, *,
+                      wait_for: Sequence[base.Event] = ()) -> Event:
+        from conveyor.backends import cuda_images
+
+        return cuda_images.copy_to_image(self, dst, src, rows, wait_for)
+
     def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
         start = self._begin(wait_for)
         return Event(self.device, start, start)
@@ -592,6 +605,7 @@ class Device(base.Device):
         self._reference.sync()
         self._gate_kernel: Kernel | None = None
         self._wait_value_ok = True
+        self._image_limits: base.ImageLimits | None = None
 
     def _current(self) -> None:
         """Make this device's primary context current on the calling thread."""
@@ -744,6 +758,30 @@ class Device(base.Device):
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         ptr = _device_pointer(buf, 0, nbytes, "device_array")
         return DeviceArray(ptr, tuple(shape), dt, (2, self.index), queue, buf)
+
+    # Textures live in cuda_images.py (this file keeps the buffer backend's shape).
+    def image_limits(self) -> base.ImageLimits:
+        from conveyor.backends import cuda_images
+
+        if self._image_limits is None:
+            self._image_limits = cuda_images.limits(self)
+        return self._image_limits
+
+    def alloc_image(self, rows: int, columns: int, channels: int, dtype: np.dtype
+                    ) -> base.DeviceImage:
+        from conveyor.backends import cuda_images
+
+        return cuda_images.alloc(self, rows, columns, channels, dtype)
+
+    def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:
+        from conveyor.backends import cuda_images
+
+        return cuda_images.sampler(self, address, filter, normalized)
+
+    def image_arguments(self, image: base.DeviceImage, sampler: Any) -> tuple[Any, ...]:
+        from conveyor.backends import cuda_images
+
+        return (cuda_images.texture(self, image, sampler),)  # no separate sampler on CUDA
 
     def _release(self) -> None:
         self._current()

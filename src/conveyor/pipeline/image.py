@@ -1,4 +1,5 @@
-"""Image blocks (OpenCL): a 2-D input read by the kernel through an ``image2d_t`` and a sampler.
+"""Image blocks: a 2-D input read by the kernel through an image and a sampler (OpenCL
+``image2d_t`` and ``sampler_t``; CUDA a texture object, ``cudaTextureObject_t``).
 
 ``cv.image(a)`` in ``inputs=`` marks array ``a`` (rows, columns) or (rows, columns, channels)
 as an image input. Each block of rows, with its halo rows, is staged as any input is (a
@@ -20,9 +21,13 @@ the whole array (``row_items`` = columns x channels of input 0). With ``normaliz
 kernel divides by ``get_image_width`` / ``get_image_height`` (the height is the same for every
 block: ``block_rows + 2 * halo``; the tail block leaves the rows past its own unused).
 
-CUDA has no image blocks: conveyor's CUDA backend does not drive texture objects (cuda.core
-has them since 1.1, ``cuda.core.texture``; see the README), so an image input on a CUDA
-device is an InputError (``backends/base.py``: ``no_images``).
+On CUDA (``backends/cuda_images.py``) an image is a CUDA array and the sampler is bound to
+it in a texture object (CUDA has no separate sampler), so the kernel takes ONE parameter in
+the input's place, ``cudaTextureObject_t``, and reads with ``tex2D<T>(t, x + 0.5f, y +
+0.5f)`` (T the element type, or its vector type for 2 or 4 channels, ``float`` for half).
+CUDA kernels cannot ask a texture its size: one that reads normalized coordinates takes the
+width and height as args (the height is ``report.block_rows + 2 * halo``; ``block_bytes``
+sets the block's rows).
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ def image(value: Any, *, address: str | None = None, filter: str = "nearest",
           normalized: bool = False) -> ImageInput:
     """Mark ``value`` (an array, a ``.npy`` path, ``cv.npy`` or ``cv.raw``) of shape (rows,
     columns) or (rows, columns, channels of 1, 2 or 4) as an image input of ``cv.stream``
-    (OpenCL only). The kernel takes ``read_only image2d_t img, sampler_t s`` in its place.
+    (OpenCL or CUDA). The kernel takes ``read_only image2d_t img, sampler_t s`` in its place
+    on OpenCL, ``cudaTextureObject_t img`` on CUDA.
 
     ``address`` is the sampler's addressing mode: "clamp_to_edge", "mirrored_repeat",
     "repeat" or "clamp", which must match the stream's ``boundary=`` ("nearest", "reflect",
@@ -118,7 +124,8 @@ class ImageSource(Source):
         if self.filter == "linear" and self.dtype.kind != "f":
             raise InputError(
                 f"{where}: filter='linear' interpolates float and half images only (OpenCL "
-                f"reads integer images with read_imagei/read_imageui, nearest only), and this "
+                f"reads integer images with read_imagei/read_imageui and CUDA integer textures "
+                f"as integers, nearest only), and this "
                 f"one holds {self.dtype}: use filter='nearest' or pass a.astype(np.float32)")
 
     def rows(self, lo: int, hi: int) -> Any:
@@ -138,9 +145,11 @@ class ImageSource(Source):
                 f"{describe_formats(limits)}: pass an array of one of those (a.astype(...)) "
                 f"or stream it as a plain input")
         if self.columns > limits.max_width:
+            name = ("CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH" if device.backend == "cuda"
+                    else "CL_DEVICE_IMAGE2D_MAX_WIDTH")
             raise InputError(
                 f"{where} has {self.columns} columns, more than {device.name}'s largest image "
-                f"width ({limits.max_width} pixels, CL_DEVICE_IMAGE2D_MAX_WIDTH): stream it as "
+                f"width ({limits.max_width} pixels, {name}): stream it as "
                 f"a plain input, or split its columns into several images")
         matching = _address_for(boundary)
         if matching is None:
@@ -156,11 +165,14 @@ class ImageSource(Source):
                 f"boundary={boundary!r}: pass boundary={wanted!r}, or address={matching!r} "
                 f"(or leave address=None)")
         if matching in NORMALIZED_ONLY and not self.normalized:
+            size = ("width, height (kernel args: the height is the block's rows + 2 * halo)"
+                    if device.backend == "cuda" else
+                    "get_image_width(img), get_image_height(img)")
             raise InputError(
                 f"{where}: boundary={boundary!r} reads through address={matching!r}, which "
-                f"OpenCL allows with normalized coordinates only: pass cv.image(..., "
-                f"normalized=True) and read at ((x + 0.5f) / get_image_width(img), "
-                f"(y + 0.5f) / get_image_height(img))")
+                f"OpenCL and CUDA allow with normalized coordinates only: pass cv.image(..., "
+                f"normalized=True) and read at ((x + 0.5f) / width, (y + 0.5f) / height) "
+                f"({size})")
         self.address = matching
 
 
@@ -193,10 +205,11 @@ def prepare(compute: Any, device: Device, sources: Sequence[Source], boundary: B
     if not images:
         return None
     if not isinstance(compute, Kernel):
-        raise InputError("image inputs are read by a kernel (read_only image2d_t, sampler_t); "
+        raise InputError("image inputs are read by a kernel (read_only image2d_t, sampler_t; "
+                         "CUDA: cudaTextureObject_t); "
                          "a Python callable gets device arrays: pass a kernel, or stream the "
                          "array as a plain input")
-    limits = device.image_limits()  # InputError on CUDA (OpenCL-only)
+    limits = device.image_limits()  # InputError where the device has no images
     for source in images:
         source.resolve(boundary, limits, device)
     rows = limits.max_height - 2 * halo
@@ -206,11 +219,24 @@ def prepare(compute: Any, device: Device, sources: Sequence[Source], boundary: B
     return rows
 
 
+#: The type names a CUDA kernel's parameter of an image input may have.
+TEXTURE_TYPES = ("cudaTextureObject_t", "CUtexObject")
+
+
+def sampler_params(device: Device, sources: Sequence[Any]) -> int:
+    """How many parameters the kernel has beyond one per input and output: each image
+    input's ``sampler_t`` on OpenCL; none on CUDA (the texture object is the sampler)."""
+    return 0 if device.backend == "cuda" else len(indices(sources))
+
+
 def kernel_params(kernel: str, params: Sequence[Param], images: frozenset[int],
-                  expected: int) -> list[Param]:
+                  expected: int, backend: str = "opencl") -> list[Param]:
     """``params`` without each image input's ``sampler_t``, after checking that the kernel
     takes ``image2d_t, sampler_t`` in each image input's place (``expected`` parameters are
-    what the stream passes besides the samplers)."""
+    what the stream passes besides the samplers); on CUDA (``backend``), after checking that
+    it takes a ``cudaTextureObject_t`` there."""
+    if backend == "cuda":
+        return _texture_params(kernel, params, images, expected)
     if len(params) != expected + len(images):
         raise InputError(
             f"kernel {kernel!r} takes {len(params)} parameters; this stream passes "
@@ -235,20 +261,38 @@ def kernel_params(kernel: str, params: Sequence[Param], images: frozenset[int],
     return kept + list(params[position:])
 
 
+def _texture_params(kernel: str, params: Sequence[Param], images: frozenset[int],
+                    expected: int) -> list[Param]:
+    if len(params) != expected:
+        raise InputError(
+            f"kernel {kernel!r} takes {len(params)} parameters; this stream passes "
+            f"{expected}: on CUDA each image input takes one (cudaTextureObject_t), each "
+            f"other input and output one, then args, then offset and n")
+    for index in sorted(images):
+        param = params[index]
+        if param.is_pointer or param.base.split(" ")[-1] not in TEXTURE_TYPES:
+            raise InputError(
+                f"input {index} is an image, so CUDA kernel {kernel!r} takes "
+                f"'cudaTextureObject_t' in its place (read with tex2D<T>), not "
+                f"{param.type_text!r}")
+    return list(params)
+
+
 @dataclass(frozen=True)
 class ImageBlock:
-    """One slot's image of one input and its sampler: the kernel's two arguments."""
+    """One slot's image of one input and the kernel's arguments for it: the image and its
+    sampler (OpenCL), or the texture object bound to both (CUDA)."""
 
     image: DeviceImage
-    sampler: Any
+    args: tuple[Any, ...]
 
 
 def launch_inputs(buffers: Sequence[Any]) -> list[Any]:
-    """A slot's input buffers as launch arguments: an image input is its image and sampler."""
+    """A slot's input buffers as launch arguments: an image input is its image's arguments."""
     args: list[Any] = []
     for buffer in buffers:
         if isinstance(buffer, ImageBlock):
-            args += (buffer.image, buffer.sampler)
+            args += buffer.args
         else:
             args.append(buffer)
     return args
@@ -278,7 +322,7 @@ class ImageIn(StagedIn):
                                               source.channels, source.dtype)
                     self.held.append(made)
                     self.device_bytes += made.nbytes
-                    blocks.append(ImageBlock(made, sampler))
+                    blocks.append(ImageBlock(made, device.image_arguments(made, sampler)))
                 self.slots.append(blocks)
         except BaseException:
             self.give_back()

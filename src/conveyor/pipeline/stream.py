@@ -100,9 +100,9 @@ def stream(
     (a file output's dtype defaults to the kernel's output parameter type, else input 0's);
     ``report.outputs`` then holds the path. See ``conveyor.pipeline.io``.
 
-    ``cv.image(a)`` (OpenCL) streams a 2-D input through images: the kernel takes
-    ``read_only image2d_t, sampler_t`` in its place and the sampler's addressing mode matches
-    ``boundary=`` (``conveyor.pipeline.image``).
+    ``cv.image(a)`` streams a 2-D input through images: the kernel takes ``read_only
+    image2d_t, sampler_t`` in its place (CUDA: ``cudaTextureObject_t``) and the addressing mode
+    matches ``boundary=`` (``conveyor.pipeline.image``).
 
     ``halo=h`` gives each input block ``h`` extra rows before and after, so element ``i`` of
     the block is at index ``i + h * row`` of the input buffer; outputs are exactly the block.
@@ -195,7 +195,7 @@ def stream(
         sinks = [
             o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
             else as_sink(o, i, rows, sources[0].shape[1:],
-                         _file_dtype(compute, len(sources) + len(image.indices(sources)), i,
+                         _file_dtype(compute, len(sources) + image.sampler_params(dev, sources), i,
                                      sources[0].dtype, len(outputs or ())))
             for i, o in enumerate(outputs or ())
         ]
@@ -311,7 +311,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         raise InputError("image inputs (cv.image) are read by a single kernel, not by a chain: "
                          "stream the image with one kernel, or pass the array as a plain "
                          "input to the chain")
-    # Image inputs (pipeline/image.py): checked against the device (first: OpenCL-only), and
+    # Image inputs (pipeline/image.py): checked against the device (no images: InputError), and
     # the most rows a block may have to fit the device's images.
     max_rows = image.prepare(compute, dev, sources, opts.boundary, opts.halo)
     if isinstance(compute, Chain):
@@ -327,7 +327,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
             )
         element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
         buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
-        buffers += len(image.indices(sources))  # each image input's sampler_t
+        buffers += image.sampler_params(dev, sources)  # each image input's sampler_t
         residents = resident.bind(compute, buffers, opts.args)
     elif not callable(compute):
         raise InputError(

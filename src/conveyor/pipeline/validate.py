@@ -92,8 +92,8 @@ def check_kernel(
     from conveyor.pipeline import image
 
     images = image.indices(inputs)
-    if images:  # each takes image2d_t, sampler_t: checked there, the samplers dropped
-        params = image.kernel_params(kernel.name, params, images, expected)
+    if images:  # image2d_t, sampler_t (CUDA: cudaTextureObject_t): checked, samplers dropped
+        params = image.kernel_params(kernel.name, params, images, expected, device.backend)
     if len(params) != expected:
         what = "1 partial buffer, " if reduce is not None else f"{len(outputs)} outputs, "
         raise InputError(
