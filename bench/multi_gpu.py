@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,49 @@ def pick_devices(backend: str) -> tuple[list[cv.Device], str]:
     platform, index = (int(p) for p in dev.spec.split(":")[1:])
     second = opencl.Device(dev.cl_device, platform, index)  # type: ignore[attr-defined]
     return [dev, second], "one usable device: the second is another context on it"
+
+
+def vadd_copies_gbps(devs: list[cv.Device], block: int, blocks: int, repeats: int = 2) -> float:
+    """Input GB/s of vadd's copies alone, no kernel, on every device of ``devs`` at once: per
+    block, two inputs in (one queue) and one output out (another), each device from its own
+    pinned buffers, ``blocks`` blocks each; best of ``repeats`` after a warm-up. The ceiling
+    of a stream that moves bytes both ways: the host carries less in both directions at once
+    than in one (measured on 2 x H200: 84 GB/s in with 42 out, against 108 in alone)."""
+    sets = []
+    held: list[Any] = []
+    for dev in devs:
+        q_in, q_out = dev.create_queue(), dev.create_queue()
+        d_in, d_out = dev.alloc_device(2 * block), dev.alloc_device(block)
+        h_in, h_out = dev.alloc_pinned(2 * block), dev.alloc_pinned(block)
+        h_in.array[:2 * block].fill(1)
+        held += [d_in, d_out, h_in, h_out]
+        sets.append((q_in, q_out, d_in, d_out, h_in.array[:2 * block], h_out.array[:block]))
+
+    def copies(index: int) -> None:
+        q_in, q_out, d_in, d_out, h_in, h_out = sets[index]
+        for _ in range(blocks):
+            q_in.copy_in(d_in, h_in)
+            q_out.copy_out(h_out, d_out)
+        q_in.finish()
+        q_out.finish()
+
+    best = float("inf")
+    try:
+        for _ in range(repeats + 1):
+            threads = [threading.Thread(target=copies, args=(i,)) for i in range(len(devs))]
+            started = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            best = min(best, time.perf_counter() - started)
+    finally:
+        for q_in, q_out, *_ in sets:
+            q_in.close()
+            q_out.close()
+        for buffer in held:
+            buffer.close()
+    return len(devs) * blocks * 2 * block / best / 1e9
 
 
 def timed(run: Any, check: Any, repeats: int) -> tuple[float, cv.Report]:
@@ -173,6 +217,14 @@ def main() -> None:
           f"({both.pinned_h2d_gbps / alone[0].pinned_h2d_gbps:.2f} x); host memcpy "
           f"{host_rate:.1f} GB/s")
 
+    # The copies of vadd alone, both directions at once: one device, then both at once.
+    copy_blocks = max(1, min(32, n * 4 // block))
+    duplex = [vadd_copies_gbps(devs[:1], block, copy_blocks), vadd_copies_gbps(devs, block,
+                                                                               copy_blocks)]
+    figures["vadd_copies_gbps_in"] = duplex
+    print(f"vadd's copies alone (2 in, 1 out per block, no kernel) GB/s in: 1 device "
+          f"{duplex[0]:.1f}, both at once {duplex[1]:.1f} ({duplex[1] / duplex[0]:.2f} x)")
+
     rng = np.random.default_rng(0)
     pa = cv.pinned.empty(n, np.float32, device=devs[0])
     pb = cv.pinned.empty(n, np.float32, device=devs[0])
@@ -201,11 +253,13 @@ def main() -> None:
         row = {"case": name, "one_s": one, "two_s": two, "speedup": one / two,
                "two_gbps_in": gbps_in, "imbalance": report.imbalance,
                "blocks": [r.blocks for r in report.devices],
-               "ratio_to_both_ceiling_in": gbps_in / both.pinned_h2d_gbps}
+               "ratio_to_both_ceiling_in": gbps_in / both.pinned_h2d_gbps,
+               "ratio_to_vadd_copies_in": gbps_in / duplex[1]}
         rows.append(row)
         print(f"{name:<22} 1 dev {one:7.3f} s  2 dev {two:7.3f} s  = {one / two:4.2f} x  "
               f"{gbps_in:6.1f} GB/s in ({row['ratio_to_both_ceiling_in']:.2f} of both-at-once "
-              f"ceiling)  imbalance {report.imbalance:.1%}  blocks {row['blocks']}")
+              f"ceiling, {row['ratio_to_vadd_copies_in']:.2f} of vadd's copies alone)  "
+              f"imbalance {report.imbalance:.1%}  blocks {row['blocks']}")
 
     case("vadd pinned", [pa, pb], pc, kernels)
     a, b = np.asarray(pa).copy(), np.asarray(pb).copy()
@@ -217,6 +271,26 @@ def main() -> None:
     rows[-1]["host_bound_gbps_in"] = bound
     print(f"{'':<22} pageable bound min(link, host {host_rate:.1f} / 1.5) = {bound:.1f} GB/s in "
           f"-> {rows[-1]['two_gbps_in'] / bound:.2f} of it")
+    # Inputs only (a sum of a + b: a few KiB of partials come back): the copies go one way,
+    # so the bound is the both-at-once host-to-device ceiling, not vadd's two-way copies.
+    sums = {}
+    for label, device in (("1", devs[0]), ("2", devs)):
+        sums[label] = timed(
+            lambda device=device: cv.stream(kernels[0], [pa, pb], device=device, reduce="sum",
+                                            block_bytes=block), lambda: None, options.repeats)
+    if sums["1"][1].result != sums["2"][1].result:
+        sys.exit(f"sum: {sums['2'][1].result} on 2 devices, {sums['1'][1].result} on 1")
+    one, two = sums["1"][0], sums["2"][0]
+    report = sums["2"][1]
+    rows.append({"case": "sum pinned (inputs only)", "one_s": one, "two_s": two,
+                 "speedup": one / two, "two_gbps_in": report.gbps_in,
+                 "imbalance": report.imbalance, "blocks": [r.blocks for r in report.devices],
+                 "ratio_to_both_ceiling_in": report.gbps_in / both.pinned_h2d_gbps})
+    print(f"{'sum pinned (in only)':<22} 1 dev {one:7.3f} s  2 dev {two:7.3f} s  = "
+          f"{one / two:4.2f} x  {report.gbps_in:6.1f} GB/s in "
+          f"({rows[-1]['ratio_to_both_ceiling_in']:.2f} of both-at-once ceiling)  imbalance "
+          f"{report.imbalance:.1%}  blocks {rows[-1]['blocks']}  (same result on 1 and 2)")
+
     hc = cv.pinned.empty(n, np.float32, device=devs[0])
     want_heavy = np.empty_like(pa)
     cv.stream(heavy[0], [pa, pb], [want_heavy], device=devs[0], args=(reps,), block_bytes=block)

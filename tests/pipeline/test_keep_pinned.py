@@ -164,7 +164,7 @@ def test_keep_and_release_take_a_device_spec_string(device):
         cv.keep_pinned(a, device=3)
 
 
-def test_an_array_pinned_for_another_context_is_registered_for_this_one(device):
+def test_an_array_pinned_for_another_context_is_copied_directly_by_this_one(device):
     if device.backend != "opencl":
         pytest.skip("a second context of one device is an OpenCL notion")
     from conveyor.backends import opencl
@@ -173,11 +173,21 @@ def test_an_array_pinned_for_another_context_is_registered_for_this_one(device):
     other = opencl.Device(device.cl_device, platform, index)
     try:
         p = cv.pinned.empty(100_000, np.float32, device=other)
-        p[:] = 1
-        # It said "kept" (True) before, with nothing registered for this device.
+        p[:] = np.arange(100_000, dtype=np.float32)
+        # Another context of the same platform copies it directly (blocking copies): it is
+        # kept already, and nothing is registered for it.
         assert cv.keep_pinned(p, device=device)
-        assert keep.find(device, p) is not None
-        cv.release_pinned(p)
+        assert keep.find(device, p) is None
+        out = np.zeros_like(p)
+        source = cv.portable("""
+        __kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
+            ulong i = get_global_id(0);
+            if (i < n) y[i] = 2.0f * x[i];
+        }""")
+        report = cv.stream(source, [p], [out], device=device, block_bytes=40_000,
+                           zero_copy=False)
+        np.testing.assert_array_equal(out, 2 * p)
+        assert "stage-in" not in {span.lane for span in report.timeline.spans}
         del p
         gc.collect()
     finally:

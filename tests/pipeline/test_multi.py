@@ -356,11 +356,38 @@ def test_pinned_arrays_are_direct_only_where_the_backend_shares_them(pair):
 
     x = cv.pinned.empty(1000, np.float32, device=pair[0])
     assert is_pinned_for(x, pair[0])
-    # OpenCL pinned memory belongs to one context; CUDA's is portable (portable_pinned).
-    assert is_pinned_for(x, pair[1]) == (pair[1].portable_pinned
-                                         and pair[1].backend == pair[0].backend)
+    # CUDA's pinned memory is portable; OpenCL's belongs to one context, and another context
+    # of the same platform copies it directly, with blocking copies (_pinned_elsewhere).
+    same_platform = (pair[0].backend == pair[1].backend == "opencl"
+                     and pair[0].cl_device.platform == pair[1].cl_device.platform)
+    assert is_pinned_for(x, pair[1]) == (same_platform or (
+        pair[1].portable_pinned and pair[1].backend == pair[0].backend))
     assert not is_pinned_for(np.zeros(10, np.float32), pair[0])
+    if pair[0].backend == "opencl":
+        from conveyor.backends.opencl import _pinned_elsewhere
+
+        assert not _pinned_elsewhere(x, pair[0]) and _pinned_elsewhere(x, pair[1])
+        assert not _pinned_elsewhere(np.zeros(10, np.float32), pair[1])
     del x
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_arrays_pinned_for_one_device_stream_direct_on_both(pair, schedule):
+    """A pinned input and output of the first device: exact on both, and on the same platform
+    (or CUDA) no device stages them through its ring: no stage spans in the timeline."""
+    n = 60_001
+    a = cv.pinned.empty(n, np.float32, device=pair[0])
+    b = cv.pinned.empty(n, np.float32, device=pair[0])
+    c = cv.pinned.empty(n, np.float32, device=pair[0])
+    a[:], b[:], c[:] = data((n,), np.float32, 1), data((n,), np.float32, 2), 0
+    report = cv.stream(_add(pair[0]), [a, b], [c], device=list(pair), block_bytes=4000,
+                       schedule=schedule, zero_copy=False)
+    np.testing.assert_array_equal(c, add_reference(a, b))
+    assert all(r.blocks > 0 for r in report.devices)
+    if all(dev.copies_pinned_of(pair[0]) for dev in pair):
+        lanes = {s.lane for s in report.timeline.spans}
+        assert "copy-in" in lanes and not lanes & {"stage-in", "stage-out"}, lanes
+    del a, b, c
 
 
 def test_the_supply_deals_runs_in_order_and_static_shares():

@@ -332,6 +332,12 @@ class Device(Closeable, ABC):
     #: allocates it portable), so an array pinned for one device is copied directly by another.
     portable_pinned: bool = False
 
+    def copies_pinned_of(self, other: Device) -> bool:
+        """True when this device copies host memory pinned for ``other`` directly, without
+        staging it through its own pinned ring (a pinned input of a stream over several
+        devices)."""
+        return other is self or (self.portable_pinned and other.backend == self.backend)
+
     @property
     def host_unified(self) -> bool:
         """True when device and host share physical memory (CPU devices, integrated GPUs)."""

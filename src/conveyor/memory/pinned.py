@@ -119,13 +119,11 @@ def is_pinned(array: np.ndarray, device: Device | None = None) -> bool:
 
 def is_pinned_for(array: np.ndarray, device: Device) -> bool:
     """True when ``device`` can copy ``array`` without staging it: pinned for ``device``, or
-    for another device of its backend whose pinned memory is portable (CUDA), as when one
-    pinned input streams over several GPUs."""
+    for another device whose pinned memory it copies directly (``Device.copies_pinned_of``:
+    CUDA's portable pinned memory; another context of the same OpenCL platform), as when
+    one pinned input streams over several GPUs."""
     found = owner(array)
-    if found is None:
-        return False
-    mine = found.device
-    return mine is device or (device.portable_pinned and mine.backend == device.backend)
+    return found is not None and device.copies_pinned_of(found.device)
 
 
 def record_use(array: np.ndarray, event: Event) -> None:
