@@ -104,6 +104,8 @@ def vadd_copies_gbps(devs: list[cv.Device], block: int, blocks: int, repeats: in
         for _ in range(blocks):
             q_in.copy_in(d_in, h_in)
             q_out.copy_out(h_out, d_out)
+            q_in.flush()  # NVIDIA's OpenCL holds commands back until a flush
+            q_out.flush()
         q_in.finish()
         q_out.finish()
 

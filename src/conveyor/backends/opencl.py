@@ -244,6 +244,7 @@ class Queue(base.Queue):
             )
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateCommandQueue") from exc
+        self._elsewhere: Any = None  # opencl_elsewhere.ElsewhereCopier, made on first use
 
     @property
     def native(self) -> cl.CommandQueue:
@@ -264,13 +265,26 @@ class Queue(base.Queue):
             return self._copy_registered(dst, src, kept, dst_offset, wait_for)
         if hazards.armed(self.device) and not _is_pinned(src):
             hazards.pageable_copy(self.device, "copy_in", src.nbytes)
+        if _pinned_elsewhere(src, self.device):
+            q, buf, events = self._q, _cl_buf(dst), _events(wait_for)
+            return self._copy_elsewhere(lambda: _write_buffer(
+                q, buf, src, dst_offset=dst_offset, wait_for=events, is_blocking=True))
         try:
             ev = _write_buffer(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
-                               wait_for=_events(wait_for),
-                               is_blocking=_pinned_elsewhere(src, self.device))
+                               wait_for=_events(wait_for), is_blocking=False)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueWriteBuffer") from exc
         return Event(ev)
+
+    def _copy_elsewhere(self, copy: Callable[[], cl.Event]) -> Event:
+        """A copy of memory pinned by another context: blocking, on this queue's copier
+        thread (backends/opencl_elsewhere.py); its stand-in event at once."""
+        if self._elsewhere is None:
+            from conveyor.backends.opencl_elsewhere import ElsewhereCopier
+
+            self._elsewhere = ElsewhereCopier(self._q.context)
+        event: Event = self._elsewhere.submit(copy)
+        return event
 
     def _copy_registered(self, dst: base.DeviceBuffer, src: np.ndarray, kept: Any,
                          dst_offset: int, wait_for: Sequence[base.Event]) -> Event:
@@ -287,10 +301,13 @@ class Queue(base.Queue):
                  wait_for: Sequence[base.Event] = ()) -> Event:
         if hazards.armed(self.device) and not _is_pinned(dst):
             hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
+        if _pinned_elsewhere(dst, self.device):
+            q, buf, events = self._q, _cl_buf(src), _events(wait_for)
+            return self._copy_elsewhere(lambda: _read_buffer(
+                q, buf, dst, src_offset=src_offset, wait_for=events, is_blocking=True))
         try:
             ev = _read_buffer(self._q, _cl_buf(src), dst, src_offset=src_offset,
-                              wait_for=_events(wait_for),
-                              is_blocking=_pinned_elsewhere(dst, self.device))
+                              wait_for=_events(wait_for), is_blocking=False)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueReadBuffer") from exc
         return Event(ev)
@@ -369,12 +386,17 @@ class Queue(base.Queue):
         self._q.flush()
 
     def finish(self) -> None:
+        if self._elsewhere is not None:
+            self._elsewhere.drain()
         try:
             self._q.finish()
         except cl.Error as exc:
             raise _backend_error(exc, "clFinish") from exc
 
     def close(self) -> None:
+        if self._elsewhere is not None:
+            self._elsewhere.close()  # its last copies first: they enqueue on this queue
+            self._elsewhere = None
         if self.cl_queue is not None and not _forked:  # finish() would hang in a forked child
             self.cl_queue.finish()
         self.cl_queue = None
@@ -394,11 +416,8 @@ def _is_pinned(array: np.ndarray) -> bool:
 
 def _pinned_elsewhere(array: np.ndarray, device: base.Device) -> bool:
     """True when ``array`` is conveyor pinned memory of another OpenCL context (another
-    device of a stream over several). NVIDIA's driver copies such memory at the pinned rate
-    but synchronously, inside the enqueue call, and PyOpenCL holds the GIL through a
-    non-blocking enqueue: every other thread (the other devices' engines) stalls for the
-    copy. A blocking enqueue releases the GIL (measured on 2 x H200: GIL gaps of 12-30 ms
-    non-blocking, 1.1 ms blocking, 53 GB/s either way), so these copies are made blocking."""
+    device of a stream over several): copied blocking, off the caller's thread
+    (backends/opencl_elsewhere.py says why)."""
     from conveyor.memory.pinned import owner
 
     found = owner(array)
