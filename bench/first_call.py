@@ -32,6 +32,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "no-grow": {"CONVEYOR_RING_GROW": "0"},
     "driver-alloc": {"CONVEYOR_PINNED_ALLOC": "driver"},
     "no-prefault": {"CONVEYOR_PREFAULT": "off"},
+    "register": {"CONVEYOR_PINNED_ALLOC": "register"},
+    "register-no-grow": {"CONVEYOR_PINNED_ALLOC": "register", "CONVEYOR_RING_GROW": "0"},
     "old": {"CONVEYOR_RING_GROW": "0", "CONVEYOR_PINNED_ALLOC": "driver",
             "CONVEYOR_PREFAULT": "off"},
 }

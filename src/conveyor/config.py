@@ -122,8 +122,8 @@ def prefault_mode() -> str:
 
 
 def pinned_alloc_mode() -> str:
-    """``CONVEYOR_PINNED_ALLOC``: "driver" (default) or "register" (CUDA backend)."""
-    return _choice(PINNED_ALLOC_VAR, ("driver", "register"))
+    """``CONVEYOR_PINNED_ALLOC``: "register" (default) or "driver" (CUDA backend)."""
+    return _choice(PINNED_ALLOC_VAR, ("register", "driver"))
 
 
 def pinned_budget() -> int | None:

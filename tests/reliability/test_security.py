@@ -75,7 +75,7 @@ BAD_VALUES = {
     "CONVEYOR_STRICT": ("2", config.strict_mode, False),
     "CONVEYOR_POOL_KEEP": ("lots", config.pool_keep, None),
     "CONVEYOR_PREFAULT": ("sometimes", config.prefault_mode, "off"),
-    "CONVEYOR_PINNED_ALLOC": ("cudaHostAlloc", config.pinned_alloc_mode, "driver"),
+    "CONVEYOR_PINNED_ALLOC": ("cudaHostAlloc", config.pinned_alloc_mode, "register"),
     "CONVEYOR_RING_GROW": ("slowly", config.ring_grow, True),
     "CONVEYOR_PINNED_BUDGET": ("most", config.pinned_budget, None),
 }

@@ -5,7 +5,8 @@ an H200 (issue 17), most of it the kernel zeroing pages one by one. Page-locking
 is already faulted in (``cuMemHostRegister``) ran at 31-34 GB/s on the H100 (bench/NOTES.md),
 and faulting scales with threads. So the CUDA backend maps anonymous memory here, asks for huge
 pages, faults it in on ``THREADS`` threads (memory/prefault.py) and then registers it
-(backends/cuda.py ``alloc_pinned``; ``CONVEYOR_PINNED_ALLOC=driver`` keeps cuMemHostAlloc).
+(backends/cuda.py ``alloc_pinned``, the default; ``CONVEYOR_PINNED_ALLOC=driver`` keeps
+cuMemHostAlloc).
 """
 
 from __future__ import annotations
