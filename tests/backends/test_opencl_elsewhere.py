@@ -58,7 +58,7 @@ def test_a_copy_waits_for_its_events_and_the_caller_does_not(contexts):
     del pinned, back
 
 
-def test_a_failed_copy_raises_where_it_is_waited_on(contexts):
+def test_a_failed_copy_raises_where_it_is_waited_on_and_at_finish(contexts):
     device, other = contexts
     pinned = cv.pinned.empty(1000, np.float32, device=other)
     queue = device.create_queue()
@@ -67,13 +67,65 @@ def test_a_failed_copy_raises_where_it_is_waited_on(contexts):
         event = queue.copy_in(small, pinned)
         with pytest.raises(BackendError, match="blocking"):
             event.wait()
-        queue.finish()  # the copier is drained; the failure was the copy's, not the queue's
+        with pytest.raises(BackendError, match="pinned by another context failed"):
+            queue.finish()  # a failure nobody waited on would not pass silently either
+        queue.finish()  # raised once
         later = queue.copy_in(small, pinned[:25])  # the copier goes on after a failure
         later.wait()
     finally:
         queue.close()
         small.close()
     assert _copier_threads() == []
+    del pinned
+
+
+def test_the_queue_stays_in_order_around_a_copy_made_on_the_copier(contexts):
+    device, other = contexts
+    n = 100_000
+    pinned = cv.pinned.empty(n, np.float32, device=other)
+    pinned[:] = 7
+    own = cv.pinned.empty(n, np.float32, device=device)
+    queue = device.create_queue()
+    buffer = device.alloc_device(pinned.nbytes)
+    try:
+        gate = device.user_event()
+        # Events kept: PyOpenCL's copy events wait for their copy when dropped.
+        held = [queue.copy_in(buffer, pinned, wait_for=[gate])]  # held back
+        held.append(queue.fill(buffer, 0, pinned.nbytes))  # issued after it: runs after it
+        held.append(queue.copy_out(own, buffer))
+        gate.set_complete()
+        queue.finish()
+        assert not own.any()  # the fill came last
+        queue.copy_in(buffer, pinned)
+        queue.copy_out(own, buffer).wait()  # no wait_for: order alone
+        np.testing.assert_array_equal(own, pinned)
+        earlier = device.user_event()
+        held.append(queue.fill(buffer, 0, pinned.nbytes, wait_for=[earlier]))  # before the copy
+        copied = queue.copy_in(buffer, pinned)
+        assert not copied.is_done()
+        earlier.set_complete()
+        queue.copy_out(own, buffer).wait()
+        np.testing.assert_array_equal(own, pinned)  # the copy ran after the earlier fill
+    finally:
+        queue.close()
+        buffer.close()
+    del pinned, own
+
+
+def test_a_queue_dropped_without_close_ends_its_copier(contexts):
+    device, other = contexts
+    pinned = cv.pinned.empty(1000, np.float32, device=other)
+    queue = device.create_queue()
+    buffer = device.alloc_device(pinned.nbytes)
+    queue.copy_in(buffer, pinned).wait()
+    assert _copier_threads()
+    queue.finish()
+    del queue
+    gc.collect()
+    for thread in _copier_threads():
+        thread.join(30)  # the finalizer posted the end; the thread finishes at once
+    assert _copier_threads() == []
+    buffer.close()
     del pinned
 
 

@@ -255,8 +255,8 @@ class RegisteredPinned(PinnedBuffer):
             ptr, self.ptr = self.ptr, 0
             self.array = np.empty(0, np.uint8)
             self._unmapper.detach()
-            self.device._current()
             try:
+                self.device._current()  # a forked child raises here: it still unmaps its copy
                 _check(driver.cuMemHostUnregister(ptr), "cuMemHostUnregister")
             finally:
                 hostmem.unmap(ptr, self.nbytes)

@@ -245,6 +245,7 @@ class Queue(base.Queue):
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateCommandQueue") from exc
         self._elsewhere: Any = None  # opencl_elsewhere.ElsewhereCopier, made on first use
+        self._last_elsewhere: Event | None = None  # the latest copy made on it
 
     @property
     def native(self) -> cl.CommandQueue:
@@ -266,25 +267,47 @@ class Queue(base.Queue):
         if hazards.armed(self.device) and not _is_pinned(src):
             hazards.pageable_copy(self.device, "copy_in", src.nbytes)
         if _pinned_elsewhere(src, self.device):
-            q, buf, events = self._q, _cl_buf(dst), _events(wait_for)
-            return self._copy_elsewhere(lambda: _write_buffer(
-                q, buf, src, dst_offset=dst_offset, wait_for=events, is_blocking=True))
+            buf = _cl_buf(dst)
+            return self._copy_elsewhere(lambda cq, events: _write_buffer(
+                cq, buf, src, dst_offset=dst_offset, wait_for=events, is_blocking=True),
+                wait_for)
         try:
             ev = _write_buffer(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
-                               wait_for=_events(wait_for), is_blocking=False)
+                               wait_for=self._wait_list(wait_for), is_blocking=False)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueWriteBuffer") from exc
         return Event(ev)
 
-    def _copy_elsewhere(self, copy: Callable[[], cl.Event]) -> Event:
+    def _copy_elsewhere(self, copy: Callable[[cl.CommandQueue, list[cl.Event]], cl.Event],
+                        wait_for: Sequence[base.Event]) -> Event:
         """A copy of memory pinned by another context: blocking, on this queue's copier
-        thread (backends/opencl_elsewhere.py); its stand-in event at once."""
+        (backends/opencl_elsewhere.py); its stand-in event at once. As on an in-order queue,
+        it waits for everything queued here before it (a marker), and later commands here
+        wait for it (``_wait_list``)."""
+        q = self._q  # a closed queue, or a forked child, raises here
         if self._elsewhere is None:
             from conveyor.backends.opencl_elsewhere import ElsewhereCopier
 
-            self._elsewhere = ElsewhereCopier(self._q.context)
-        event: Event = self._elsewhere.submit(copy)
+            self._elsewhere = ElsewhereCopier(q.context, q.device)
+        try:
+            events = [*(self._wait_list(wait_for) or ()), cl.enqueue_marker(q)]
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueMarker") from exc
+        event: Event = self._elsewhere.submit(lambda cq: copy(cq, events))
+        self._last_elsewhere = event
         return event
+
+    def _wait_list(self, wait_for: Sequence[base.Event]) -> list[cl.Event] | None:
+        """``wait_for`` for a command on this queue, plus the latest copy made on the copier
+        while it is not done: the queue stays in order around those copies."""
+        events = _events(wait_for)
+        last = self._last_elsewhere
+        if last is not None:
+            if last.is_done():
+                self._last_elsewhere = None
+            else:
+                events = [*(events or ()), last.cl_event]
+        return events
 
     def _copy_registered(self, dst: base.DeviceBuffer, src: np.ndarray, kept: Any,
                          dst_offset: int, wait_for: Sequence[base.Event]) -> Event:
@@ -292,7 +315,7 @@ class Queue(base.Queue):
         try:
             ev = cl.enqueue_copy(self._q, _cl_buf(dst), kept.registration.cl_buffer,
                                  byte_count=src.nbytes, src_offset=start,
-                                 dst_offset=dst_offset, wait_for=_events(wait_for))
+                                 dst_offset=dst_offset, wait_for=self._wait_list(wait_for))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
@@ -302,12 +325,13 @@ class Queue(base.Queue):
         if hazards.armed(self.device) and not _is_pinned(dst):
             hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
         if _pinned_elsewhere(dst, self.device):
-            q, buf, events = self._q, _cl_buf(src), _events(wait_for)
-            return self._copy_elsewhere(lambda: _read_buffer(
-                q, buf, dst, src_offset=src_offset, wait_for=events, is_blocking=True))
+            buf = _cl_buf(src)
+            return self._copy_elsewhere(lambda cq, events: _read_buffer(
+                cq, buf, dst, src_offset=src_offset, wait_for=events, is_blocking=True),
+                wait_for)
         try:
             ev = _read_buffer(self._q, _cl_buf(src), dst, src_offset=src_offset,
-                              wait_for=_events(wait_for), is_blocking=False)
+                              wait_for=self._wait_list(wait_for), is_blocking=False)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueReadBuffer") from exc
         return Event(ev)
@@ -324,7 +348,7 @@ class Queue(base.Queue):
                 kernel.cl_kernel.set_args(*values)
                 ev = cl.enqueue_nd_range_kernel(
                     self._q, kernel.cl_kernel, (global_size,), (local_size,),
-                    wait_for=_events(wait_for),
+                    wait_for=self._wait_list(wait_for),
                 )
         except cl.Error as exc:
             raise _backend_error(exc, f"clEnqueueNDRangeKernel({kernel.name})") from exc
@@ -342,7 +366,7 @@ class Queue(base.Queue):
             return self.marker(wait_for)  # the callable returned the output it was given
         try:
             ev = cl.enqueue_copy(self._q, target, data, byte_count=nbytes, src_offset=offset,
-                                 wait_for=_events(wait_for))
+                                 wait_for=self._wait_list(wait_for))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
@@ -351,7 +375,7 @@ class Queue(base.Queue):
              wait_for: Sequence[base.Event] = ()) -> Event:
         try:
             ev = cl.enqueue_fill_buffer(self._q, _cl_buf(dst), np.uint8(byte), offset, nbytes,
-                                        wait_for=_events(wait_for))
+                                        wait_for=self._wait_list(wait_for))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueFillBuffer") from exc
         return Event(ev)
@@ -360,10 +384,13 @@ class Queue(base.Queue):
                       wait_for: Sequence[base.Event] = ()) -> Event:
         from conveyor.backends import opencl_images
 
+        last = self._last_elsewhere  # in order after a copy made on the copier
+        if last is not None and not last.is_done():
+            wait_for = [*wait_for, last]
         return opencl_images.copy_to_image(self, dst, src, rows, wait_for)
 
     def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
-        return Event(cl.enqueue_marker(self._q, wait_for=_events(wait_for) or None))
+        return Event(cl.enqueue_marker(self._q, wait_for=self._wait_list(wait_for) or None))
 
     def sync_host(self, registration: base.Registration,
                   wait_for: Sequence[base.Event] = ()) -> Event:
@@ -376,7 +403,7 @@ class Queue(base.Queue):
         try:
             mapped, _ = cl.enqueue_map_buffer(
                 self._q, buf, cl.map_flags.READ, 0, (array.nbytes,), np.uint8,
-                wait_for=_events(wait_for), is_blocking=False,
+                wait_for=self._wait_list(wait_for), is_blocking=False,
             )
             return Event(mapped.base.release(self._q))
         except cl.Error as exc:
@@ -386,17 +413,20 @@ class Queue(base.Queue):
         self._q.flush()
 
     def finish(self) -> None:
-        if self._elsewhere is not None:
-            self._elsewhere.drain()
+        q = self._q  # a forked child raises here, before waiting for a copier it has not got
         try:
-            self._q.finish()
-        except cl.Error as exc:
-            raise _backend_error(exc, "clFinish") from exc
+            if self._elsewhere is not None:
+                self._elsewhere.drain()  # raises a failed copy's error
+        finally:
+            try:
+                q.finish()
+            except cl.Error as exc:
+                raise _backend_error(exc, "clFinish") from exc
 
     def close(self) -> None:
-        if self._elsewhere is not None:
-            self._elsewhere.close()  # its last copies first: they enqueue on this queue
-            self._elsewhere = None
+        copier, self._elsewhere, self._last_elsewhere = self._elsewhere, None, None
+        if copier is not None and not _forked:  # a forked child has not got its thread
+            copier.close()  # its copies first: they wait on markers of this queue
         if self.cl_queue is not None and not _forked:  # finish() would hang in a forked child
             self.cl_queue.finish()
         self.cl_queue = None
@@ -415,13 +445,14 @@ def _is_pinned(array: np.ndarray) -> bool:
 
 
 def _pinned_elsewhere(array: np.ndarray, device: base.Device) -> bool:
-    """True when ``array`` is conveyor pinned memory of another OpenCL context (another
-    device of a stream over several): copied blocking, off the caller's thread
-    (backends/opencl_elsewhere.py says why)."""
+    """True when ``array`` is conveyor pinned memory of another OpenCL context that
+    ``device`` copies directly (``Device.copies_pinned_of``; another device of a stream over
+    several): copied blocking, off the caller's thread (backends/opencl_elsewhere.py)."""
     from conveyor.memory.pinned import owner
 
     found = owner(array)
-    return found is not None and found.device is not device
+    return (found is not None and found.device is not device
+            and device.copies_pinned_of(found.device))
 
 
 @functools.cache
@@ -495,14 +526,18 @@ class Device(base.Device):
         return Queue(self)
 
     def copies_pinned_of(self, other: base.Device) -> bool:
-        """Pinned memory of another context of the same platform is copied directly: the
-        copy is made blocking (``_pinned_elsewhere``), which NVIDIA's driver runs at the
-        pinned rate (53 GB/s on an H200, against a host memcpy into this device's own ring,
-        which also takes the host memory bandwidth the other devices' copies need)."""
+        """Pinned memory of another context of the same platform is copied directly, with
+        blocking copies (``_pinned_elsewhere``), where that was measured to pay: NVIDIA's
+        driver runs them at the pinned rate (53 GB/s on an H200, against a host memcpy into
+        this device's own ring, which also takes the host memory bandwidth the other devices'
+        copies need), and on a CPU device a copy is one memcpy instead of the ring's two.
+        Other platforms' GPUs stage it, as they would pageable memory."""
         if other is self:
             return True
-        platform = getattr(other, "cl_device", None)
-        return platform is not None and platform.platform == self.cl_device.platform
+        theirs = getattr(other, "cl_device", None)
+        if theirs is None or theirs.platform != self.cl_device.platform:
+            return False
+        return self.kind == "cpu" or "NVIDIA" in self.cl_device.platform.name
 
     def alloc_device(self, nbytes: int) -> DeviceBuffer:
         _check_not_forked()
