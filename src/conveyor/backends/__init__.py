@@ -31,14 +31,23 @@ def _cuda_available() -> bool:
 
 
 def _discover() -> list[Device]:
-    found: list[Device] = []
+    # The backends' modules first, on this thread; then the pipeline loads on another while
+    # the drivers start (conveyor/preload.py): the two threads never import the same
+    # modules in opposite orders.
+    modules = []
     if _cuda_available():
         from conveyor.backends import cuda
 
-        found.extend(cuda.discover())
+        modules.append(cuda)
     from conveyor.backends import opencl
 
-    found.extend(opencl.discover())
+    modules.append(opencl)
+    from conveyor import preload
+
+    preload.start()
+    found: list[Device] = []
+    for module in modules:
+        found.extend(module.discover())
     return found
 
 
