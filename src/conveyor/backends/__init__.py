@@ -31,23 +31,14 @@ def _cuda_available() -> bool:
 
 
 def _discover() -> list[Device]:
-    # The backends' modules first, on this thread; then the pipeline loads on another while
-    # the drivers start (conveyor/preload.py): the two threads never import the same
-    # modules in opposite orders.
-    modules = []
+    found: list[Device] = []
     if _cuda_available():
         from conveyor.backends import cuda
 
-        modules.append(cuda)
+        found.extend(cuda.discover())
     from conveyor.backends import opencl
 
-    modules.append(opencl)
-    from conveyor import preload
-
-    preload.start()
-    found: list[Device] = []
-    for module in modules:
-        found.extend(module.discover())
+    found.extend(opencl.discover())
     return found
 
 
