@@ -72,13 +72,28 @@ def aggregate_bandwidth(devices: Sequence[Device], nbytes: int = 64 * 2**20,
             for _ in range(repeats + 1):  # the first round pays for driver set-up
                 best = min(best, _round(queues, buffers, inward, copies))
             figures.append(len(devices) * copies * nbytes / best / 1e9 if best > 0 else 0.0)
-        return AggregateFigures(figures[0], figures[1])
-    finally:
-        for queue in queues:
+    except BaseException:
+        _release(queues, held)  # the first error is the one to raise
+        raise
+    failure = _release(queues, held)
+    if failure is not None:
+        raise failure
+    return AggregateFigures(figures[0], figures[1])
+
+
+def _release(queues: list, held: list[Closeable]) -> BaseException | None:
+    """Finish and close every queue, close every buffer, even after one fails; the first
+    failure."""
+    failure: BaseException | None = None
+    for queue in queues:
+        try:
             queue.finish()
             queue.close()
-        for buffer in held:
-            buffer.close()
+        except BaseException as exc:
+            failure = failure or exc
+    for buffer in held:
+        buffer.close()
+    return failure
 
 
 def _round(queues: list, buffers: list, inward: bool, copies: int) -> float:

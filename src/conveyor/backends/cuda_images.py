@@ -55,11 +55,15 @@ class DeviceImage(base.DeviceImage):
         if cuda._forked:  # a forked child must not call the driver
             return
         self.device._current()
-        try:
-            for made in textures:
+        failure: BaseException | None = None
+        for made in textures:  # every texture, even after one fails to close
+            try:
                 made.close()
-        finally:
-            array.close()
+            except BaseException as exc:
+                failure = failure or exc
+        array.close()
+        if failure is not None:
+            raise failure
 
 
 class Texture:
