@@ -87,8 +87,10 @@ def _release(queues: list, held: list[Closeable]) -> BaseException | None:
     failure: BaseException | None = None
     for queue in queues:
         try:
-            queue.finish()
-            queue.close()
+            try:
+                queue.finish()
+            finally:
+                queue.close()
         except BaseException as exc:
             failure = failure or exc
     for buffer in held:
@@ -107,13 +109,13 @@ def _round(queues: list, buffers: list, inward: bool, copies: int) -> float:
         queue, (device_buffer, host) = queues[index], buffers[index]
         try:
             barrier.wait()
-            for _ in range(copies):  # in order on one queue: the last ends the round
-                if inward:
-                    last = queue.copy_in(device_buffer, host)
-                else:
-                    last = queue.copy_out(host, device_buffer)
+            # In order on one queue: the last ends the round. Every event is kept until then:
+            # dropping a PyOpenCL copy event waits for its copy.
+            events = [queue.copy_in(device_buffer, host) if inward
+                      else queue.copy_out(host, device_buffer) for _ in range(copies)]
             queue.flush()
-            last.wait()
+            events[-1].wait()
+            del events
         except BaseException as exc:  # raised on the calling thread below
             failures.append(exc)
             barrier.abort()

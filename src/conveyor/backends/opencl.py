@@ -244,8 +244,6 @@ class Queue(base.Queue):
             )
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateCommandQueue") from exc
-        self._elsewhere: Any = None  # opencl_elsewhere.ElsewhereCopier, made on first use
-        self._last_elsewhere: Event | None = None  # the latest copy made on it
 
     @property
     def native(self) -> cl.CommandQueue:
@@ -266,48 +264,13 @@ class Queue(base.Queue):
             return self._copy_registered(dst, src, kept, dst_offset, wait_for)
         if hazards.armed(self.device) and not _is_pinned(src):
             hazards.pageable_copy(self.device, "copy_in", src.nbytes)
-        if _pinned_elsewhere(src, self.device):
-            buf = _cl_buf(dst)
-            return self._copy_elsewhere(lambda cq, events: _write_buffer(
-                cq, buf, src, dst_offset=dst_offset, wait_for=events, is_blocking=True),
-                wait_for)
         try:
             ev = _write_buffer(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
-                               wait_for=self._wait_list(wait_for), is_blocking=False)
+                               wait_for=_events(wait_for),
+                               is_blocking=_pinned_elsewhere(src, self.device))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueWriteBuffer") from exc
         return Event(ev)
-
-    def _copy_elsewhere(self, copy: Callable[[cl.CommandQueue, list[cl.Event]], cl.Event],
-                        wait_for: Sequence[base.Event]) -> Event:
-        """A copy of memory pinned by another context: blocking, on this queue's copier
-        (backends/opencl_elsewhere.py); its stand-in event at once. As on an in-order queue,
-        it waits for everything queued here before it (a marker), and later commands here
-        wait for it (``_wait_list``)."""
-        q = self._q  # a closed queue, or a forked child, raises here
-        if self._elsewhere is None:
-            from conveyor.backends.opencl_elsewhere import ElsewhereCopier
-
-            self._elsewhere = ElsewhereCopier(q.context, q.device)
-        try:
-            events = [*(self._wait_list(wait_for) or ()), cl.enqueue_marker(q)]
-        except cl.Error as exc:
-            raise _backend_error(exc, "clEnqueueMarker") from exc
-        event: Event = self._elsewhere.submit(lambda cq: copy(cq, events))
-        self._last_elsewhere = event
-        return event
-
-    def _wait_list(self, wait_for: Sequence[base.Event]) -> list[cl.Event] | None:
-        """``wait_for`` for a command on this queue, plus the latest copy made on the copier
-        while it is not done: the queue stays in order around those copies."""
-        events = _events(wait_for)
-        last = self._last_elsewhere
-        if last is not None:
-            if last.is_done():
-                self._last_elsewhere = None
-            else:
-                events = [*(events or ()), last.cl_event]
-        return events
 
     def _copy_registered(self, dst: base.DeviceBuffer, src: np.ndarray, kept: Any,
                          dst_offset: int, wait_for: Sequence[base.Event]) -> Event:
@@ -315,7 +278,7 @@ class Queue(base.Queue):
         try:
             ev = cl.enqueue_copy(self._q, _cl_buf(dst), kept.registration.cl_buffer,
                                  byte_count=src.nbytes, src_offset=start,
-                                 dst_offset=dst_offset, wait_for=self._wait_list(wait_for))
+                                 dst_offset=dst_offset, wait_for=_events(wait_for))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
@@ -324,14 +287,10 @@ class Queue(base.Queue):
                  wait_for: Sequence[base.Event] = ()) -> Event:
         if hazards.armed(self.device) and not _is_pinned(dst):
             hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
-        if _pinned_elsewhere(dst, self.device):
-            buf = _cl_buf(src)
-            return self._copy_elsewhere(lambda cq, events: _read_buffer(
-                cq, buf, dst, src_offset=src_offset, wait_for=events, is_blocking=True),
-                wait_for)
         try:
             ev = _read_buffer(self._q, _cl_buf(src), dst, src_offset=src_offset,
-                              wait_for=self._wait_list(wait_for), is_blocking=False)
+                              wait_for=_events(wait_for),
+                              is_blocking=_pinned_elsewhere(dst, self.device))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueReadBuffer") from exc
         return Event(ev)
@@ -348,7 +307,7 @@ class Queue(base.Queue):
                 kernel.cl_kernel.set_args(*values)
                 ev = cl.enqueue_nd_range_kernel(
                     self._q, kernel.cl_kernel, (global_size,), (local_size,),
-                    wait_for=self._wait_list(wait_for),
+                    wait_for=_events(wait_for),
                 )
         except cl.Error as exc:
             raise _backend_error(exc, f"clEnqueueNDRangeKernel({kernel.name})") from exc
@@ -366,7 +325,7 @@ class Queue(base.Queue):
             return self.marker(wait_for)  # the callable returned the output it was given
         try:
             ev = cl.enqueue_copy(self._q, target, data, byte_count=nbytes, src_offset=offset,
-                                 wait_for=self._wait_list(wait_for))
+                                 wait_for=_events(wait_for))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
@@ -375,7 +334,7 @@ class Queue(base.Queue):
              wait_for: Sequence[base.Event] = ()) -> Event:
         try:
             ev = cl.enqueue_fill_buffer(self._q, _cl_buf(dst), np.uint8(byte), offset, nbytes,
-                                        wait_for=self._wait_list(wait_for))
+                                        wait_for=_events(wait_for))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueFillBuffer") from exc
         return Event(ev)
@@ -384,13 +343,10 @@ class Queue(base.Queue):
                       wait_for: Sequence[base.Event] = ()) -> Event:
         from conveyor.backends import opencl_images
 
-        last = self._last_elsewhere  # in order after a copy made on the copier
-        if last is not None and not last.is_done():
-            wait_for = [*wait_for, last]
         return opencl_images.copy_to_image(self, dst, src, rows, wait_for)
 
     def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
-        return Event(cl.enqueue_marker(self._q, wait_for=self._wait_list(wait_for) or None))
+        return Event(cl.enqueue_marker(self._q, wait_for=_events(wait_for) or None))
 
     def sync_host(self, registration: base.Registration,
                   wait_for: Sequence[base.Event] = ()) -> Event:
@@ -403,7 +359,7 @@ class Queue(base.Queue):
         try:
             mapped, _ = cl.enqueue_map_buffer(
                 self._q, buf, cl.map_flags.READ, 0, (array.nbytes,), np.uint8,
-                wait_for=self._wait_list(wait_for), is_blocking=False,
+                wait_for=_events(wait_for), is_blocking=False,
             )
             return Event(mapped.base.release(self._q))
         except cl.Error as exc:
@@ -413,20 +369,12 @@ class Queue(base.Queue):
         self._q.flush()
 
     def finish(self) -> None:
-        q = self._q  # a forked child raises here, before waiting for a copier it has not got
         try:
-            if self._elsewhere is not None:
-                self._elsewhere.drain()  # raises a failed copy's error
-        finally:
-            try:
-                q.finish()
-            except cl.Error as exc:
-                raise _backend_error(exc, "clFinish") from exc
+            self._q.finish()
+        except cl.Error as exc:
+            raise _backend_error(exc, "clFinish") from exc
 
     def close(self) -> None:
-        copier, self._elsewhere, self._last_elsewhere = self._elsewhere, None, None
-        if copier is not None and not _forked:  # a forked child has not got its thread
-            copier.close()  # its copies first: they wait on markers of this queue
         if self.cl_queue is not None and not _forked:  # finish() would hang in a forked child
             self.cl_queue.finish()
         self.cl_queue = None
@@ -447,7 +395,15 @@ def _is_pinned(array: np.ndarray) -> bool:
 def _pinned_elsewhere(array: np.ndarray, device: base.Device) -> bool:
     """True when ``array`` is conveyor pinned memory of another OpenCL context that
     ``device`` copies directly (``Device.copies_pinned_of``; another device of a stream over
-    several): copied blocking, off the caller's thread (backends/opencl_elsewhere.py)."""
+    several). NVIDIA's driver copies such memory at the pinned rate but synchronously, inside
+    the enqueue call, and PyOpenCL holds the GIL through a non-blocking enqueue: every other
+    thread (the other devices' engines) stalls for the copy. A blocking enqueue releases the
+    GIL (measured on 2 x H200: GIL gaps of 12-30 ms non-blocking, 1.1 ms blocking, 53 GB/s
+    either way), so these copies are made blocking, on the caller's thread: such a
+    ``copy_in``/``copy_out`` returns once the copy is done, so its ``wait_for`` must not hold
+    events that only the caller completes later. (A copier thread
+    that answered with user events was tried: no faster on 2 x H200, and a dropped PyOpenCL
+    copy event waiting on such a user event deadlocked under the GIL.)"""
     from conveyor.memory.pinned import owner
 
     found = owner(array)
