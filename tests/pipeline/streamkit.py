@@ -99,6 +99,50 @@ def stencil_reference(x: np.ndarray, halo: int) -> np.ndarray:
     return out
 
 
+def images_made(monkeypatch: pytest.MonkeyPatch, device: cv.Device,
+                fail_at: int | None = None) -> list:
+    """Record every image ``device`` allocates from now on; the ``fail_at``-th allocation
+    (counting from 0) raises OutOfMemoryError instead."""
+    from conveyor.errors import OutOfMemoryError
+
+    made: list = []
+    real = device.alloc_image
+
+    def alloc(*args, **kw):
+        if fail_at is not None and len(made) == fail_at:
+            raise OutOfMemoryError(1 << 20, 0, None, where="device image")
+        made.append(real(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(device, "alloc_image", alloc)
+    return made
+
+
+def fail_image_copy(monkeypatch: pytest.MonkeyPatch, device: cv.Device, at: int,
+                    call: str) -> None:
+    """The ``at``-th copy into an image (counting from 1) on any queue ``device`` makes from
+    now on raises BackendError("injected", call=``call``)."""
+    from conveyor.errors import BackendError
+
+    real_queue = device.create_queue
+    copies: list[int] = []
+
+    def create_queue():
+        queue = real_queue()
+        real_copy = queue.copy_to_image
+
+        def copy_to_image(*args, **kw):
+            copies.append(1)
+            if len(copies) == at:
+                raise BackendError("injected", call=call)
+            return real_copy(*args, **kw)
+
+        queue.copy_to_image = copy_to_image
+        return queue
+
+    monkeypatch.setattr(device, "create_queue", create_queue)
+
+
 def stage_threads() -> list[threading.Thread]:
     """Live staging worker threads."""
     return [t for t in threading.enumerate() if t.name.startswith("conveyor-stage")]

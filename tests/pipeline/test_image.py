@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from streamkit import fail_image_copy, images_made
 
 import conveyor as cv
 from conveyor.backends import base
@@ -375,39 +376,9 @@ def test_cuda_kernels_take_one_texture_object_per_image_input():
         kernel_params("k", params, frozenset({0}), 6, "opencl")
 
 
-def _images_made(monkeypatch, device, fail_at=None):
-    made: list = []
-    real = device.alloc_image
-
-    def alloc(*args, **kw):
-        if fail_at is not None and len(made) == fail_at:
-            raise OutOfMemoryError(1 << 20, 0, None, where="device image")
-        made.append(real(*args, **kw))
-        return made[-1]
-
-    monkeypatch.setattr(device, "alloc_image", alloc)
-    return made
-
-
 def test_images_and_buffers_go_back_after_a_failed_copy(image_device, monkeypatch):
-    made = _images_made(monkeypatch, image_device)
-    real_queue = image_device.create_queue
-    copies = []
-
-    def create_queue():
-        queue = real_queue()
-        real_copy = queue.copy_to_image
-
-        def copy_to_image(*args, **kw):
-            copies.append(1)
-            if len(copies) == 4:
-                raise BackendError("injected", call="clEnqueueWriteImage")
-            return real_copy(*args, **kw)
-
-        queue.copy_to_image = copy_to_image
-        return queue
-
-    monkeypatch.setattr(image_device, "create_queue", create_queue)
+    made = images_made(monkeypatch, image_device)
+    fail_image_copy(monkeypatch, image_device, at=4, call="clEnqueueWriteImage")
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(BackendError, match="injected"):
         cv.stream(_kernel(image_device, "box", BOX), [cv.image(x)], [np.float32],
@@ -417,7 +388,7 @@ def test_images_and_buffers_go_back_after_a_failed_copy(image_device, monkeypatc
 
 
 def test_images_made_before_a_failed_one_are_freed(image_device, monkeypatch):
-    made = _images_made(monkeypatch, image_device, fail_at=2)
+    made = images_made(monkeypatch, image_device, fail_at=2)
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(OutOfMemoryError):
         cv.stream(_kernel(image_device, "box", BOX), [cv.image(x)], [np.float32],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from streamkit import fail_image_copy, images_made
 
 import conveyor as cv
 from conveyor.errors import BackendError, InputError, OutOfMemoryError
@@ -187,39 +188,9 @@ def test_a_kernel_without_a_texture_object_in_the_images_place_is_refused(cuda_d
                   boundary="periodic")
 
 
-def _images_made(monkeypatch, device, fail_at=None):
-    made: list = []
-    real = device.alloc_image
-
-    def alloc(*args, **kw):
-        if fail_at is not None and len(made) == fail_at:
-            raise OutOfMemoryError(1 << 20, 0, None, where="device image")
-        made.append(real(*args, **kw))
-        return made[-1]
-
-    monkeypatch.setattr(device, "alloc_image", alloc)
-    return made
-
-
 def test_images_and_textures_go_back_after_a_failed_copy(cuda_device, monkeypatch):
-    made = _images_made(monkeypatch, cuda_device)
-    real_queue = cuda_device.create_queue
-    copies = []
-
-    def create_queue():
-        queue = real_queue()
-        real_copy = queue.copy_to_image
-
-        def copy_to_image(*args, **kw):
-            copies.append(1)
-            if len(copies) == 4:
-                raise BackendError("injected", call="cuMemcpy2DAsync")
-            return real_copy(*args, **kw)
-
-        queue.copy_to_image = copy_to_image
-        return queue
-
-    monkeypatch.setattr(cuda_device, "create_queue", create_queue)
+    made = images_made(monkeypatch, cuda_device)
+    fail_image_copy(monkeypatch, cuda_device, at=4, call="cuMemcpy2DAsync")
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(BackendError, match="injected"):
         cv.stream(_kernel(cuda_device, "box", BOX), [cv.image(x)], [np.float32],
@@ -229,7 +200,7 @@ def test_images_and_textures_go_back_after_a_failed_copy(cuda_device, monkeypatc
 
 
 def test_images_made_before_a_failed_one_are_freed(cuda_device, monkeypatch):
-    made = _images_made(monkeypatch, cuda_device, fail_at=2)
+    made = images_made(monkeypatch, cuda_device, fail_at=2)
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(OutOfMemoryError):
         cv.stream(_kernel(cuda_device, "box", BOX), [cv.image(x)], [np.float32],

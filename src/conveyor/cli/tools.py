@@ -49,22 +49,26 @@ def _measure_all(found: list[cv.Device]) -> None:
             continue
         print(f"{dev.spec:<14}{figures.pinned_h2d_gbps:>10.2f}{figures.pinned_d2h_gbps:>11.2f}"
               f"{figures.pageable_h2d_gbps:>12.2f}{figures.pageable_d2h_gbps:>13.2f}")
-        try:
-            from conveyor.trace.ceiling import save_link_ceiling
-
-            where = save_link_ceiling(dev.spec, dev.name, figures.as_dict())
-        except (ImportError, OSError, ConveyorError) as exc:
-            print(f"  (not cached: {' '.join(str(exc).split())})")
-        else:
-            print(f"  cached in {where}")
+        _cache_ceiling(dev.spec, dev.name, figures.as_dict())
     _measure_together(found)
+
+
+def _cache_ceiling(spec: str, name: str, figures: dict[str, float]) -> None:
+    """Store measured ceilings under ``spec``/``name`` and say where (or why not)."""
+    try:
+        from conveyor.trace.ceiling import save_link_ceiling
+
+        where = save_link_ceiling(spec, name, figures)
+    except (ImportError, OSError, ConveyorError) as exc:
+        print(f"  (not cached: {' '.join(str(exc).split())})")
+    else:
+        print(f"  cached in {where}")
 
 
 def _measure_together(found: list[cv.Device]) -> None:
     """Every backend's devices of one kind at once (where there are several): the aggregate
     ceiling of a stream over them (conveyor.measure_all)."""
     from conveyor.measure_all import aggregate_bandwidth, group_key, groups
-    from conveyor.trace.ceiling import save_link_ceiling
 
     for group in groups(found):
         spec, name = group_key(group)
@@ -75,12 +79,7 @@ def _measure_together(found: list[cv.Device]) -> None:
             continue
         print(f"{spec} all at once: pinned in {figures.pinned_h2d_gbps:.2f}, "
               f"out {figures.pinned_d2h_gbps:.2f} GB/s")
-        try:
-            where = save_link_ceiling(spec, name, figures.as_dict())
-        except (OSError, ConveyorError) as exc:
-            print(f"  (not cached: {' '.join(str(exc).split())})")
-        else:
-            print(f"  cached in {where}")
+        _cache_ceiling(spec, name, figures.as_dict())
 
 
 def run_demo(options: argparse.Namespace) -> int:
