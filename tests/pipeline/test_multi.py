@@ -532,3 +532,33 @@ def test_a_device_that_cannot_build_is_named_by_its_spec(pair, monkeypatch):
         cv.stream(_add(pair[0]), [x, x], [np.zeros_like(x)], device=list(pair))
     notes = " ".join(getattr(info.value, "__notes__", []))
     assert pair[1].spec in notes and "name the devices to use" in notes
+
+
+def test_the_aggregate_ceiling_closes_every_queue_after_a_failure(pair, monkeypatch):
+    """A queue whose finish() fails (its real finish wrapped): every queue is still closed,
+    every buffer given back, and the first error is the one raised."""
+    from conveyor.errors import BackendError
+    from conveyor.measure_all import aggregate_bandwidth
+
+    made: list = []
+    for index, dev in enumerate(pair):
+        real_queue = dev.create_queue
+
+        def create_queue(real_queue=real_queue, failing=index == 0):
+            queue = real_queue()
+            made.append(queue)
+            if failing:
+                real_finish = queue.finish
+
+                def finish():
+                    real_finish()
+                    raise BackendError("injected", call="clFinish")
+
+                queue.finish = finish
+            return queue
+
+        monkeypatch.setattr(dev, "create_queue", create_queue)
+    with pytest.raises(BackendError, match="injected"):
+        aggregate_bandwidth(list(pair), nbytes=1 << 20, repeats=1, copies=2)
+    assert len(made) == 2
+    assert all(getattr(q, "cl_queue", getattr(q, "stream", None)) is None for q in made)
