@@ -36,16 +36,18 @@ def host_bound(wl: Workload, h2d: float, memcpy: float | None) -> dict[str, Any]
             "bound_gbps": bound}
 
 
-def first_call(spec: str, workload: str, gib: float, flops: int = 2000, timeout: float = 900
-               ) -> dict[str, Any]:
-    """bench/first_call.py in a fresh process: its JSON, or {"error": ...}."""
+def first_call(spec: str, workload: str, gib: float, flops: int = 2000, timeout: float = 900,
+               data_first: bool = False) -> dict[str, Any]:
+    """bench/first_call.py in a fresh process (``data_first``: the inputs made before the
+    device is opened): its JSON, or {"error": ...}."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "src"), str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     try:
         done = subprocess.run([sys.executable, "-m", "bench.first_call", "--workload", workload,
                                "--gib", str(gib), "--device", spec,
-                               "--flops", str(flops)], env=env, cwd=ROOT,
+                               "--flops", str(flops), *(["--data-first"] * data_first)],
+                              env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}

@@ -24,13 +24,16 @@ POOL_KEEP_VAR = "CONVEYOR_POOL_KEEP"
 #: How fresh outputs are faulted in ahead of the stage-out: off (default: it measured slower on
 #: an H100 host), madvise, touch (memory/prefault.py).
 PREFAULT_VAR = "CONVEYOR_PREFAULT"
-#: How the CUDA backend allocates pinned staging memory: driver (cuMemHostAlloc; the default)
-#: or register (anonymous memory faulted in parallel, then cuMemHostRegister: a faster first
-#: allocation, but warm pageable streams staged through it ran slower on an H100).
+#: How the CUDA backend allocates pinned staging memory: register (the default: anonymous memory
+#: faulted in parallel, then cuMemHostRegister: a faster first allocation, warm streams the
+#: same) or driver (cuMemHostAlloc).
 PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
 #: 0 allocates a staging ring whole before the first block; 1 (default) grows it beside the
 #: stream (pipeline/ring.py).
 RING_GROW_VAR = "CONVEYOR_RING_GROW"
+#: Pinned bytes a device's warm-up puts in its pool for the first stream (a size; 0 or off: no
+#: warm-up; unset: min(1 GiB, host memory / 16)) (memory/warmup.py).
+WARMUP_VAR = "CONVEYOR_WARMUP"
 #: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
 PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
@@ -135,6 +138,17 @@ def pinned_budget() -> int | None:
 def ring_grow() -> bool:
     """``CONVEYOR_RING_GROW`` (default on): staging rings grow beside the stream."""
     return parse_bool(RING_GROW_VAR, _get(RING_GROW_VAR), True)
+
+
+def warmup_bytes() -> int | None:
+    """``CONVEYOR_WARMUP``: the pinned bytes a device's warm-up allocates ahead (0 for none;
+    ``off`` reads as 0), or None when unset (the warm-up's own default)."""
+    value = _get(WARMUP_VAR)
+    if value is None:
+        return None
+    if value.lower() in ("off", "no", "false"):
+        return 0
+    return parse_size(WARMUP_VAR, value)
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:

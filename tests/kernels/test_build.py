@@ -211,3 +211,70 @@ def test_compile_without_waiting_reports_build_errors_at_result(device):
     future = device.compile(BROKEN_SOURCE, "broken", wait=False)
     with pytest.raises(CompileError, match="undeclared_name"):
         future.result()
+
+
+# -- kernel parameters stored beside the binary ----------------------------------------------
+def _sig_files(path: Path) -> list[Path]:
+    return sorted(path.glob("*.sig"))
+
+
+def test_a_warm_build_reads_the_parameters_stored_beside_the_binary(device, monkeypatch,
+                                                                     private_cache):
+    cold = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    assert len(_sig_files(private_cache)) == 1
+    build.clear_memo()
+
+    def no_preprocessing(*args, **kw):
+        raise AssertionError("a warm build preprocessed the source again")
+
+    monkeypatch.setattr(build, "source_params", no_preprocessing)
+    warm = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    assert warm is not cold and warm.params == cold.params
+    np.testing.assert_array_equal(run_scale(device, warm), expected(2))
+    future = build.KernelFuture(device, SCALE_SOURCE, "scale", ("-DSCALE=2",))
+    assert [p.name for p in future.params] == ["out", "a", "offset", "n"]
+    assert future.result() is warm
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other kernel", "old version"])
+def test_a_bad_signature_is_read_from_the_source_again_and_replaced(device, private_cache,
+                                                                    damage):
+    from conveyor.kernels.signature import _SIGNATURE_VERSION
+
+    cold = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    (sig,) = _sig_files(private_cache)
+    key = sig.name.rsplit("-", 1)[0]
+    if damage == "garbage":
+        sig.write_bytes(b"\0" * 100)
+    elif damage == "other kernel":  # a whole entry, written for another key
+        sig.write_bytes(encode_entry(b'[1, []]', key + "-0"))
+    else:
+        sig.write_bytes(encode_entry(json.dumps([_SIGNATURE_VERSION + 1, []]).encode(),
+                                     sig.name[:-4]))
+    build.clear_memo()
+    warm = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    assert warm.params == cold.params
+    np.testing.assert_array_equal(run_scale(device, warm), expected(2))
+    assert len(_sig_files(private_cache)) == 1
+    build.clear_memo()
+    assert device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"]).params == cold.params
+
+
+def test_parameters_read_back_as_they_were_written():
+    from conveyor.kernels.signature import params_from_json, params_to_json, parse_params
+
+    source = """__kernel void k(__global const float4 *a, __global struct thing *s,
+                                 __local int *scratch, double x, uchar2 v, ulong n) {}"""
+    params = parse_params(source, "k")
+    payload = params_to_json(params)
+    assert payload is not None and params_from_json(payload) == params
+    assert params_from_json(b"not json") is None
+    assert params_from_json(b'[1, [["a", "yes", null, false, "t", 1, "", "", "source"]]]') is None
+    assert params_from_json(b'{"a": 1}') is None
+
+
+def test_clear_removes_the_signatures_too(device, private_cache):
+    device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    cache = build.default_cache()
+    assert cache is not None and cache.clear() == 2
+    assert list(private_cache.glob("*.sig")) == [] and cache.info().entries == 0

@@ -243,8 +243,11 @@ def test_no_temp_files_left_behind(device, tmp_path, monkeypatch):
     use_dir(monkeypatch, path)
     compile_and_check(device)
     names = files(path)
-    assert len(names) == 1 and names[0].endswith(".bin") and not names[0].startswith(".")
-    assert stat.S_IMODE((path / names[0]).stat().st_mode) & 0o077 == 0
+    # The binary and its kernel's signature; both private.
+    assert len(names) == 2 and not any(name.startswith(".") for name in names)
+    assert sorted(name.rsplit(".", 1)[1] for name in names) == ["bin", "sig"]
+    for name in names:
+        assert stat.S_IMODE((path / name).stat().st_mode) & 0o077 == 0
 
 
 def test_concurrent_writers_of_one_key(tmp_path):

@@ -58,7 +58,8 @@ def kernel(device: cv.Device, kind: str, dtype: np.dtype | type = np.float32) ->
     key = (device.spec, kind, name)
     if device.spec in _unbuildable:
         pytest.skip(_unbuildable[device.spec])
-    if key not in _cache:
+    # Another context on the same device has the same spec: build again for it.
+    if key not in _cache or _cache[key].device is not device:
         source = portable(_TEMPLATE.format(name=name, t=C_TYPES[name]))
         try:
             _cache[key] = device.compile(source, f"{kind}_{name}")

@@ -134,7 +134,12 @@ def test_eight_processes_compile_one_kernel_at_once(device, tmp_path, monkeypatc
         assert _race(device.spec, source) == [0] * WORKERS, f"round {round_}"
         if disk_cache:
             assert len(entries(path)) == 1 and temp_files(path) == []
-            assert sorted(p.name for p in path.iterdir()) == entries(path) + ["locks"]
+            # The binary, its kernel's signature (written by each process, replaced whole) and
+            # the locks folder: nothing else.
+            sigs = [p.name for p in path.iterdir() if p.name.endswith(".sig")]
+            assert len(sigs) == 1 and sigs[0].startswith(entries(path)[0][:-4] + "-")
+            assert sorted(p.name for p in path.iterdir()) == sorted(entries(path) + sigs
+                                                                     + ["locks"])
         else:
             assert not path.exists()
 

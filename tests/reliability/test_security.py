@@ -78,6 +78,7 @@ BAD_VALUES = {
     "CONVEYOR_PINNED_ALLOC": ("cudaHostAlloc", config.pinned_alloc_mode, "register"),
     "CONVEYOR_RING_GROW": ("slowly", config.ring_grow, True),
     "CONVEYOR_PINNED_BUDGET": ("most", config.pinned_budget, None),
+    "CONVEYOR_WARMUP": ("early", config.warmup_bytes, None),
 }
 
 

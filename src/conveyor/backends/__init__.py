@@ -61,13 +61,22 @@ def device(spec: str | None = None) -> Device:
     """The device ``spec`` names; by default ``CONVEYOR_DEVICE``, else the best one:
     a CUDA GPU, else an OpenCL GPU, else a CPU device (PoCL).
 
-    Raises InputError for a spec that matches nothing, naming the devices that exist.
+    The device starts getting ready for a first stream on a thread (``Device.warm_up``,
+    memory/warmup.py) while the caller goes on. Raises InputError for a spec that matches
+    nothing, naming the devices that exist.
     """
+    chosen = _device(spec)
+    chosen.warm_up()
+    return chosen
+
+
+def _device(spec: str | None) -> Device:
     if spec is None:
         spec = config.default_device_spec()
-    # The pools read CONVEYOR_POOL_KEEP when a stream first needs them, mid-stream: a value
-    # that is no size is refused here, before any work.
+    # The pools read CONVEYOR_POOL_KEEP when a stream first needs them, mid-stream, and the
+    # warm-up CONVEYOR_WARMUP on its thread: a value that is no size is refused here, first.
     config.pool_keep()
+    config.warmup_bytes()
     found = devices()
     if not found:
         raise InputError(
@@ -112,6 +121,9 @@ def select(spec: str | Device | Sequence[str | Device]) -> list[Device]:
     if not found:
         listing = "; ".join(f"{d.spec} ({d.kind})" for d in devices()) or "none"
         raise InputError(f"no device matches {spec!r}; devices here: {listing}")
+    config.warmup_bytes()
+    for dev in found:
+        dev.warm_up()
     return found
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from conveyor.kernels.signature import Param
     from conveyor.memory.pinned import PinnedPool
     from conveyor.memory.pool import DevicePool
+    from conveyor.memory.warmup import WarmUp
 
 DeviceKind = Literal["gpu", "cpu", "other"]
 
@@ -285,6 +286,7 @@ class Device(Closeable, ABC):
         self._lock = threading.Lock()
         self._memory_pool: DevicePool | None = None
         self._pinned_pool: PinnedPool | None = None
+        self._warmup: WarmUp | None = None
         self._closed = False
 
     # -- what the device is ---------------------------------------------------------------
@@ -486,6 +488,19 @@ class Device(Closeable, ABC):
                 self._pinned_pool = PinnedPool(self)
             return self._pinned_pool
 
+    def warm_up(self, nbytes: int | None = None, *, block_bytes: int | None = None,
+                pinned: bool | None = None) -> WarmUp | None:
+        """Start getting ready for a first stream on a thread (memory/warmup.py: import the
+        pipeline, put ``nbytes`` of pinned staging blocks in the pool), unless one was
+        started already or the device is closed; the WarmUp (None when closed first).
+        ``cv.device()`` calls it with the defaults for the device it returns."""
+        with self._lock:
+            if self._warmup is None and not self._closed:
+                from conveyor.memory.warmup import WarmUp
+
+                self._warmup = WarmUp(self, nbytes, block_bytes=block_bytes, pinned=pinned)
+            return self._warmup
+
     def close(self) -> None:
         """Free the pools' held memory and the backend's objects. Safe to call twice."""
         with self._lock:
@@ -493,6 +508,11 @@ class Device(Closeable, ABC):
                 return
             self._closed = True
             pools = [p for p in (self._memory_pool, self._pinned_pool) if p is not None]
+            warmup = self._warmup
+        if warmup is not None:
+            warmup.stop()  # before the pools close: it may be adding to one
+            if self._pinned_pool is not None and self._pinned_pool not in pools:
+                pools.append(self._pinned_pool)  # made by the warm-up after the list above
         from conveyor.memory import keep
 
         keep.release_device(self)  # arrays kept page-locked on it (cv.keep_pinned)

@@ -19,7 +19,7 @@ from conveyor.errors import CompileError, InputError
 from conveyor.kernels.buildlock import build_lock
 from conveyor.kernels.cache import KernelCache, cache_key
 from conveyor.kernels.preprocess import expand
-from conveyor.kernels.signature import Param, parse_params
+from conveyor.kernels.signature import Param, params_from_json, params_to_json, parse_params
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, Kernel
@@ -78,6 +78,25 @@ def source_params(
         return parse_params(source, name)
 
 
+def cached_params(
+    device: Device, source: str, name: str, options: Sequence[str], key: str,
+    disk: KernelCache | None,
+) -> tuple[Param, ...]:
+    """:func:`source_params`, through the disk cache: a warm build reads the parameters stored
+    beside the binary (``key``) instead of preprocessing the source again (tens of ms, most of
+    a warm build in a new process: bench/NOTES.md); a cold one stores them."""
+    if disk is not None:
+        stored = disk.load_signature(key, name)
+        params = None if stored is None else params_from_json(stored)
+        if params is not None:
+            return params
+    params = source_params(device, source, name, options)
+    payload = params_to_json(params) if disk is not None else None
+    if disk is not None and payload is not None:
+        disk.store_signature(key, name, payload)
+    return params
+
+
 def clear_memo() -> None:
     """Forget the kernels loaded in this process (the next compile goes to the disk cache)."""
     with _lock:
@@ -112,7 +131,7 @@ def compile_kernel(
     if pending is not None:
         return pending.result()
     try:
-        params = source_params(device, source, name, options)
+        params = cached_params(device, source, name, options, key, disk)
         kernel = _build_and_load(device, source, name, options, params, key, disk)
         kernel.source, kernel.options = source, options
     except BaseException as exc:
@@ -141,9 +160,10 @@ class KernelFuture:
         self.source = source
         self.name = name
         self.options = options
-        self.params = source_params(device, source, name, options)  # a wrong name fails now
         self._disk = default_cache()
         self._key = cache_key(build_identity(device), options, source)
+        # A wrong name fails now, not on the compiler thread.
+        self.params = cached_params(device, source, name, options, self._key, self._disk)
         self._binary = _compiler_pool().submit(
             _fetch_or_build, device, source, options, self._key, self._disk
         )

@@ -1,7 +1,9 @@
 """The disk cache of kernel binaries: one file per (device, compiler, options, source).
 
 An entry is ``<key>.bin``: a fixed header (magic ``CVYK``, format version, payload length,
-sha256 of the payload, sha256 of the key) and the binary. The key in the header is checked on
+sha256 of the payload, sha256 of the key) and the binary. Beside it, ``<key>-<name digest>.sig``
+(same header) holds the parameters of each kernel loaded from it, so a warm build need not
+preprocess the source again. The key in the header is checked on
 load: an entry renamed or copied under another kernel's name is a miss (with a warning) and is
 rebuilt, never run as the other kernel. No pickle: a file is only ever bytes we check. A short,
 corrupt or foreign entry is a miss and is deleted, so the next build replaces it. Writes go to a
@@ -52,6 +54,8 @@ MAGIC = b"CVYK"
 _HEADER = struct.Struct("<4sIQ32s32s")
 HEADER_BYTES = _HEADER.size
 _SUFFIX = ".bin"
+#: A kernel's parameters as read from its source, beside the binary (``<key>-<name>.sig``).
+_SIG_SUFFIX = ".sig"
 _TMP_PREFIX = ".tmp-"
 #: A temporary file older than this is left over from a crashed writer; clear() removes it.
 STALE_TMP_SECONDS = 60.0
@@ -99,6 +103,11 @@ def cache_key(identity: str, options: Sequence[str], source: str) -> str:
         digest.update(b"\0")
         digest.update(hashlib.sha256(contents).digest() if contents is not None else b"-")
     return digest.hexdigest()
+
+
+def _signature_key(key: str, name: str) -> str:
+    """The key of kernel ``name``'s signature entry beside binary entry ``key``."""
+    return f"{key}-{hashlib.sha256(name.encode()).hexdigest()[:32]}"
 
 
 def _key_digest(key: str) -> bytes:
@@ -248,56 +257,72 @@ class KernelCache:
 
     def load(self, key: str) -> bytes | None:
         """The binary stored under ``key``, or None on a miss (a bad entry is deleted)."""
+        payload = self._read(key, _SUFFIX, binary=True)
+        self._count("misses" if payload is None else "hits")
+        return payload
+
+    def store(self, key: str, binary: bytes) -> bool:
+        """Write ``binary`` under ``key`` atomically; False (and one warning) if it cannot."""
+        stored = self._write(key, _SUFFIX, binary)
+        if stored:
+            self._count("stores")
+        return stored
+
+    def load_signature(self, key: str, name: str) -> bytes | None:
+        """What :meth:`store_signature` stored for kernel ``name`` of entry ``key``, or None.
+        Not counted as a hit or miss: it rides along with the binary's lookup."""
+        return self._read(_signature_key(key, name), _SIG_SUFFIX, binary=False)
+
+    def store_signature(self, key: str, name: str, payload: bytes) -> bool:
+        """Store kernel ``name``'s parameters (``payload``: signature.py's JSON) beside entry
+        ``key``, so a warm build need not preprocess the source again to read them."""
+        return self._write(_signature_key(key, name), _SIG_SUFFIX, payload)
+
+    def _read(self, key: str, suffix: str, *, binary: bool) -> bytes | None:
         dir_fd = self._dir_fd()
         if dir_fd is None:
-            self._count("misses")
             return None
         try:
             # O_NOFOLLOW: an entry is a plain file we wrote, never a link to somewhere else;
             # dir_fd: in the directory we checked, whatever its path names now.
-            fd = os.open(f"{key}{_SUFFIX}", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0),
+            fd = os.open(f"{key}{suffix}", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0),
                          dir_fd=dir_fd)
         except FileNotFoundError:
-            self._count("misses")
             return None
         except OSError:
-            self.discard(key)
-            self._count("misses")
+            self._drop(key, suffix)
             return None
         with os.fdopen(fd, "rb") as f:
             data = f.read()
         payload, other_key = _decode(data, key)
         if payload is None:
-            if other_key:
+            if other_key and binary:
                 warnings.warn(
                     f"conveyor: kernel cache entry {self.entry_path(key)} holds the binary of "
                     f"another kernel (the key in its header is not its name's: it was renamed "
                     f"or copied there); it is not run, and the kernel is rebuilt",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
-            self.discard(key)
-            self._count("misses")
+            self._drop(key, suffix)
             return None
-        self._count("hits")
         return payload
 
-    def store(self, key: str, binary: bytes) -> bool:
-        """Write ``binary`` under ``key`` atomically; False (and one warning) if it cannot."""
+    def _write(self, key: str, suffix: str, payload: bytes) -> bool:
         dir_fd = self._dir_fd()
         if dir_fd is None:
             return False
         tmp_name: str | None = None
         try:
-            tmp_name = f"{_TMP_PREFIX}{secrets.token_hex(8)}{_SUFFIX}"
+            tmp_name = f"{_TMP_PREFIX}{secrets.token_hex(8)}{suffix}"
             fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL
                          | getattr(os, "O_NOFOLLOW", 0), 0o600, dir_fd=dir_fd)
             with os.fdopen(fd, "wb") as f:
-                f.write(encode_entry(binary, key))
+                f.write(encode_entry(payload, key))
                 f.flush()
                 # Durable before visible: a crash must never leave a renamed, half-written entry.
                 os.fsync(f.fileno())
-            os.replace(tmp_name, f"{key}{_SUFFIX}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.replace(tmp_name, f"{key}{suffix}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             tmp_name = None
         except OSError as exc:
             self._disable(f"is not writable ({exc.strerror or exc})")
@@ -306,19 +331,23 @@ class KernelCache:
             if tmp_name is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp_name, dir_fd=dir_fd)
-        self._count("stores")
         return True
 
     def discard(self, key: str) -> None:
         """Delete entry ``key`` if it exists (a bad entry, so the next build rewrites it)."""
+        self._drop(key, _SUFFIX)
+
+    def _drop(self, key: str, suffix: str) -> None:
+        """Delete a bad file (a binary is counted in ``discarded``; a signature is not)."""
         dir_fd = self._dir_fd()
         if dir_fd is None:
             return
         try:
-            os.unlink(f"{key}{_SUFFIX}", dir_fd=dir_fd)
+            os.unlink(f"{key}{suffix}", dir_fd=dir_fd)
         except OSError:
             return
-        self._count("discarded")
+        if suffix == _SUFFIX:
+            self._count("discarded")
 
     def info(self) -> CacheInfo:
         """How many entries the directory holds and their total bytes."""
@@ -338,7 +367,7 @@ class KernelCache:
         if dir_fd is None:
             return 0
         removed = 0
-        for name in self._entries(dir_fd):
+        for name in self._entries(dir_fd) + self._entries(dir_fd, _SIG_SUFFIX):
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=dir_fd)
                 removed += 1
@@ -353,9 +382,9 @@ class KernelCache:
                     removed += 1
         return removed
 
-    def _entries(self, dir_fd: int) -> list[str]:
+    def _entries(self, dir_fd: int, suffix: str = _SUFFIX) -> list[str]:
         return [name for name in os.listdir(dir_fd)
-                if name.endswith(_SUFFIX) and not name.startswith(_TMP_PREFIX)]
+                if name.endswith(suffix) and not name.startswith(_TMP_PREFIX)]
 
     def _count(self, counter: str) -> None:
         with self._lock:

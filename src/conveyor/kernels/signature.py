@@ -10,6 +10,7 @@ reports about the loaded kernel overrides this where it can (``kernels/argtypes.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ _VECTOR = re.compile(
 _VECTOR_ELEMENTS = {"longlong": "long long", "ulonglong": "unsigned long long"}
 _TYPEDEF = re.compile(r"\btypedef\s+([^;{}()]+?)\s+(\w+)\s*;")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
+
+
+#: Bump when Param's fields change: older ``.sig`` entries then read as absent.
+_SIGNATURE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -187,3 +192,37 @@ def arg_converters(
     for param in params:
         converters.append(pointer if param.is_pointer else caster(param))
     return converters
+
+
+def params_to_json(params: Sequence[Param]) -> bytes | None:
+    """``params`` as JSON bytes for the kernel cache (kernels/cache.py, ``.sig`` entries), or
+    None when a dtype would not read back as itself."""
+    rows = []
+    for p in params:
+        dtype = None if p.dtype is None else p.dtype.str
+        if dtype is not None and np.dtype(dtype) != p.dtype:
+            return None
+        rows.append([p.name, p.is_pointer, dtype, p.is_const, p.type_text, p.width, p.base,
+                     p.address, p.origin])
+    return json.dumps([_SIGNATURE_VERSION, rows]).encode()
+
+
+def params_from_json(data: bytes) -> tuple[Param, ...] | None:
+    """What :func:`params_to_json` wrote, or None for anything else (it is then read from the
+    source again)."""
+    try:
+        version, rows = json.loads(data)
+        if version != _SIGNATURE_VERSION:
+            return None
+        params = []
+        for name, is_pointer, dtype, is_const, type_text, width, base, address, origin in rows:
+            fields = (name, type_text, base, address, origin)
+            if not all(isinstance(f, str) for f in fields) or not isinstance(width, int):
+                return None
+            if not isinstance(is_pointer, bool) or not isinstance(is_const, bool):
+                return None
+            params.append(Param(name, is_pointer, None if dtype is None else np.dtype(dtype),
+                                is_const, type_text, width, base, address, origin))
+        return tuple(params)
+    except (ValueError, TypeError):
+        return None

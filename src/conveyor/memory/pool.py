@@ -192,6 +192,47 @@ class BlockPool(Generic[B]):
             self._hits += 1
             return self._mark_in_use(block, size)
 
+    def prepare(self, nbytes: int, count: int, stop: Callable[[], bool] | None = None) -> int:
+        """Allocate up to ``count`` idle blocks of ``nbytes`` ahead of any request (a device's
+        warm-up, memory/warmup.py); return how many it made. Blocks made are kept even when it
+        stops early, which it does once any request reaches the pool (a stream has begun: it
+        takes what is idle and grows its own ring), before passing the limit or the keep
+        budget, at the first failed allocation (no error: the stream will meet it and say
+        so), or when ``stop()`` returns true. Not counted as hits, misses or bytes in use, so
+        it moves neither the statistics nor the keep budget."""
+        size = self._bin_size(max(nbytes, 1))
+        with self._lock:
+            requests = self._hits + self._misses
+        made = 0
+        while made < count and not (stop is not None and stop()):
+            with self._lock:
+                if self._hits + self._misses != requests:
+                    break
+                if self._keep is not None and self._held_bytes + size > self._keep:
+                    break
+                total = (self._in_use_bytes + self._held_bytes + self._pending_bytes
+                         + self._reserved_bytes)
+                if self._limit is not None and total + size > self._limit:
+                    break
+                self._reserved_bytes += size
+            try:
+                block = self.allocate(size)
+            except OutOfMemoryError:
+                with self._lock:
+                    self._reserved_bytes -= size
+                break
+            except BaseException:
+                with self._lock:
+                    self._reserved_bytes -= size
+                raise
+            with self._lock:
+                self._reserved_bytes -= size
+                self._free.setdefault(size, []).append(block)
+                self._held_bytes += size
+                self._last_used[size] = self._streams
+            made += 1
+        return made
+
     def release(self, block: B, after: Event | None = None) -> None:
         """Give ``block`` back; it is reused only once ``after`` (if any) has completed."""
         size = block.nbytes

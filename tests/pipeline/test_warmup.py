@@ -1,0 +1,231 @@
+"""A device's warm-up (memory/warmup.py, issue 17): pinned blocks put in the pool ahead of the
+first stream, stopping at the first request, the limit, the keep budget, a failed allocation
+or close(); the pipeline imported on its thread. Runs on a second OpenCL context of a device
+under test (its own pools), with the real allocator wrapped to inject faults."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamkit import add_reference, data, kernel
+
+import conveyor as cv
+from conftest import DEVICES
+from conveyor.errors import BackendError, InputError, OutOfMemoryError
+from conveyor.memory.warmup import WarmUp
+
+BLOCK = 16 * 1024
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+@pytest.fixture
+def fresh():
+    """A second context on an OpenCL device under test: a device with empty pools of its own."""
+    from conveyor.backends import opencl
+
+    dev = next((d for d in DEVICES if d.backend == "opencl"), None)
+    if dev is None:
+        pytest.skip("no OpenCL device under test")
+    platform, index = (int(part) for part in dev.spec.split(":")[1:])
+    made = opencl.Device(dev.cl_device, platform, index)  # type: ignore[attr-defined]
+    yield made
+    made.close()
+
+
+class CountingAllocate:
+    """The pool's real allocator; ``on_call[n]`` runs before the n-th call (1-based)."""
+
+    def __init__(self, real, on_call=None):
+        self.real = real
+        self.on_call = on_call or {}
+        self.calls = 0
+
+    def __call__(self, nbytes: int):
+        self.calls += 1
+        action = self.on_call.get(self.calls)
+        if action is not None:
+            action()
+        return self.real(nbytes)
+
+
+def _raise(exc: BaseException):
+    def action():
+        raise exc
+    return action
+
+
+# -- BlockPool.prepare ----------------------------------------------------------------------
+def test_prepare_puts_idle_blocks_in_the_pool_without_counting_a_request(fresh):
+    pool = fresh.pinned_pool
+    assert pool.prepare(BLOCK, 4) == 4
+    stats = pool.stats()
+    assert (stats.held_bytes, stats.in_use_bytes, stats.hits, stats.misses) == (4 * BLOCK, 0, 0, 0)
+    assert stats.peak_in_use_bytes == 0  # so it does not raise the keep budget either
+    blocks = [pool.acquire(BLOCK) for _ in range(4)]
+    assert pool.stats().hits == 4 and pool.stats().misses == 0
+    for block in blocks:
+        pool.release(block)
+
+
+def test_prepare_stops_at_the_first_request_and_keeps_what_it_made(fresh):
+    pool = fresh.pinned_pool
+    taken = []
+    pool.allocate = CountingAllocate(pool.allocate, {3: lambda: taken.append(pool.acquire(512))})
+    # The third allocation happens while a "stream" asks for a block: it is kept, no more.
+    assert pool.prepare(BLOCK, 10) == 3
+    assert pool.stats().held_bytes == 3 * BLOCK
+    pool.release(taken[0])
+
+
+@pytest.mark.parametrize("bound", ["limit", "keep"])
+def test_prepare_stays_within_the_pools_limit_and_keep_budget(fresh, bound):
+    pool = fresh.pinned_pool
+    setattr(pool, bound, 3 * BLOCK)
+    assert pool.prepare(BLOCK, 10) == 3
+    assert pool.stats().held_bytes == 3 * BLOCK
+
+
+def test_prepare_stops_quietly_when_memory_runs_out_and_raises_other_errors(fresh):
+    pool = fresh.pinned_pool
+    pool.allocate = CountingAllocate(pool.allocate, {3: _raise(OutOfMemoryError(BLOCK, 0, None))})
+    assert pool.prepare(BLOCK, 10) == 2
+    pool.allocate = CountingAllocate(pool.allocate, {1: _raise(BackendError("driver gone"))})
+    with pytest.raises(BackendError):
+        pool.prepare(BLOCK, 10)
+    stats = pool.stats()
+    assert stats.held_bytes == 2 * BLOCK and stats.in_use_bytes == 0
+    assert pool._reserved_bytes == 0
+
+
+def test_prepare_stops_when_asked(fresh):
+    stop = threading.Event()
+    pool = fresh.pinned_pool
+    pool.allocate = CountingAllocate(pool.allocate, {2: stop.set})
+    assert pool.prepare(BLOCK, 10, stop.is_set) == 2
+
+
+# -- WarmUp ---------------------------------------------------------------------------------
+def test_a_stream_after_the_warm_up_allocates_no_pinned_memory(fresh):
+    warm = WarmUp(fresh, 16 * BLOCK, block_bytes=BLOCK, pinned=True)
+    assert warm.wait(60) and warm.error is None and warm.made == 16
+    a, b = data((16 * 4096,), np.float32, 1), data((16 * 4096,), np.float32, 2)
+    c = np.empty_like(a)
+    cv.stream(kernel(fresh, "add"), [a, b], [c], device=fresh, block_bytes=BLOCK,
+              zero_copy=False, depth=2)
+    np.testing.assert_array_equal(c, add_reference(a, b))
+    stats = fresh.pinned_pool.stats()
+    assert stats.misses == 0 and stats.hits > 0 and stats.in_use_bytes == 0
+
+
+def test_a_failing_warm_up_records_its_error_and_the_stream_still_runs(fresh):
+    pool = fresh.pinned_pool
+    pool.allocate = CountingAllocate(pool.allocate, {2: _raise(BackendError("no pinned memory"))})
+    warm = WarmUp(fresh, 8 * BLOCK, block_bytes=BLOCK, pinned=True)
+    assert warm.wait(60) and warm.made == 0 and isinstance(warm.error, BackendError)
+    a, b = data((8 * 4096,), np.float32, 3), data((8 * 4096,), np.float32, 4)
+    c = np.empty_like(a)
+    cv.stream(kernel(fresh, "add"), [a, b], [c], device=fresh, block_bytes=BLOCK,
+              zero_copy=False)
+    np.testing.assert_array_equal(c, add_reference(a, b))
+
+
+def test_close_stops_a_warm_up_under_way_and_frees_what_it_made(fresh):
+    pool = fresh.pinned_pool
+    entered, go_on = threading.Event(), threading.Event()
+
+    def hold():
+        entered.set()
+        go_on.wait(30)
+
+    pool.allocate = CountingAllocate(pool.allocate, {2: hold})
+    warm = fresh.warm_up(100 * BLOCK, block_bytes=BLOCK, pinned=True)
+    assert warm is not None and fresh.warm_up() is warm  # one per device
+    assert entered.wait(30)
+    closer = threading.Thread(target=fresh.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()  # close() waits for the allocation under way ...
+    go_on.set()
+    closer.join(30)
+    assert not closer.is_alive() and not warm.running and warm.made == 2
+    assert pool.stats().held_bytes == 0  # ... then the pool is closed with its blocks
+    assert fresh.warm_up() is warm  # closed: no new warm-up
+
+
+def test_cv_device_starts_one_warm_up_per_device(monkeypatch):
+    dev = cv.device(DEVICES[0].spec) if DEVICES else pytest.skip("no device under test")
+    warm = dev._warmup
+    assert warm is not None and cv.device(dev.spec)._warmup is warm
+    assert warm.wait(60) and warm.error is None
+    assert warm.made == 0 or not dev.host_unified
+
+
+def test_the_warm_up_amount_comes_from_conveyor_warmup(monkeypatch, fresh):
+    from conveyor.memory import warmup
+
+    monkeypatch.setenv("CONVEYOR_WARMUP", "off")
+    assert warmup.default_bytes() == 0
+    monkeypatch.setenv("CONVEYOR_WARMUP", "48KiB")
+    warm = WarmUp(fresh, block_bytes=BLOCK, pinned=True)
+    assert warm.wait(60) and warm.made == 3
+    monkeypatch.delenv("CONVEYOR_WARMUP")
+    assert 0 < warmup.default_bytes() <= warmup.DEFAULT_BYTES
+    monkeypatch.setenv("CONVEYOR_WARMUP", "plenty")
+    with pytest.raises(InputError, match="CONVEYOR_WARMUP"):
+        cv.device()
+
+
+# -- importing on a second thread ------------------------------------------------------------
+def _import_graph(names: set[str]) -> dict[str, set[str]]:
+    """Module-level conveyor imports of each module in ``names`` (not under ``if``: the
+    TYPE_CHECKING ones never run), to modules in ``names``."""
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        path = SRC.joinpath(*name.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        deps: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            nodes = node.body if isinstance(node, ast.Try) else [node]
+            for item in nodes:
+                if isinstance(item, ast.Import):
+                    deps.update(a.name for a in item.names)
+                elif isinstance(item, ast.ImportFrom) and item.module and item.level == 0:
+                    deps.add(item.module)
+                    deps.update(f"{item.module}.{a.name}" for a in item.names)
+        # Importing a.b.c imports a and a.b first; a module's own packages come first too.
+        deps |= {d.rsplit(".", k)[0] for d in deps | {name} for k in range(1, d.count(".") + 1)}
+        graph[name] = {d for d in deps if d in names and d != name}
+    return graph
+
+
+def test_what_the_warm_up_imports_has_no_import_cycle():
+    """Two threads importing modules of one cycle can deadlock; without a cycle the import
+    locks only make one wait for the other."""
+    code = ("import sys, json, conveyor as cv; cv.devices(); before = set(sys.modules); "
+            "import conveyor.pipeline.stream; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('conveyor')"
+            " and m not in before)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=120)
+    graph = _import_graph(set(json.loads(done.stdout.splitlines()[-1])) | {"conveyor.pipeline"})
+    assert len(graph) > 10, graph  # the pipeline was imported here, not by cv.device()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in graph[name]:
+            assert state.get(dep) != 1, f"import cycle: {' -> '.join([*path, name, dep])}"
+            if dep not in state:
+                visit(dep, [*path, name])
+        state[name] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [])
