@@ -3,7 +3,8 @@
 Each measurement runs in a fresh Python process, timing only ``Device.compile`` (not the
 interpreter start or device discovery). The driver's own kernel cache would make "cold" builds
 warm too, so the child processes run with PoCL's cache off (``POCL_KERNEL_CACHE=0``) and
-NVIDIA's off (``CUDA_CACHE_DISABLE=1``). "warm, in-process" clears the in-process memo and
+NVIDIA's off (``CUDA_CACHE_DISABLE=1``), and without the device's warm-up thread
+(``CONVEYOR_WARMUP=0``) but in one row that has it, as ``cv.device()`` starts it by default. "warm, in-process" clears the in-process memo and
 compiles again in the same process. Prints one markdown table row per mode; target: warm/cold
 at most 5%.
 
@@ -57,9 +58,11 @@ print(json.dumps({"first": t1 - t0, "again": t2 - t1, "hits": c.hits, "misses": 
 """
 
 
-def _child(cache_dir: Path) -> dict:
+def _child(cache_dir: Path, warmup: bool = False) -> dict:
+    # The device's warm-up thread (memory/warmup.py) imports the pipeline while the build
+    # runs, and the two share the GIL: off unless asked, so the figure is the build's own.
     env = dict(os.environ, CONVEYOR_CACHE_DIR=str(cache_dir), POCL_KERNEL_CACHE="0",
-               CUDA_CACHE_DISABLE="1")
+               CUDA_CACHE_DISABLE="1", CONVEYOR_WARMUP="1GiB" if warmup else "0")
     env.pop("CONVEYOR_NO_CACHE", None)
     out = subprocess.run([sys.executable, "-c", CHILD], input=SOURCE, env=env,
                          capture_output=True, text=True, check=True, timeout=600)
@@ -74,6 +77,7 @@ def main() -> None:
     cold: list[float] = []
     warm_process: list[float] = []
     warm_memo: list[float] = []
+    warm_beside_warmup: list[float] = []
     device = ""
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-") as root:
         for rep in range(reps):
@@ -85,6 +89,8 @@ def main() -> None:
             second = _child(cache_dir)  # a new process over the warm cache
             assert second["hits"] == 2 and second["misses"] == 0, second
             warm_process.append(second["first"])
+            third = _child(cache_dir, warmup=True)  # the same, the device's warm-up running
+            warm_beside_warmup.append(third["first"])
             device = first["device"]
     cold_ms = statistics.median(cold) * 1e3
     print(f"device: {device}; {reps} repetitions, medians; driver caches off\n")
@@ -92,6 +98,7 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     print(f"| cold (empty cache) | {cold_ms:.1f} | {min(cold) * 1e3:.1f} | 100% |")
     for label, times in (("warm, new process", warm_process),
+                         ("warm, new process, beside the device's warm-up", warm_beside_warmup),
                          ("warm, in-process (memo cleared)", warm_memo)):
         median_ms = statistics.median(times) * 1e3
         print(f"| {label} | {median_ms:.2f} | {min(times) * 1e3:.2f} | "

@@ -32,7 +32,7 @@ PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
 #: stream (pipeline/ring.py).
 RING_GROW_VAR = "CONVEYOR_RING_GROW"
 #: Pinned bytes a device's warm-up puts in its pool for the first stream (a size; 0 or off: no
-#: warm-up; unset: min(1 GiB, host memory / 16)) (memory/warmup.py).
+#: warm-up thread at all; unset: min(1 GiB, host memory / 16)) (memory/warmup.py).
 WARMUP_VAR = "CONVEYOR_WARMUP"
 #: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
 PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"

@@ -172,6 +172,7 @@ def test_the_warm_up_amount_comes_from_conveyor_warmup(monkeypatch, fresh):
 
     monkeypatch.setenv("CONVEYOR_WARMUP", "off")
     assert warmup.default_bytes() == 0
+    assert fresh.warm_up() is None and fresh._warmup is None  # off: no thread at all
     monkeypatch.setenv("CONVEYOR_WARMUP", "48KiB")
     warm = WarmUp(fresh, block_bytes=BLOCK, pinned=True)
     assert warm.wait(60) and warm.made == 3
@@ -229,3 +230,28 @@ def test_what_the_warm_up_imports_has_no_import_cycle():
     for name in graph:
         if name not in state:
             visit(name, [])
+
+
+def test_interpreter_exit_stops_a_warm_up_under_way():
+    code = """if True:
+        import atexit
+        state = {}
+        # Registered before the warm-up module's own handler, so it runs after it.
+        atexit.register(lambda: print("after exit:", state["w"].running, state["w"].made))
+        import conveyor as cv
+        from conveyor.backends import opencl
+        from conveyor.memory.warmup import WarmUp
+        dev = next(d for d in cv.devices() if d.backend == "opencl")
+        platform, index = (int(p) for p in dev.spec.split(":")[1:])
+        other = opencl.Device(dev.cl_device, platform, index)
+        state["w"] = WarmUp(other, 2**40, block_bytes=4096, pinned=True)
+        while other.pinned_pool.stats().held_bytes == 0:
+            pass  # under way: exit now
+        """
+    if not any(d.backend == "opencl" for d in DEVICES):
+        pytest.skip("no OpenCL device under test")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    running, made = done.stdout.split("after exit:")[1].split()
+    assert running == "False" and 0 <= int(made) < 2**40 // 4096

@@ -492,13 +492,15 @@ class Device(Closeable, ABC):
                 pinned: bool | None = None) -> WarmUp | None:
         """Start getting ready for a first stream on a thread (memory/warmup.py: import the
         pipeline, put ``nbytes`` of pinned staging blocks in the pool), unless one was
-        started already or the device is closed; the WarmUp (None when closed first).
+        started already or the device is closed; the WarmUp, or None when there is none (the
+        device was closed first, or ``nbytes`` or ``CONVEYOR_WARMUP`` is 0: no warm-up).
         ``cv.device()`` calls it with the defaults for the device it returns."""
-        with self._lock:
-            if self._warmup is None and not self._closed:
-                from conveyor.memory.warmup import WarmUp
+        from conveyor.memory.warmup import WarmUp, default_bytes
 
-                self._warmup = WarmUp(self, nbytes, block_bytes=block_bytes, pinned=pinned)
+        amount = default_bytes() if nbytes is None else nbytes
+        with self._lock:
+            if self._warmup is None and not self._closed and amount > 0:
+                self._warmup = WarmUp(self, amount, block_bytes=block_bytes, pinned=pinned)
             return self._warmup
 
     def close(self) -> None:

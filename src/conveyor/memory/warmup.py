@@ -12,8 +12,9 @@ memory with the host, such as PoCL's CPU device), puts pinned blocks of the defa
 (``DEFAULT_BLOCK_BYTES``, what a stream of 1-D arrays with default options asks for) into the
 device's pool, idle. The caller's own work (loading data, building kernels) runs meanwhile.
 
-How much: ``CONVEYOR_WARMUP`` (a size; ``0`` or ``off``: none), else min(1 GiB, host memory /
-16), in whole blocks. What it does not do:
+How much: ``CONVEYOR_WARMUP`` (a size), else min(1 GiB, host memory / 16), in whole blocks;
+``CONVEYOR_WARMUP=0`` (or ``off``) turns the warm-up off: no thread, and the first stream
+imports the pipeline and allocates its ring itself. What it does not do:
 
 - It never holds up a stream: it stops at the first block any stream asks the pool for (the
   stream takes what is idle and allocates or grows the rest itself), before passing the pool's
@@ -22,7 +23,8 @@ How much: ``CONVEYOR_WARMUP`` (a size; ``0`` or ``off``: none), else min(1 GiB, 
   idle block.
 - Its failure is never an error: the stream allocates as it would have, and says what fails.
 - ``device.close()`` stops it (after the allocation under way) and waits for it before the
-  pools close.
+  pools close; so does interpreter exit (for up to ``EXIT_WAIT`` seconds), so no driver call
+  of its is under way while the interpreter tears the backends down.
 
 Importing on a second thread is safe because the modules it imports have no import cycle
 (tests/pipeline/test_warmup.py checks): Python's per-module import locks then only make one
@@ -31,8 +33,10 @@ thread wait for the other.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 from conveyor import config
@@ -44,6 +48,10 @@ if TYPE_CHECKING:
 DEFAULT_BYTES = 2**30
 #: ... and at most this share of the host's physical memory.
 HOST_SHARE = 16
+#: At interpreter exit, how long to wait for a warm-up's allocation under way to finish.
+EXIT_WAIT = 5.0
+
+_running: weakref.WeakSet[WarmUp] = weakref.WeakSet()
 
 
 def default_bytes() -> int:
@@ -80,18 +88,23 @@ class WarmUp:
                                         daemon=True)
         from conveyor.pipeline.interrupts import start_thread
 
+        _running.add(self)
         start_thread(self._thread)  # whole even when Ctrl-C lands during it
 
     def _run(self) -> None:
         try:
-            # What cv.stream imports on first use (see the module docstring on safety).
-            import conveyor.pipeline.stream  # noqa: F401
+            # Pinned memory first: the driver calls and page faults leave the GIL to the
+            # caller's thread, where the imports below would compete with its Python (a kernel
+            # build right after cv.device() took 15 ms alone, 49 ms beside the imports).
             from conveyor.pipeline.plan import DEFAULT_BLOCK_BYTES
 
             block = self.block_bytes or DEFAULT_BLOCK_BYTES
             count = self.nbytes // block
             if count and self.pinned and not self._stop.is_set():
                 self.made = self.device.pinned_pool.prepare(block, count, self._stop.is_set)
+            # What cv.stream imports on first use (see the module docstring on safety).
+            if not self._stop.is_set():
+                import conveyor.pipeline.stream  # noqa: F401
         except BaseException as exc:  # an optimisation: the stream will meet any real problem
             self.error = exc
 
@@ -111,3 +124,11 @@ class WarmUp:
 
         self._stop.set()
         join(self._thread)
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    for warm in list(_running):
+        warm._stop.set()
+    for warm in list(_running):
+        warm._thread.join(EXIT_WAIT)
