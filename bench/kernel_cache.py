@@ -4,9 +4,9 @@ Each measurement runs in a fresh Python process, timing only ``Device.compile`` 
 interpreter start or device discovery). The driver's own kernel cache would make "cold" builds
 warm too, so the child processes run with PoCL's cache off (``POCL_KERNEL_CACHE=0``) and
 NVIDIA's off (``CUDA_CACHE_DISABLE=1``), and without the device's warm-up thread
-(``CONVEYOR_WARMUP=0``) but in one row that has it, as ``cv.device()`` starts it by default. "warm, in-process" clears the in-process memo and
-compiles again in the same process. Prints one markdown table row per mode; target: warm/cold
-at most 5%.
+(``CONVEYOR_WARMUP=0``) but in one row that has it, as ``cv.device()`` starts it by default.
+"warm, in-process" clears the in-process memo and compiles again in the same process. Prints
+one markdown table row per mode; target: warm/cold at most 5%.
 
     .venv/bin/python bench/kernel_cache.py [--reps 5]
 """
@@ -62,7 +62,7 @@ def _child(cache_dir: Path, warmup: bool = False) -> dict:
     # The device's warm-up thread (memory/warmup.py) imports the pipeline while the build
     # runs, and the two share the GIL: off unless asked, so the figure is the build's own.
     env = dict(os.environ, CONVEYOR_CACHE_DIR=str(cache_dir), POCL_KERNEL_CACHE="0",
-               CUDA_CACHE_DISABLE="1", CONVEYOR_WARMUP="1GiB" if warmup else "0")
+               CUDA_CACHE_DISABLE="1", CONVEYOR_WARMUP="on" if warmup else "0")
     env.pop("CONVEYOR_NO_CACHE", None)
     out = subprocess.run([sys.executable, "-c", CHILD], input=SOURCE, env=env,
                          capture_output=True, text=True, check=True, timeout=600)

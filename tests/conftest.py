@@ -121,6 +121,14 @@ def pools_back_to_zero():
 
 
 @pytest.fixture(autouse=True)
+def no_warm_up(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cv.device()`` starts no warm-up (memory/warmup.py) in tests, unless marked
+    ``warm_up``: on a GPU its pinned blocks would land in a pool other tests share and count."""
+    if request.node.get_closest_marker("warm_up") is None:
+        monkeypatch.setenv("CONVEYOR_WARMUP", "0")
+
+
+@pytest.fixture(autouse=True)
 def staging_on_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests use small blocks, which a stream stages inline on its own thread; stage them on
     the staging threads instead (the path of every large block), unless the test is marked

@@ -31,8 +31,9 @@ PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
 #: 0 allocates a staging ring whole before the first block; 1 (default) grows it beside the
 #: stream (pipeline/ring.py).
 RING_GROW_VAR = "CONVEYOR_RING_GROW"
-#: Pinned bytes a device's warm-up puts in its pool for the first stream (a size; 0 or off: no
-#: warm-up thread at all; unset: min(1 GiB, host memory / 16)) (memory/warmup.py).
+#: Pinned bytes a device's warm-up puts in its pool for the first stream (a size of at least
+#: one 64 MiB block; 0 or off: no warm-up thread at all; unset or on: min(1 GiB, host memory /
+#: 16) for all devices together) (memory/warmup.py).
 WARMUP_VAR = "CONVEYOR_WARMUP"
 #: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
 PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
@@ -142,9 +143,10 @@ def ring_grow() -> bool:
 
 def warmup_bytes() -> int | None:
     """``CONVEYOR_WARMUP``: the pinned bytes a device's warm-up allocates ahead (0 for none;
-    ``off`` reads as 0), or None when unset (the warm-up's own default)."""
+    ``off``/``no``/``false`` read as 0), or None when unset or ``on``/``yes``/``true`` (the
+    warm-up's own default)."""
     value = _get(WARMUP_VAR)
-    if value is None:
+    if value is None or value.lower() in ("on", "yes", "true"):
         return None
     if value.lower() in ("off", "no", "false"):
         return 0

@@ -52,6 +52,7 @@ def link_bandwidth(device: Device, nbytes: int = 64 * 2**20, repeats: int = 3) -
     pageable memory on ``device``; best of ``repeats``."""
     queue = device.create_queue()
     try:
+        device.wait_for_warm_up()  # its allocations would share the measured time
         with device.alloc_device(nbytes) as dev_buf, device.alloc_pinned(nbytes) as pinned_buf:
             pinned_host = pinned_buf.array[:nbytes]
             pinned_host.fill(1)

@@ -55,6 +55,8 @@ def aggregate_bandwidth(devices: Sequence[Device], nbytes: int = 64 * 2**20,
     ``nbytes`` per round, back to back: one copy per round came out low on 2 x H200 (82.9
     GB/s both at once, while a stream moved 102.2)."""
     copies = max(copies, 1)
+    for dev in devices:
+        dev.wait_for_warm_up()  # its allocations would share the measured time
     queues = [dev.create_queue() for dev in devices]
     held: list[Closeable] = []
     try:

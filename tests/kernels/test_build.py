@@ -227,7 +227,7 @@ def test_a_warm_build_reads_the_parameters_stored_beside_the_binary(device, monk
     def no_preprocessing(*args, **kw):
         raise AssertionError("a warm build preprocessed the source again")
 
-    monkeypatch.setattr(build, "source_params", no_preprocessing)
+    monkeypatch.setattr(build, "_read_params", no_preprocessing)
     warm = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     assert warm is not cold and warm.params == cold.params
     np.testing.assert_array_equal(run_scale(device, warm), expected(2))
@@ -276,5 +276,38 @@ def test_parameters_read_back_as_they_were_written():
 def test_clear_removes_the_signatures_too(device, private_cache):
     device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
     cache = build.default_cache()
-    assert cache is not None and cache.clear() == 2
+    assert cache is not None and cache.clear() == 1  # entries, as info() counts them
     assert list(private_cache.glob("*.sig")) == [] and cache.info().entries == 0
+
+
+def test_a_failed_build_leaves_no_signature(device, private_cache):
+    for _ in range(2):
+        with pytest.raises(CompileError):
+            device.compile(BROKEN_SOURCE, "broken")
+        future = device.compile(BROKEN_SOURCE, "broken", wait=False)
+        with pytest.raises(CompileError):
+            future.result()
+    assert _sig_files(private_cache) == []
+
+
+def test_parameters_read_unexpanded_are_not_kept(device, private_cache, monkeypatch):
+    real = build.expand_checked
+
+    def failed_expansion(source, options=(), macros=()):
+        real(source, options, macros)
+        return source, False  # as when pcpp gives up: the raw text
+
+    monkeypatch.setattr(build, "expand_checked", failed_expansion)
+    device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"])
+    device.compile(SCALE_SOURCE, "scale", ["-DSCALE=3"], wait=False).result()
+    assert _sig_files(private_cache) == [] and build.default_cache().info().entries == 2
+
+
+def test_an_async_build_stores_the_signature_after_the_binary(device, private_cache,
+                                                               monkeypatch):
+    future = device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"], wait=False)
+    kernel = future.result()
+    assert len(_sig_files(private_cache)) == 1
+    build.clear_memo()
+    monkeypatch.setattr(build, "_read_params", None)  # a warm build must not call it
+    assert device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"]).params == kernel.params

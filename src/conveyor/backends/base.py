@@ -490,18 +490,28 @@ class Device(Closeable, ABC):
 
     def warm_up(self, nbytes: int | None = None, *, block_bytes: int | None = None,
                 pinned: bool | None = None) -> WarmUp | None:
-        """Start getting ready for a first stream on a thread (memory/warmup.py: import the
-        pipeline, put ``nbytes`` of pinned staging blocks in the pool), unless one was
-        started already or the device is closed; the WarmUp, or None when there is none (the
-        device was closed first, or ``nbytes`` or ``CONVEYOR_WARMUP`` is 0: no warm-up).
+        """Start getting ready for a first stream on a thread (memory/warmup.py: put ``nbytes``
+        of pinned staging blocks in the pool, import the pipeline), unless one was started
+        already or the device is closed; the WarmUp, or None when there is none (the device
+        was closed first, or ``nbytes`` or ``CONVEYOR_WARMUP`` is 0: no warm-up).
         ``cv.device()`` calls it with the defaults for the device it returns."""
         from conveyor.memory.warmup import WarmUp, default_bytes
 
-        amount = default_bytes() if nbytes is None else nbytes
-        with self._lock:
-            if self._warmup is None and not self._closed and amount > 0:
-                self._warmup = WarmUp(self, amount, block_bytes=block_bytes, pinned=pinned)
+        if (default_bytes() if nbytes is None else nbytes) <= 0:
             return self._warmup
+        with self._lock:
+            if self._warmup is not None or self._closed:
+                return self._warmup
+            # Recorded before its thread starts, so close() always finds it and stops it.
+            warm = self._warmup = WarmUp(self, nbytes, block_bytes=block_bytes, pinned=pinned)
+        return warm.start()  # outside the lock: it reads the pinned pool, which takes it
+
+    def wait_for_warm_up(self, timeout: float | None = None) -> None:
+        """Wait until this device's warm-up (if any) has ended: before timing anything on it,
+        so its allocations do not share the measured time."""
+        warm = self._warmup
+        if warm is not None:
+            warm.wait(timeout)
 
     def close(self) -> None:
         """Free the pools' held memory and the backend's objects. Safe to call twice."""

@@ -18,7 +18,7 @@ from conveyor import config, hazards
 from conveyor.errors import CompileError, InputError
 from conveyor.kernels.buildlock import build_lock
 from conveyor.kernels.cache import KernelCache, cache_key
-from conveyor.kernels.preprocess import expand
+from conveyor.kernels.preprocess import expand_checked
 from conveyor.kernels.signature import Param, params_from_json, params_to_json, parse_params
 
 if TYPE_CHECKING:
@@ -69,32 +69,47 @@ def source_params(
     ``device``'s compiler would (its predefined macros, the ``-D``/``-I`` of ``options``).
     The loaded kernel's driver corrects or checks them (``kernels/argtypes.py``). InputError
     when ``source`` defines no kernel ``name``."""
+    return _read_params(device, source, name, options)[0]
+
+
+def _read_params(
+    device: Device, source: str, name: str, options: Sequence[str]
+) -> tuple[tuple[Param, ...], bool]:
+    """:func:`source_params`, and whether they were read from the expanded text (False: from
+    the raw text, which must not be kept in the cache as if it had been expanded)."""
     macros = tuple(sorted(device.source_macros().items()))
+    text, expanded = expand_checked(source, tuple(options), macros)
     try:
-        return parse_params(expand(source, tuple(options), macros), name)
+        return parse_params(text, name), expanded
     except InputError:
         # Not found after expansion (an #if conveyor's preprocessor decided otherwise than
         # the compiler will): the raw text, or its error naming the kernels it has.
-        return parse_params(source, name)
+        return parse_params(source, name), False
 
 
-def cached_params(
-    device: Device, source: str, name: str, options: Sequence[str], key: str,
-    disk: KernelCache | None,
-) -> tuple[Param, ...]:
-    """:func:`source_params`, through the disk cache: a warm build reads the parameters stored
-    beside the binary (``key``) instead of preprocessing the source again (tens of ms, most of
-    a warm build in a new process: bench/NOTES.md); a cold one stores them."""
-    if disk is not None:
-        stored = disk.load_signature(key, name)
-        params = None if stored is None else params_from_json(stored)
-        if params is not None:
-            return params
-    params = source_params(device, source, name, options)
-    payload = params_to_json(params) if disk is not None else None
-    if disk is not None and payload is not None:
-        disk.store_signature(key, name, payload)
-    return params
+class _Params:
+    """A kernel's parameters for a build, and the ``.sig`` entry to store beside its binary
+    once the binary is in the cache (None: it is there already, or must not be kept)."""
+
+    def __init__(self, device: Device, source: str, name: str, options: Sequence[str],
+                 key: str, disk: KernelCache | None) -> None:
+        self.name = name
+        self.signature: bytes | None = None
+        if disk is not None:
+            stored = disk.load_signature(key, name)
+            params = None if stored is None else params_from_json(stored)
+            if params is not None:  # a warm build: no preprocessing (bench/NOTES.md)
+                self.params = params
+                return
+        self.params, expanded = _read_params(device, source, name, options)
+        if disk is not None and expanded:
+            self.signature = params_to_json(self.params)
+
+    def store(self, key: str, disk: KernelCache | None) -> None:
+        """Store the signature (call once the binary is stored: no ``.sig`` without it)."""
+        if disk is not None and self.signature is not None:
+            disk.store_signature(key, self.name, self.signature)
+            self.signature = None
 
 
 def clear_memo() -> None:
@@ -131,7 +146,7 @@ def compile_kernel(
     if pending is not None:
         return pending.result()
     try:
-        params = cached_params(device, source, name, options, key, disk)
+        params = _Params(device, source, name, options, key, disk)
         kernel = _build_and_load(device, source, name, options, params, key, disk)
         kernel.source, kernel.options = source, options
     except BaseException as exc:
@@ -163,9 +178,10 @@ class KernelFuture:
         self._disk = default_cache()
         self._key = cache_key(build_identity(device), options, source)
         # A wrong name fails now, not on the compiler thread.
-        self.params = cached_params(device, source, name, options, self._key, self._disk)
+        read = _Params(device, source, name, options, self._key, self._disk)
+        self.params = read.params
         self._binary = _compiler_pool().submit(
-            _fetch_or_build, device, source, options, self._key, self._disk
+            _fetch_or_build, device, source, options, self._key, self._disk, read
         )
 
     def done(self) -> bool:
@@ -189,7 +205,8 @@ class KernelFuture:
 
 
 def _fetch_or_build(
-    device: Device, source: str, options: tuple[str, ...], key: str, disk: KernelCache | None
+    device: Device, source: str, options: tuple[str, ...], key: str, disk: KernelCache | None,
+    params: _Params,
 ) -> bytes:
     # Under the build lock: another process building the same kernel finishes (and stores
     # it) first, so this one finds the entry instead of racing it in the driver's own cache.
@@ -199,6 +216,7 @@ def _fetch_or_build(
             binary = device.build_binary(source, options)
             if disk is not None:
                 disk.store(key, binary)
+        params.store(key, disk)
         return binary
 
 
@@ -229,7 +247,7 @@ def _build_and_load(
     source: str,
     name: str,
     options: tuple[str, ...],
-    params: Sequence[Param],
+    params: _Params,
     key: str,
     disk: KernelCache | None,
 ) -> Kernel:
@@ -240,13 +258,18 @@ def _build_and_load(
         hazards.kernel_build(device, name, "built" if binary is None else "loaded")
         if binary is not None:
             try:
-                return device.load_kernel(binary, name, options, params)
+                kernel = device.load_kernel(binary, name, options, params.params)
             except CompileError:
                 # The entry passed its checksum but the driver rejects it (another driver
                 # build, a truncated binary from an older conveyor): drop it, build from source.
                 assert disk is not None
                 disk.discard(key)
+            else:
+                params.store(key, disk)
+                return kernel
         binary = device.build_binary(source, options)
         if disk is not None:
             disk.store(key, binary)
-        return device.load_kernel(binary, name, options, params)
+        kernel = device.load_kernel(binary, name, options, params.params)
+        params.store(key, disk)
+        return kernel

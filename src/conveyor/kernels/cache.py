@@ -362,12 +362,16 @@ class KernelCache:
         return CacheInfo(self.path, entries, total, self._usable is True)
 
     def clear(self) -> int:
-        """Delete every entry, and temporary files older than a minute; return the count."""
+        """Delete every entry (and its kernels' signatures), and temporary files older than a
+        minute; return the count of entries and temporary files."""
         dir_fd = self._dir_fd()
         if dir_fd is None:
             return 0
+        for name in self._entries(dir_fd, _SIG_SUFFIX):  # signatures go with their entries
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
         removed = 0
-        for name in self._entries(dir_fd) + self._entries(dir_fd, _SIG_SUFFIX):
+        for name in self._entries(dir_fd):
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=dir_fd)
                 removed += 1

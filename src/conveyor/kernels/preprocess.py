@@ -30,17 +30,25 @@ def expand(source: str, options: Sequence[str] = (), macros: tuple[tuple[str, st
     what the device's compiler predefines (``Device.source_macros``). Returns ``source``
     unchanged (with a warning, once) when pcpp is missing or fails on it.
     """
+    return expand_checked(source, options, macros)[0]
+
+
+def expand_checked(source: str, options: Sequence[str] = (),
+                   macros: tuple[tuple[str, str], ...] = ()) -> tuple[str, bool]:
+    """:func:`expand`, and whether it expanded (False: ``source`` came back unexpanded, so
+    what is read from it must not be kept as if it had been: the kernel cache's ``.sig``)."""
     return _expand(source, tuple(options), tuple(macros))
 
 
 @functools.lru_cache(maxsize=256)
-def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str], ...]) -> str:
+def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str], ...]
+            ) -> tuple[str, bool]:
     try:
         from pcpp.preprocessor import Action, OutputDirective, Preprocessor
     except ImportError:  # pragma: no cover - pcpp is a dependency
         _warn_once("pcpp is not installed: kernel parameter types are read from the source "
                    "without expanding its macros (pip install pcpp)")
-        return source
+        return source, False
 
     class _Quiet(Preprocessor):
         """pcpp that passes unknown headers through and keeps its complaints to itself."""
@@ -70,8 +78,8 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
     except Exception as exc:  # pcpp fails on some inputs: read the unexpanded source
         _warn_once(f"conveyor's preprocessor could not expand a kernel source ({exc}): its "
                    f"parameter types are read unexpanded")
-        return source
-    return out.getvalue()
+        return source, False
+    return out.getvalue(), True
 
 
 def _defines(options: tuple[str, ...]) -> list[tuple[str, str]]:

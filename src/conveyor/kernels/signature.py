@@ -221,8 +221,11 @@ def params_from_json(data: bytes) -> tuple[Param, ...] | None:
                 return None
             if not isinstance(is_pointer, bool) or not isinstance(is_const, bool):
                 return None
-            params.append(Param(name, is_pointer, None if dtype is None else np.dtype(dtype),
-                                is_const, type_text, width, base, address, origin))
+            resolved = None if dtype is None else np.dtype(dtype)
+            if resolved is not None and (resolved.kind not in "biufc" or resolved.fields):
+                return None  # never a dtype source reading makes (object, structured, ...)
+            params.append(Param(name, is_pointer, resolved, is_const, type_text, width, base,
+                                address, origin))
         return tuple(params)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return None

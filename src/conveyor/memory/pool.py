@@ -192,17 +192,24 @@ class BlockPool(Generic[B]):
             self._hits += 1
             return self._mark_in_use(block, size)
 
-    def prepare(self, nbytes: int, count: int, stop: Callable[[], bool] | None = None) -> int:
-        """Allocate up to ``count`` idle blocks of ``nbytes`` ahead of any request (a device's
-        warm-up, memory/warmup.py); return how many it made. Blocks made are kept even when it
-        stops early, which it does once any request reaches the pool (a stream has begun: it
-        takes what is idle and grows its own ring), before passing the limit or the keep
-        budget, at the first failed allocation (no error: the stream will meet it and say
-        so), or when ``stop()`` returns true. Not counted as hits, misses or bytes in use, so
-        it moves neither the statistics nor the keep budget."""
-        size = self._bin_size(max(nbytes, 1))
+    @property
+    def requests(self) -> int:
+        """Requests so far (hits + misses): what :meth:`prepare` watches for."""
         with self._lock:
-            requests = self._hits + self._misses
+            return self._hits + self._misses
+
+    def prepare(self, nbytes: int, count: int, stop: Callable[[], bool] | None = None, *,
+                since: int | None = None, on_block: Callable[[], None] | None = None) -> int:
+        """Allocate up to ``count`` idle blocks of ``nbytes`` ahead of any request (a device's
+        warm-up, memory/warmup.py); return how many it made (``on_block()`` after each).
+        Blocks made are kept even when it stops early, which it does once the pool has had a
+        request since ``since`` (a :attr:`requests` count; default: now): a stream has begun,
+        takes what is idle and grows its own ring. It also stops before passing the limit or
+        the keep budget, at the first failed allocation (no error: the stream will meet it and
+        say so), and when ``stop()`` returns true. Not counted as hits, misses or bytes in
+        use, so it moves neither the statistics nor the keep budget."""
+        size = self._bin_size(max(nbytes, 1))
+        requests = self.requests if since is None else since
         made = 0
         while made < count and not (stop is not None and stop()):
             with self._lock:
@@ -231,6 +238,8 @@ class BlockPool(Generic[B]):
                 self._held_bytes += size
                 self._last_used[size] = self._streams
             made += 1
+            if on_block is not None:
+                on_block()
         return made
 
     def release(self, block: B, after: Event | None = None) -> None:

@@ -6,25 +6,33 @@ pinned staging ring (1 GiB for a 2-input map: ~0.1 s on CUDA with registered mem
 on NVIDIA's OpenCL). Doing both before the first stream brought that stream to the warm rate in
 the same process (bench/NOTES.md, "the first stream: what a warm-up buys").
 
-So ``cv.device()`` starts a :class:`WarmUp` for the device it hands out: a daemon thread that
-imports the pipeline and, on a device that stages through pinned memory (not one that shares
-memory with the host, such as PoCL's CPU device), puts pinned blocks of the default block size
-(``DEFAULT_BLOCK_BYTES``, what a stream of 1-D arrays with default options asks for) into the
-device's pool, idle. The caller's own work (loading data, building kernels) runs meanwhile.
+So ``cv.device()`` starts a :class:`WarmUp` for the device it hands out: a daemon thread that,
+on a device that stages through pinned memory (not one that shares memory with the host, such
+as PoCL's CPU device), puts pinned blocks of the default block size (``DEFAULT_BLOCK_BYTES``,
+what a stream of 1-D arrays with default options asks for) into the device's pool, idle, and
+then imports the pipeline. The caller's own work (loading data, building kernels) runs
+meanwhile; the pinned blocks come first because their driver calls and page faults leave the
+GIL to the caller (a kernel build right after ``cv.device()`` took 15 ms alone and 49 ms beside
+the imports, on the H100 host).
 
-How much: ``CONVEYOR_WARMUP`` (a size), else min(1 GiB, host memory / 16), in whole blocks;
-``CONVEYOR_WARMUP=0`` (or ``off``) turns the warm-up off: no thread, and the first stream
-imports the pipeline and allocates its ring itself. What it does not do:
+How much: ``CONVEYOR_WARMUP`` (a size, at least one block; ``on``: the default), else
+min(1 GiB, host memory / 16) shared by every device of the process; never more than a quarter
+of the host's memory. ``CONVEYOR_WARMUP=0`` (or ``off``) turns the warm-up off: no thread, and
+the first stream imports the pipeline and allocates its ring itself. Blocks it made stay in
+the pool until streams' keep budget trims them, ``pool.trim()`` or ``device.close()``.
 
-- It never holds up a stream: it stops at the first block any stream asks the pool for (the
-  stream takes what is idle and allocates or grows the rest itself), before passing the pool's
-  ``limit`` or ``keep``, and at the first failed allocation. A block it made counts as neither
-  hit, miss nor use, and the pool's keep budget trims it after later streams like any other
-  idle block.
+What it does not do:
+
+- It never holds up a stream: it stops at the first block anything asks the pool for after
+  ``cv.device()`` (the stream takes what is idle and allocates or grows the rest itself),
+  before passing the pool's ``limit`` or ``keep``, and at the first failed allocation. A block
+  it made counts as neither hit, miss nor use, so it moves neither statistics nor budget.
 - Its failure is never an error: the stream allocates as it would have, and says what fails.
-- ``device.close()`` stops it (after the allocation under way) and waits for it before the
-  pools close; so does interpreter exit (for up to ``EXIT_WAIT`` seconds), so no driver call
-  of its is under way while the interpreter tears the backends down.
+- It does not run on while something else owns the process: ``device.close()`` stops it
+  (after the allocation under way) and waits for it before the pools close; so do interpreter
+  exit and ``os.fork()`` (a child must not inherit an import lock or a pool lock that its
+  thread held), each for at most ``STOP_WAIT`` seconds; ``Device.wait_for_warm_up()`` is for
+  code that times the device (``conveyor bench``, ``conveyor devices --measure``).
 
 Importing on a second thread is safe because the modules it imports have no import cycle
 (tests/pipeline/test_warmup.py checks): Python's per-module import locks then only make one
@@ -34,79 +42,132 @@ thread wait for the other.
 from __future__ import annotations
 
 import atexit
+
+# Imported here, before this module registers its fork hook, not first by the warm-up thread:
+# logging's own hook takes logging's lock before a fork and so must run after ours (ours waits
+# for the thread, whose imports call logging.getLogger); a module that registers its hooks
+# while ours runs would get its after-fork hook without its before-fork one
+# (concurrent.futures.thread: "release unlocked lock").
+import concurrent.futures.thread  # noqa: F401
+import logging  # noqa: F401
 import os
 import threading
 import weakref
 from typing import TYPE_CHECKING
 
 from conveyor import config
+from conveyor.errors import InputError
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
 
 #: The default amount: at most this many bytes ...
 DEFAULT_BYTES = 2**30
-#: ... and at most this share of the host's physical memory.
+#: ... and at most this share of the host's physical memory, for all devices together.
 HOST_SHARE = 16
-#: At interpreter exit, how long to wait for a warm-up's allocation under way to finish.
-EXIT_WAIT = 5.0
+#: Whatever is asked, at most this share of the host's memory per warm-up.
+HOST_CAP_SHARE = 4
+#: At interpreter exit and before a fork, how long to wait for a warm-up's allocation under way.
+STOP_WAIT = 5.0
 
+_lock = threading.Lock()
 _running: weakref.WeakSet[WarmUp] = weakref.WeakSet()
+_default_given = 0  # bytes of the shared default handed out to warm-ups so far
+
+
+def _host_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def _block_bytes() -> int:
+    from conveyor.pipeline.plan import DEFAULT_BLOCK_BYTES
+
+    return DEFAULT_BLOCK_BYTES
 
 
 def default_bytes() -> int:
-    """``CONVEYOR_WARMUP`` when set, else min(``DEFAULT_BYTES``, host memory / ``HOST_SHARE``)."""
+    """What ``CONVEYOR_WARMUP`` asks for (InputError for less than one block but more than 0),
+    else min(``DEFAULT_BYTES``, host memory / ``HOST_SHARE``); 0 where host memory is unknown."""
     chosen = config.warmup_bytes()
     if chosen is not None:
+        if 0 < chosen < _block_bytes():
+            raise InputError(
+                f"{config.WARMUP_VAR}={chosen} bytes is less than one {_block_bytes() >> 20} MiB "
+                f"staging block: use a size such as 512MiB, 'on' for the default, or 'off'")
         return chosen
-    try:
-        host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0  # unknown host memory: pin nothing ahead
-    return min(DEFAULT_BYTES, host // HOST_SHARE)
+    host = _host_bytes()
+    return 0 if host is None else min(DEFAULT_BYTES, host // HOST_SHARE)
+
+
+def _claim_default() -> int:
+    """This warm-up's share of the process's default amount (what others have not taken)."""
+    global _default_given
+    host = _host_bytes()
+    total = default_bytes()
+    if config.warmup_bytes() is not None:
+        return total  # asked for per device
+    with _lock:
+        share = max(0, min(total, (host or 0) // HOST_SHARE - _default_given))
+        _default_given += share
+    return share
 
 
 class WarmUp:
-    """One device's warm-up thread (started on construction). ``made`` is the pinned blocks
-    it put in the pool, ``error`` what stopped it early (None when nothing failed).
+    """One device's warm-up; :meth:`start` starts its thread. ``made`` counts the pinned
+    blocks it has put in the pool; ``error`` is what stopped it early (None if nothing failed).
 
-    ``nbytes``: pinned bytes to put in the pool (default :func:`default_bytes`), in blocks of
-    ``block_bytes`` (default the planner's ``DEFAULT_BLOCK_BYTES``); ``pinned``: whether to
-    (default: when the device does not share memory with the host).
+    ``nbytes``: pinned bytes to put in the pool (default: :func:`default_bytes`, shared by the
+    process's devices), in blocks of ``block_bytes`` (default the planner's
+    ``DEFAULT_BLOCK_BYTES``); ``pinned``: whether to (default: when the device does not share
+    memory with the host). Never more than a quarter of the host's memory.
     """
 
     def __init__(self, device: Device, nbytes: int | None = None, *,
                  block_bytes: int | None = None, pinned: bool | None = None) -> None:
         self.device = device
-        self.nbytes = default_bytes() if nbytes is None else nbytes
-        self.block_bytes = block_bytes
+        self.block_bytes = block_bytes or _block_bytes()
         self.pinned = not device.host_unified if pinned is None else pinned
+        asked = (_claim_default() if self.pinned else 0) if nbytes is None else nbytes
+        host = _host_bytes()
+        self.nbytes = asked if host is None else min(asked, host // HOST_CAP_SHARE)
         self.made = 0
         self.error: BaseException | None = None
+        self._since: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"conveyor-warmup-{device.spec}",
                                         daemon=True)
+
+    def start(self) -> WarmUp:
+        """Start the thread (once; not after :meth:`stop`). A request the pool gets from now
+        on stops the pinned part, even one made before the thread gets going."""
         from conveyor.pipeline.interrupts import start_thread
 
-        _running.add(self)
+        if self._stop.is_set() or self._thread.ident is not None:
+            return self
+        if self.pinned and self.nbytes >= self.block_bytes:
+            self._since = self.device.pinned_pool.requests
+        with _lock:
+            _running.add(self)
         start_thread(self._thread)  # whole even when Ctrl-C lands during it
+        return self
 
     def _run(self) -> None:
         try:
-            # Pinned memory first: the driver calls and page faults leave the GIL to the
-            # caller's thread, where the imports below would compete with its Python (a kernel
-            # build right after cv.device() took 15 ms alone, 49 ms beside the imports).
-            from conveyor.pipeline.plan import DEFAULT_BLOCK_BYTES
-
-            block = self.block_bytes or DEFAULT_BLOCK_BYTES
-            count = self.nbytes // block
+            count = self.nbytes // self.block_bytes
             if count and self.pinned and not self._stop.is_set():
-                self.made = self.device.pinned_pool.prepare(block, count, self._stop.is_set)
+                self.device.pinned_pool.prepare(self.block_bytes, count, self._stop.is_set,
+                                                since=self._since, on_block=self._count)
             # What cv.stream imports on first use (see the module docstring on safety).
             if not self._stop.is_set():
                 import conveyor.pipeline.stream  # noqa: F401
         except BaseException as exc:  # an optimisation: the stream will meet any real problem
             self.error = exc
+
+    def _count(self) -> None:
+        self.made += 1
 
     @property
     def running(self) -> bool:
@@ -114,21 +175,35 @@ class WarmUp:
         return self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the warm-up to end; True once it has."""
-        self._thread.join(timeout)
+        """Wait for the warm-up to end; True once it has (or when it never started)."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def stop(self) -> None:
-        """Stop after the allocation under way, and wait for the thread."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the allocation under way, and wait for the thread (at most
+        ``timeout`` seconds when given)."""
         from conveyor.closing import join
 
         self._stop.set()
-        join(self._thread)
+        if self._thread.ident is None:
+            return  # never started
+        if timeout is None:
+            join(self._thread)
+        else:
+            self._thread.join(timeout)
 
 
-@atexit.register
-def _stop_all_at_exit() -> None:
-    for warm in list(_running):
+def _stop_all() -> None:
+    """Stop every running warm-up and wait for each (bounded): at exit, and before a fork."""
+    with _lock:
+        running = list(_running)
+    for warm in running:
         warm._stop.set()
-    for warm in list(_running):
-        warm._thread.join(EXIT_WAIT)
+    for warm in running:
+        warm.stop(STOP_WAIT)
+
+
+atexit.register(_stop_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_stop_all)
