@@ -35,6 +35,9 @@ RING_GROW_VAR = "CONVEYOR_RING_GROW"
 #: one 64 MiB block; 0 or off: no warm-up thread at all; unset or on: min(1 GiB, host memory /
 #: 16) for all devices together) (memory/warmup.py).
 WARMUP_VAR = "CONVEYOR_WARMUP"
+#: The least CONVEYOR_WARMUP may ask for (but 0): one staging block of the planner's default
+#: size (pipeline/plan.py DEFAULT_BLOCK_BYTES; a test keeps the two equal).
+WARMUP_MIN_BYTES = 64 * 2**20
 #: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
 PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
@@ -150,7 +153,12 @@ def warmup_bytes() -> int | None:
         return None
     if value.lower() in ("off", "no", "false"):
         return 0
-    return parse_size(WARMUP_VAR, value)
+    size = parse_size(WARMUP_VAR, value)
+    if 0 < size < WARMUP_MIN_BYTES:
+        raise InputError(
+            f"{WARMUP_VAR}={value!r} is less than one {WARMUP_MIN_BYTES >> 20} MiB staging "
+            f"block: use a size such as 512MiB, 'on' for the default, or 'off'")
+    return size
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:

@@ -161,13 +161,15 @@ def test_close_stops_a_warm_up_under_way_and_frees_what_it_made(fresh):
 
 
 @pytest.mark.warm_up
-def test_cv_device_starts_one_warm_up_per_device():
+def test_cv_device_starts_one_warm_up_per_device_that_stages():
     dev = cv.device(DEVICES[0].spec) if DEVICES else pytest.skip("no device under test")
     warm = dev._warmup
+    if dev.host_unified:  # nothing to pin: no thread (PoCL's CPU device, in CI)
+        assert warm is None and dev.warm_up() is None
+        return
     assert warm is not None and cv.device(dev.spec)._warmup is warm
     assert warm.wait(60) and warm.error is None
-    # Pinned blocks only where the device stages (a GPU); the pipeline imported either way.
-    assert (warm.made == 0) == dev.host_unified or warm.nbytes < warm.block_bytes
+    assert warm.made > 0 or warm.nbytes < warm.block_bytes
     assert "conveyor.pipeline.stream" in sys.modules
     dev.pinned_pool.trim()  # the blocks it made, on a device the other tests share
 
@@ -177,7 +179,7 @@ def test_the_warm_up_amount_comes_from_conveyor_warmup(monkeypatch, fresh):
 
     monkeypatch.setenv("CONVEYOR_WARMUP", "off")
     assert warmup.default_bytes() == 0
-    assert fresh.warm_up() is None and fresh._warmup is None  # off: no thread at all
+    assert fresh.warm_up(pinned=True) is None and fresh._warmup is None  # off: no thread
     monkeypatch.setenv("CONVEYOR_WARMUP", "192MiB")
     assert warmup.default_bytes() == 192 * 2**20
     warm = WarmUp(fresh, block_bytes=BLOCK // 4, pinned=True)
@@ -186,6 +188,10 @@ def test_the_warm_up_amount_comes_from_conveyor_warmup(monkeypatch, fresh):
     assert warmup.default_bytes() == min(warmup.DEFAULT_BYTES, warmup._host_bytes() // 16)
     monkeypatch.delenv("CONVEYOR_WARMUP")
     assert 0 < warmup.default_bytes() <= warmup.DEFAULT_BYTES
+    from conveyor import config
+    from conveyor.pipeline.plan import DEFAULT_BLOCK_BYTES
+
+    assert config.WARMUP_MIN_BYTES == DEFAULT_BLOCK_BYTES
     for bad, match in (("plenty", "is not a size"), ("1", "less than one 64 MiB")):
         monkeypatch.setenv("CONVEYOR_WARMUP", bad)
         with pytest.raises(InputError, match=f"CONVEYOR_WARMUP.*{match}"):

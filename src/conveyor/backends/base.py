@@ -492,12 +492,15 @@ class Device(Closeable, ABC):
                 pinned: bool | None = None) -> WarmUp | None:
         """Start getting ready for a first stream on a thread (memory/warmup.py: put ``nbytes``
         of pinned staging blocks in the pool, import the pipeline), unless one was started
-        already or the device is closed; the WarmUp, or None when there is none (the device
-        was closed first, or ``nbytes`` or ``CONVEYOR_WARMUP`` is 0: no warm-up).
-        ``cv.device()`` calls it with the defaults for the device it returns."""
+        already or the device is closed; the WarmUp, or None when there is none: the device
+        was closed first, ``nbytes`` or ``CONVEYOR_WARMUP`` is 0, or the device shares memory
+        with the host and ``pinned`` is not True (nothing to pin: the imports alone cost a
+        command that streams at once more than they save, 14 ms of a 0.3 s ``conveyor map``
+        on PoCL). ``cv.device()`` calls it with the defaults for the device it returns."""
         from conveyor.memory.warmup import WarmUp, default_bytes
 
-        if (default_bytes() if nbytes is None else nbytes) <= 0:
+        stages = not self.host_unified if pinned is None else pinned
+        if not stages or (default_bytes() if nbytes is None else nbytes) <= 0:
             return self._warmup
         with self._lock:
             if self._warmup is not None or self._closed:

@@ -6,9 +6,10 @@ pinned staging ring (1 GiB for a 2-input map: ~0.1 s on CUDA with registered mem
 on NVIDIA's OpenCL). Doing both before the first stream brought that stream to the warm rate in
 the same process (bench/NOTES.md, "the first stream: what a warm-up buys").
 
-So ``cv.device()`` starts a :class:`WarmUp` for the device it hands out: a daemon thread that,
-on a device that stages through pinned memory (not one that shares memory with the host, such
-as PoCL's CPU device), puts pinned blocks of the default block size (``DEFAULT_BLOCK_BYTES``,
+So ``cv.device()`` starts a :class:`WarmUp` for the device it hands out when that device
+stages through pinned memory (a GPU; not one that shares memory with the host, such as PoCL's
+CPU device, where the imports alone cost a command that streams at once more than they save):
+a daemon thread that puts pinned blocks of the default block size (``DEFAULT_BLOCK_BYTES``,
 what a stream of 1-D arrays with default options asks for) into the device's pool, idle, and
 then imports the pipeline. The caller's own work (loading data, building kernels) runs
 meanwhile; the pinned blocks come first because their driver calls and page faults leave the
@@ -56,7 +57,6 @@ import weakref
 from typing import TYPE_CHECKING
 
 from conveyor import config
-from conveyor.errors import InputError
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
@@ -89,14 +89,10 @@ def _block_bytes() -> int:
 
 
 def default_bytes() -> int:
-    """What ``CONVEYOR_WARMUP`` asks for (InputError for less than one block but more than 0),
+    """What ``CONVEYOR_WARMUP`` asks for (config refuses less than one block but more than 0),
     else min(``DEFAULT_BYTES``, host memory / ``HOST_SHARE``); 0 where host memory is unknown."""
     chosen = config.warmup_bytes()
     if chosen is not None:
-        if 0 < chosen < _block_bytes():
-            raise InputError(
-                f"{config.WARMUP_VAR}={chosen} bytes is less than one {_block_bytes() >> 20} MiB "
-                f"staging block: use a size such as 512MiB, 'on' for the default, or 'off'")
         return chosen
     host = _host_bytes()
     return 0 if host is None else min(DEFAULT_BYTES, host // HOST_SHARE)
