@@ -32,7 +32,7 @@ def two(monkeypatch):
     pair = [first, second]
     real = streaming.select
     monkeypatch.setattr(streaming, "select",
-                        lambda specs: pair if specs == ["pair"] else real(specs))
+                        lambda specs, **kw: pair if specs == ["pair"] else real(specs, **kw))
     yield pair
     if made is not None:
         gc.collect()

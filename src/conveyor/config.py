@@ -32,8 +32,8 @@ PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
 #: stream (pipeline/ring.py).
 RING_GROW_VAR = "CONVEYOR_RING_GROW"
 #: Pinned bytes a device's warm-up puts in its pool for the first stream (a size of at least
-#: one 64 MiB block; 0 or off: no warm-up thread at all; unset or on: min(1 GiB, host memory /
-#: 16) for all devices together) (memory/warmup.py).
+#: one 64 MiB block, per device; 0 or off: no warm-up thread at all; unset or on: up to 1 GiB
+#: per device, at most host memory / 16 for all together) (memory/warmup.py).
 WARMUP_VAR = "CONVEYOR_WARMUP"
 #: The least CONVEYOR_WARMUP may ask for (but 0): one staging block of the planner's default
 #: size (pipeline/plan.py DEFAULT_BLOCK_BYTES; a test keeps the two equal).

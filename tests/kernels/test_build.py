@@ -293,8 +293,8 @@ def test_a_failed_build_leaves_no_signature(device, private_cache):
 def test_parameters_read_unexpanded_are_not_kept(device, private_cache, monkeypatch):
     real = build.expand_checked
 
-    def failed_expansion(source, options=(), macros=()):
-        real(source, options, macros)
+    def failed_expansion(source, options=(), macros=(), headers=""):
+        real(source, options, macros, headers)
         return source, False  # as when pcpp gives up: the raw text
 
     monkeypatch.setattr(build, "expand_checked", failed_expansion)
@@ -311,3 +311,24 @@ def test_an_async_build_stores_the_signature_after_the_binary(device, private_ca
     build.clear_memo()
     monkeypatch.setattr(build, "_read_params", None)  # a warm build must not call it
     assert device.compile(SCALE_SOURCE, "scale", ["-DSCALE=2"]).params == kernel.params
+
+
+def test_an_edited_header_gives_the_new_parameters_now_and_in_later_builds(device, tmp_path):
+    """The memoized expansion and the stored .sig both follow the included header's text."""
+    folder = tmp_path / "include"
+    folder.mkdir()
+    header = folder / "real.h"
+    source = """#include "real.h"
+__kernel void fill(__global real *out, real v, ulong offset, ulong n)
+{ size_t i = get_global_id(0); if (i < n) out[i] = v; }
+"""
+    options = [f"-I{folder}"]
+    kinds = []
+    for text in ("typedef float real;\n", "typedef int real;\n", "typedef float real;\n"):
+        header.write_text(text)
+        build.clear_memo()
+        kinds.append(device.compile(source, "fill", options).params[1].dtype)
+    assert kinds == [np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float32)]
+    build.clear_memo()  # the third build found the first's .sig: still float32
+    header.write_text("typedef int real;\n")
+    assert device.compile(source, "fill", options).params[1].dtype == np.dtype(np.int32)

@@ -55,6 +55,18 @@ class CountingAllocate:
         return self.real(nbytes)
 
 
+def wait_for(condition, seconds: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``seconds`` pass (False)."""
+    import time
+
+    end = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def _raise(exc: BaseException):
     def action():
         raise exc
@@ -151,8 +163,9 @@ def test_close_stops_a_warm_up_under_way_and_frees_what_it_made(fresh):
     assert entered.wait(30)
     closer = threading.Thread(target=fresh.close)
     closer.start()
+    assert wait_for(warm._stop.is_set)  # close() has asked it to stop ...
     closer.join(0.2)
-    assert closer.is_alive()  # close() waits for the allocation under way ...
+    assert closer.is_alive()  # ... and waits for the allocation under way ...
     go_on.set()
     closer.join(30)
     assert not closer.is_alive() and not warm.running and warm.made == 2
@@ -201,12 +214,17 @@ def test_the_warm_up_amount_comes_from_conveyor_warmup(monkeypatch, fresh):
 def test_the_default_amount_is_shared_by_the_processs_devices(fresh, monkeypatch):
     from conveyor.memory import warmup
 
-    monkeypatch.setattr(warmup, "_default_given", 0)
+    monkeypatch.delenv("CONVEYOR_WARMUP")  # the default, not the tests' 0
+    total = warmup._host_bytes() // warmup.HOST_SHARE
+    monkeypatch.setattr(warmup, "_default_given", total - 3 * 2**30 // 2)  # 1.5 GiB left
     share = warmup.default_bytes()
     first = WarmUp(fresh, pinned=True)
     second = WarmUp(fresh, pinned=True)
-    total = warmup._host_bytes() // warmup.HOST_SHARE
-    assert first.nbytes == share and second.nbytes == max(0, min(share, total - share))
+    third = WarmUp(fresh, pinned=True)
+    assert share == warmup.DEFAULT_BYTES or share == total  # min(1 GiB, host / 16)
+    assert first.nbytes == min(share, 3 * 2**30 // 2) > 0
+    assert second.nbytes == max(0, 3 * 2**30 // 2 - first.nbytes)
+    assert third.nbytes == 0 and warmup._default_given == total
     assert WarmUp(fresh, 2**60, pinned=True).nbytes == warmup._host_bytes() // 4  # the cap
 
 
@@ -326,3 +344,31 @@ def test_a_fork_while_the_warm_up_imports_leaves_the_child_able_to_import():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_thread_that_cannot_start_leaves_no_warm_up_and_no_error(fresh, monkeypatch):
+    warm = WarmUp(fresh, 4 * BLOCK, block_bytes=BLOCK, pinned=True)
+
+    def no_thread():
+        raise RuntimeError("can't start new thread")
+
+    warm._thread.start = no_thread  # type: ignore[method-assign]
+    assert warm.start() is warm and isinstance(warm.error, RuntimeError)
+    assert warm.wait(1) and not warm.running and warm.made == 0
+    warm.stop()  # nothing to wait for
+
+
+@pytest.mark.warm_up
+def test_conveyors_own_calls_start_no_warm_up(fresh, monkeypatch):
+    from conveyor import backends
+
+    dev = DEVICES[0] if DEVICES else pytest.skip("no device under test")
+    started = []
+    monkeypatch.setattr(type(dev), "warm_up", lambda self, *a, **k: started.append(self))
+    a = np.arange(4096, dtype=np.float32)
+    cv.stream(kernel(dev, "ident"), [a], reduce="sum", device=dev.spec)
+    cv.pinned.empty(16, np.float32)
+    assert started == []
+    backends.device(dev.spec)
+    backends.select(f"{dev.spec},{dev.spec}")
+    assert started == [dev, dev, dev]

@@ -57,16 +57,18 @@ def _rank(dev: Device) -> tuple[int, int]:
     return (kind_rank, backend_rank)
 
 
-def device(spec: str | None = None) -> Device:
+def device(spec: str | None = None, *, warm_up: bool = True) -> Device:
     """The device ``spec`` names; by default ``CONVEYOR_DEVICE``, else the best one:
     a CUDA GPU, else an OpenCL GPU, else a CPU device (PoCL).
 
-    The device starts getting ready for a first stream on a thread (``Device.warm_up``,
-    memory/warmup.py) while the caller goes on. Raises InputError for a spec that matches
-    nothing, naming the devices that exist.
+    A GPU starts getting ready for a first stream on a thread (``Device.warm_up``,
+    memory/warmup.py) while the caller goes on, unless ``warm_up`` is False (what conveyor's
+    own calls pass: ``cv.stream(device=None)`` streams at once, leaving the warm-up nothing to
+    overlap). Raises InputError for a spec that matches nothing, naming the devices that exist.
     """
     chosen = _device(spec)
-    chosen.warm_up()
+    if warm_up:
+        chosen.warm_up()
     return chosen
 
 
@@ -95,20 +97,23 @@ def _device(spec: str | None) -> Device:
     return chosen
 
 
-def select(spec: str | Device | Sequence[str | Device]) -> list[Device]:
+def select(spec: str | Device | Sequence[str | Device], *, warm_up: bool = True
+           ) -> list[Device]:
     """The devices a stream over several runs on: a Device, a spec, a spec ending in
     ``:all`` (every device of that backend and/or kind: ``cuda:all``, ``opencl:gpu:all``,
     ``gpu:all``, ``all``), a comma list of specs, or a list of any of these. InputError when
-    a spec matches nothing, or an ``:all`` matches no device."""
+    a spec matches nothing, or an ``:all`` matches no device. ``warm_up``: as for
+    :func:`device`, for each device a spec names."""
     if isinstance(spec, Device):
         return [spec]
     if not isinstance(spec, str):
-        return [dev for item in spec for dev in select(item)]
+        return [dev for item in spec for dev in select(item, warm_up=warm_up)]
     if "," in spec:
-        return [dev for part in spec.split(",") if part.strip() for dev in select(part)]
+        return [dev for part in spec.split(",") if part.strip()
+                for dev in select(part, warm_up=warm_up)]
     text = spec.strip().lower()
     if text != "all" and not text.endswith(":all"):
-        return [device(spec)]
+        return [device(spec, warm_up=warm_up)]
     found = devices()
     for part in text.split(":")[:-1]:
         if part in ("cuda", "opencl"):
@@ -123,7 +128,8 @@ def select(spec: str | Device | Sequence[str | Device]) -> list[Device]:
         raise InputError(f"no device matches {spec!r}; devices here: {listing}")
     config.warmup_bytes()
     for dev in found:
-        dev.warm_up()
+        if warm_up:
+            dev.warm_up()
     return found
 
 

@@ -97,7 +97,7 @@ def run_bench(options: argparse.Namespace) -> int:
     from conveyor.demo import SAXPY
     from conveyor.measure import link_bandwidth, naive_loop
 
-    dev = cv.device(options.device)
+    dev = cv.device(options.device, warm_up=False)  # nothing of it may share the timings
     print(f"device: {dev.spec} {dev.name} ({dev.kind}, {dev.backend})")
     link = link_bandwidth(dev)
     print(f"link, GB/s: pinned in {link.pinned_h2d_gbps:.2f}, out {link.pinned_d2h_gbps:.2f}; "

@@ -119,7 +119,7 @@ def resolve(job: Job) -> tuple[Any, Any]:
     first time this process needs it and kept."""
     import conveyor as cv
 
-    dev = cv.device(job.device)
+    dev = cv.device(job.device, warm_up=False)  # it streams at once: nothing to overlap
     if not isinstance(job.compute, KernelSpec):
         return dev, job.compute
     spec = job.compute

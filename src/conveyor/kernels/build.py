@@ -7,6 +7,8 @@ is busy stalls until it is idle. ``compile_kernel`` is what ``Device.compile`` c
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -69,16 +71,18 @@ def source_params(
     ``device``'s compiler would (its predefined macros, the ``-D``/``-I`` of ``options``).
     The loaded kernel's driver corrects or checks them (``kernels/argtypes.py``). InputError
     when ``source`` defines no kernel ``name``."""
-    return _read_params(device, source, name, options)[0]
+    return _read_params(device, source, name, options, cache_key(build_identity(device),
+                                                               options, source))[0]
 
 
 def _read_params(
-    device: Device, source: str, name: str, options: Sequence[str]
+    device: Device, source: str, name: str, options: Sequence[str], key: str
 ) -> tuple[tuple[Param, ...], bool]:
     """:func:`source_params`, and whether they were read from the expanded text (False: from
-    the raw text, which must not be kept in the cache as if it had been expanded)."""
+    the raw text, which must not be kept in the cache as if it had been expanded). ``key``
+    (the cache key: it covers included headers' contents) keys the memoized expansion."""
     macros = tuple(sorted(device.source_macros().items()))
-    text, expanded = expand_checked(source, tuple(options), macros)
+    text, expanded = expand_checked(source, tuple(options), macros, key)
     try:
         return parse_params(text, name), expanded
     except InputError:
@@ -95,21 +99,45 @@ class _Params:
                  key: str, disk: KernelCache | None) -> None:
         self.name = name
         self.signature: bytes | None = None
+        self.entry = f"{name}|{reader_identity()}"  # a new parser or pcpp: a new .sig
         if disk is not None:
-            stored = disk.load_signature(key, name)
+            stored = disk.load_signature(key, self.entry)
             params = None if stored is None else params_from_json(stored)
             if params is not None:  # a warm build: no preprocessing (bench/NOTES.md)
                 self.params = params
                 return
-        self.params, expanded = _read_params(device, source, name, options)
+        self.params, expanded = _read_params(device, source, name, options, key)
         if disk is not None and expanded:
             self.signature = params_to_json(self.params)
 
     def store(self, key: str, disk: KernelCache | None) -> None:
         """Store the signature (call once the binary is stored: no ``.sig`` without it)."""
         if disk is not None and self.signature is not None:
-            disk.store_signature(key, self.name, self.signature)
+            disk.store_signature(key, self.entry, self.signature)
             self.signature = None
+
+
+@functools.lru_cache(maxsize=1)
+def reader_identity() -> str:
+    """What read the parameters a ``.sig`` holds: a digest of conveyor's parser and
+    preprocessing code and of pcpp's installed files (their sizes and times; pcpp itself is
+    not imported: that is what a warm build saves). Part of each ``.sig``'s name, so a fix to
+    either is never hidden by parameters read before it."""
+    import hashlib
+    import importlib.util
+
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in ("signature.py", "preprocess.py"):
+        with contextlib.suppress(OSError):
+            digest.update((here / name).read_bytes())
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        spec = importlib.util.find_spec("pcpp")
+        folder = Path(spec.origin).parent if spec is not None and spec.origin else None
+        for path in sorted(folder.glob("*.py")) if folder is not None else ():
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
 
 
 def clear_memo() -> None:

@@ -34,15 +34,19 @@ def expand(source: str, options: Sequence[str] = (), macros: tuple[tuple[str, st
 
 
 def expand_checked(source: str, options: Sequence[str] = (),
-                   macros: tuple[tuple[str, str], ...] = ()) -> tuple[str, bool]:
+                   macros: tuple[tuple[str, str], ...] = (), headers: str = ""
+                   ) -> tuple[str, bool]:
     """:func:`expand`, and whether it expanded (False: ``source`` came back unexpanded, so
-    what is read from it must not be kept as if it had been: the kernel cache's ``.sig``)."""
-    return _expand(source, tuple(options), tuple(macros))
+    what is read from it must not be kept as if it had been: the kernel cache's ``.sig``).
+    ``headers`` names the contents of the headers the source includes (the kernel cache key
+    covers them): the expansions are memoized, and an edited header must not be served the
+    expansion of its old text."""
+    return _expand(source, tuple(options), tuple(macros), headers)
 
 
 @functools.lru_cache(maxsize=256)
-def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str], ...]
-            ) -> tuple[str, bool]:
+def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str], ...],
+            headers: str = "") -> tuple[str, bool]:
     try:
         from pcpp.preprocessor import Action, OutputDirective, Preprocessor
     except ImportError:  # pragma: no cover - pcpp is a dependency

@@ -121,7 +121,7 @@ def _device(device: Device | str | None) -> Device:
     from conveyor.backends.base import Device as DeviceType
 
     if device is None or isinstance(device, str):
-        return open_device(device)
+        return open_device(device, warm_up=False)
     if not isinstance(device, DeviceType):
         raise InputError(f"device={device!r}: pass a Device or a spec string like "
                          f"'opencl:0:0' or 'cuda:0'")

@@ -138,7 +138,7 @@ def _resolve(device: Device | None) -> Device:
         return device
     from conveyor.backends import device as default_device
 
-    return default_device()
+    return default_device(warm_up=False)
 
 
 def empty(

@@ -16,11 +16,13 @@ meanwhile; the pinned blocks come first because their driver calls and page faul
 GIL to the caller (a kernel build right after ``cv.device()`` took 15 ms alone and 49 ms beside
 the imports, on the H100 host).
 
-How much: ``CONVEYOR_WARMUP`` (a size, at least one block; ``on``: the default), else
-min(1 GiB, host memory / 16) shared by every device of the process; never more than a quarter
-of the host's memory. ``CONVEYOR_WARMUP=0`` (or ``off``) turns the warm-up off: no thread, and
-the first stream imports the pipeline and allocates its ring itself. Blocks it made stay in
-the pool until streams' keep budget trims them, ``pool.trim()`` or ``device.close()``.
+How much: ``CONVEYOR_WARMUP`` (a size, at least one block, per device; ``on``: the default),
+else up to 1 GiB per device, all of a process's devices together at most host memory / 16
+(claimed as each device starts its warm-up, not given back); never more than a quarter of
+the host's memory per device. ``CONVEYOR_WARMUP=0`` (or ``off``) turns the warm-up off: no
+thread, and the first stream imports the pipeline and allocates its ring itself. Blocks it
+made stay in the pool until streams' keep budget trims them, ``pool.trim()`` or
+``device.close()``.
 
 What it does not do:
 
@@ -61,9 +63,9 @@ from conveyor import config
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
 
-#: The default amount: at most this many bytes ...
+#: The default amount: at most this many bytes per device ...
 DEFAULT_BYTES = 2**30
-#: ... and at most this share of the host's physical memory, for all devices together.
+#: ... and at most this share of the host's physical memory for all devices together.
 HOST_SHARE = 16
 #: Whatever is asked, at most this share of the host's memory per warm-up.
 HOST_CAP_SHARE = 4
@@ -143,11 +145,15 @@ class WarmUp:
 
         if self._stop.is_set() or self._thread.ident is not None:
             return self
-        if self.pinned and self.nbytes >= self.block_bytes:
-            self._since = self.device.pinned_pool.requests
-        with _lock:
-            _running.add(self)
-        start_thread(self._thread)  # whole even when Ctrl-C lands during it
+        try:
+            if self.pinned and self.nbytes >= self.block_bytes:
+                self._since = self.device.pinned_pool.requests
+            with _lock:
+                _running.add(self)
+            start_thread(self._thread)  # whole even when Ctrl-C lands during it
+        except Exception as exc:  # no thread to be had ("can't start new thread"): no warm-up
+            self.error = exc
+            self._stop.set()
         return self
 
     def _run(self) -> None:
@@ -200,6 +206,11 @@ def _stop_all() -> None:
         warm.stop(STOP_WAIT)
 
 
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread of the parent may have held it
+
+
 atexit.register(_stop_all)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_stop_all)
+    os.register_at_fork(before=_stop_all, after_in_child=_after_fork_in_child)

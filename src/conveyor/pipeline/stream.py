@@ -164,13 +164,13 @@ def stream(
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
     if device is None:
-        devs = [default_device()]
+        devs = [default_device(warm_up=False)]
     elif isinstance(device, Device):
         devs = [device]
     else:
         from conveyor.backends import select
 
-        devs = select(device)
+        devs = select(device, warm_up=False)
     if schedule not in ("dynamic", "static"):
         raise InputError(f"schedule={schedule!r}: use 'dynamic' (blocks to whichever device "
                          f"has room) or 'static' (one contiguous share per device)")
