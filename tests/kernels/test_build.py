@@ -318,11 +318,11 @@ def test_an_edited_header_gives_the_new_parameters_now_and_in_later_builds(devic
     folder = tmp_path / "include"
     folder.mkdir()
     header = folder / "real.h"
-    source = """#include "real.h"
+    source = PRELUDE + """#include "real.h"
 __kernel void fill(__global real *out, real v, ulong offset, ulong n)
 { size_t i = get_global_id(0); if (i < n) out[i] = v; }
 """
-    options = [f"-I{folder}"]
+    options = ["-I", str(folder)]
     kinds = []
     for text in ("typedef float real;\n", "typedef int real;\n", "typedef float real;\n"):
         header.write_text(text)
