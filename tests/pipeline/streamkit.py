@@ -72,6 +72,17 @@ def kernel(device: cv.Device, kind: str, dtype: np.dtype | type = np.float32) ->
     return _cache[key]
 
 
+def image_values(shape: tuple[int, ...], dtype: np.dtype | type, seed: int = 0) -> np.ndarray:
+    """Pixel values of ``dtype``: over the whole integer range, or eighths in [-64, 64) for
+    floats (exact in half precision too)."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return (rng.integers(-512, 512, shape) / 8).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, shape, endpoint=True, dtype=dt)
+
+
 def data(shape: tuple[int, ...], dtype: np.dtype | type, seed: int) -> np.ndarray:
     """Random values of ``dtype`` small enough that sums of a few never overflow."""
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from streamkit import fail_image_copy, images_made
+from streamkit import fail_image_copy, image_values, images_made
 
 import conveyor as cv
 from conveyor.backends import base
@@ -87,22 +87,10 @@ __kernel void plain(__global const float *x, uint s, __global float *y, ulong of
 }
 """
 
-_kernels: dict[tuple[str, str], cv.Kernel] = {}
-
-
-def _kernel(device, name, source):
-    key = (device.spec, source)
-    if key not in _kernels:
-        _kernels[key] = device.compile(source, name)
-    return _kernels[key]
-
 
 def _copy_kernel(device, dtype):
     suffix, vec, out = READS[np.dtype(dtype).name]
-    key = (device.spec, f"copy-{np.dtype(dtype).name}")
-    if key not in _kernels:
-        _kernels[key] = device.compile(COPY.format(suffix=suffix, vec=vec, out=out), "copy")
-    return _kernels[key]
+    return device.compile(COPY.format(suffix=suffix, vec=vec, out=out), "copy")
 
 
 @pytest.fixture
@@ -117,21 +105,12 @@ def image_device(device):
     return device
 
 
-def _values(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        return (rng.integers(-512, 512, shape) / 8).astype(dt)  # exact in half too
-    info = np.iinfo(dt)
-    return rng.integers(info.min, info.max, shape, endpoint=True, dtype=dt)
-
-
 @pytest.mark.parametrize("dtype", list(READS))
 @pytest.mark.parametrize("channels", [1, 2, 4])
 def test_nearest_reads_are_exact_for_every_channel_type_and_count(image_device, dtype,
                                                                   channels):
     shape = (75, 13) if channels == 1 else (75, 13, channels)
-    x = _values(shape, dtype)
+    x = image_values(shape, dtype)
     y = np.zeros(shape, OUT_DTYPES.get(dtype, dtype))
     kernel = _copy_kernel(image_device, dtype)
     run = lambda: cv.stream(kernel, [cv.image(x)], [y], device=image_device,  # noqa: E731
@@ -165,7 +144,7 @@ def test_each_addressing_mode_at_the_edges_is_the_matching_boundary(image_device
     x = (np.arange(61 * 17) % 97).astype(np.float32).reshape(61, 17)
     y = np.zeros_like(x)
     normalized = boundary in ("reflect", "periodic")  # OpenCL's repeat modes need it
-    report = cv.stream(_kernel(image_device, "box", BOX),
+    report = cv.stream(image_device.compile(BOX, "box"),
                        [cv.image(x, normalized=normalized)], [y], device=image_device,
                        args=(int(normalized),), halo=1, boundary=boundary,
                        block_bytes=x[0].nbytes * 8)
@@ -179,7 +158,7 @@ def test_each_addressing_mode_at_the_edges_is_the_matching_boundary(image_device
 def test_an_explicit_address_that_matches_is_taken(image_device):
     x = (np.arange(40 * 9) % 31).astype(np.float32).reshape(40, 9)
     y = np.zeros_like(x)
-    cv.stream(_kernel(image_device, "box", BOX),
+    cv.stream(image_device.compile(BOX, "box"),
               [cv.image(x, address="repeat", normalized=True)], [y], device=image_device,
               args=(1,), halo=1, boundary="periodic", block_bytes=x[0].nbytes * 8)
     p = np.pad(x, 1, mode="wrap")
@@ -195,7 +174,7 @@ def test_linear_reads_interpolate_across_the_halo_rows(image_device, source, tmp
         np.save(tmp_path / "x.npy", x)
         given = str(tmp_path / "x.npy")
     y = np.zeros_like(x)
-    report = cv.stream(_kernel(image_device, "quarter", QUARTER),
+    report = cv.stream(image_device.compile(QUARTER, "quarter"),
                        [cv.image(given, filter="linear")], [y], device=image_device, halo=1,
                        block_bytes=x[0].nbytes * 8)
     assert report.blocks > 5
@@ -209,7 +188,7 @@ def test_linear_reads_interpolate_across_the_halo_rows(image_device, source, tmp
 def test_offset_says_which_rows_of_the_whole_array_the_image_holds(image_device):
     x = np.zeros((50, 7), np.float32)
     y = np.zeros((50, 7), np.int64)
-    cv.stream(_kernel(image_device, "rows", ROWS), [cv.image(x)], [y], device=image_device,
+    cv.stream(image_device.compile(ROWS, "rows"), [cv.image(x)], [y], device=image_device,
               halo=3, first_row=1000, block_bytes=x[0].nbytes * 8)
     np.testing.assert_array_equal(y, np.repeat(np.arange(1000, 1050)[:, None], 7, axis=1))
 
@@ -218,7 +197,7 @@ def test_an_image_that_is_also_the_output_runs_in_place(image_device):
     x = (np.arange(64 * 5) % 11).astype(np.float32).reshape(64, 5)
     expected = sum(np.pad(x, 1, mode="edge")[a : a + 64, b : b + 5] for a in range(3)
                    for b in range(3))
-    cv.stream(_kernel(image_device, "box", BOX), [cv.image(x)], [x], device=image_device,
+    cv.stream(image_device.compile(BOX, "box"), [cv.image(x)], [x], device=image_device,
               args=(0,), halo=1, block_bytes=x[0].nbytes * 8)
     np.testing.assert_array_equal(x, expected)
 
@@ -233,7 +212,7 @@ def test_blocks_are_cut_to_the_devices_image_height(image_device, monkeypatch):
     _smaller(monkeypatch, image_device, max_height=12)
     x = (np.arange(100 * 6) % 23).astype(np.float32).reshape(100, 6)
     y = np.zeros_like(x)
-    report = cv.stream(_kernel(image_device, "box", BOX), [cv.image(x)], [y],
+    report = cv.stream(image_device.compile(BOX, "box"), [cv.image(x)], [y],
                        device=image_device, args=(0,), halo=1)
     assert report.block_rows == 10  # 12 image rows less 2 halo rows
     np.testing.assert_array_equal(y, sum(np.pad(x, 1, mode="edge")[a : a + 100, b : b + 6]
@@ -256,7 +235,7 @@ class _Watch:
 
 
 def _bad_cases(device):
-    box = _kernel(device, "box", BOX)
+    box = device.compile(BOX, "box")
     copy = _copy_kernel(device, np.float32)
     f32 = np.zeros((40, 10), np.float32)
     return {
@@ -274,9 +253,9 @@ def _bad_cases(device):
                                    r"mirrored_repeat.*normalized coordinates only"),
         "a callable": (lambda *a, **k: None, [cv.image(f32)], {},
                        r"image inputs are read by a kernel"),
-        "a buffer kernel": (_kernel(device, "plain", PLAIN), [cv.image(f32)], {},
+        "a buffer kernel": (device.compile(PLAIN, "plain"), [cv.image(f32)], {},
                             r"takes 'read_only image2d_t, sampler_t' in its place"),
-        "a parameter short": (_kernel(device, "rows", ROWS), [cv.image(f32), f32], {},
+        "a parameter short": (device.compile(ROWS, "rows"), [cv.image(f32), f32], {},
                               r"each image input takes two"),
         "a chain": (cv.chain([copy, copy], temps=[np.float32]), [cv.image(f32)], {},
                     r"read by a single kernel, not by a chain"),
@@ -312,7 +291,7 @@ def test_a_halo_taller_than_the_image_height_names_it(image_device, monkeypatch)
     _smaller(monkeypatch, image_device, max_height=6)
     with pytest.raises(InputError, match=r"halo=3 leaves no rows .*largest image height "
                                          r"\(6 pixels\)"):
-        cv.stream(_kernel(image_device, "rows", ROWS), [cv.image(np.zeros((40, 3),
+        cv.stream(image_device.compile(ROWS, "rows"), [cv.image(np.zeros((40, 3),
                   np.float32))], [np.int64], device=image_device, halo=3)
 
 
@@ -335,13 +314,13 @@ def test_bad_image_options_are_refused_at_once(kwargs, message):
 ])
 def test_shapes_images_cannot_be_are_refused(image_device, value, message):
     with pytest.raises(InputError, match=message):
-        cv.stream(_kernel(image_device, "rows", ROWS), [cv.image(value)], [np.int64],
+        cv.stream(image_device.compile(ROWS, "rows"), [cv.image(value)], [np.int64],
                   device=image_device)
 
 
 def test_linear_reads_of_integer_images_are_refused(image_device):
     with pytest.raises(InputError, match=r"filter='linear' interpolates float and half"):
-        cv.stream(_kernel(image_device, "rows", ROWS),
+        cv.stream(image_device.compile(ROWS, "rows"),
                   [cv.image(np.zeros((4, 4), np.uint8), filter="linear")], [np.int64],
                   device=image_device)
 
@@ -381,7 +360,7 @@ def test_images_and_buffers_go_back_after_a_failed_copy(image_device, monkeypatc
     fail_image_copy(monkeypatch, image_device, at=4, call="clEnqueueWriteImage")
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(BackendError, match="injected"):
-        cv.stream(_kernel(image_device, "box", BOX), [cv.image(x)], [np.float32],
+        cv.stream(image_device.compile(BOX, "box"), [cv.image(x)], [np.float32],
                   device=image_device, args=(0,), halo=1, block_bytes=x[0].nbytes * 10)
     assert len(made) == 3  # one image per slot
     assert all(image.cl_image is None for image in made)  # all freed; pools: conftest
@@ -391,7 +370,7 @@ def test_images_made_before_a_failed_one_are_freed(image_device, monkeypatch):
     made = images_made(monkeypatch, image_device, fail_at=2)
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(OutOfMemoryError):
-        cv.stream(_kernel(image_device, "box", BOX), [cv.image(x)], [np.float32],
+        cv.stream(image_device.compile(BOX, "box"), [cv.image(x)], [np.float32],
                   device=image_device, args=(0,), halo=1, block_bytes=x[0].nbytes * 10)
     assert len(made) == 2
     assert all(image.cl_image is None for image in made)
@@ -399,7 +378,7 @@ def test_images_made_before_a_failed_one_are_freed(image_device, monkeypatch):
 
 def test_report_counts_the_images_as_device_memory(image_device):
     x = np.zeros((200, 8), np.float32)
-    report = cv.stream(_kernel(image_device, "box", BOX), [cv.image(x)], [np.float32],
+    report = cv.stream(image_device.compile(BOX, "box"), [cv.image(x)], [np.float32],
                        device=image_device, args=(0,), halo=1, block_bytes=x[0].nbytes * 10)
     assert report.peak_device_bytes >= 3 * 12 * x[0].nbytes  # 3 images of 10 + 2 rows
 
@@ -419,7 +398,7 @@ class _NoImages:
 def test_a_device_without_images_says_so_before_any_work(device, monkeypatch):
     if device.backend != "opencl":
         pytest.skip("an OpenCL device's image support")
-    kernel = _kernel(device, "rows", ROWS)  # built by the real device
+    kernel = device.compile(ROWS, "rows")  # built by the real device
     monkeypatch.setattr(device, "cl_device", _NoImages(device.cl_device))
     monkeypatch.setattr(device, "_image_limits", None)  # asked again, of the wrapped device
     watch = _Watch(monkeypatch, device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from streamkit import fail_image_copy, images_made
+from streamkit import fail_image_copy, image_values, images_made
 
 import conveyor as cv
 from conveyor.errors import BackendError, InputError, OutOfMemoryError
@@ -83,21 +83,12 @@ extern "C" __global__ void plain(const float *x, float *y, unsigned long long of
                                  unsigned long long n) {}
 """
 
-_kernels: dict[tuple[str, str], cv.Kernel] = {}
-
-
-def _kernel(device, name, source):
-    key = (device.spec, source)
-    if key not in _kernels:
-        _kernels[key] = device.compile(source, name)
-    return _kernels[key]
-
 
 def _copy_kernel(device, dtype, channels):
     scalar, out, vector = TYPES[np.dtype(dtype).name]
     read = scalar if channels == 1 else f"{vector}{channels}"
     source = COPY.format(out=out, read=read, pick=PICK[channels], index=INDEX)
-    return _kernel(device, "copy", source)
+    return device.compile(source, "copy")
 
 
 @pytest.fixture
@@ -106,15 +97,6 @@ def cuda_device(device):
     if device.backend != "cuda":
         pytest.skip("CUDA texture objects; OpenCL images: test_image.py")
     return device
-
-
-def _values(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        return (rng.integers(-512, 512, shape) / 8).astype(dt)  # exact in half too
-    info = np.iinfo(dt)
-    return rng.integers(info.min, info.max, shape, endpoint=True, dtype=dt)
 
 
 def test_every_channel_type_and_count_is_a_format(cuda_device):
@@ -128,7 +110,7 @@ def test_every_channel_type_and_count_is_a_format(cuda_device):
 def test_nearest_reads_are_exact_for_every_channel_type_and_count(cuda_device, dtype,
                                                                   channels):
     shape = (75, 13) if channels == 1 else (75, 13, channels)
-    x = _values(shape, dtype)
+    x = image_values(shape, dtype)
     y = np.zeros(shape, OUT_DTYPES.get(dtype, dtype))
     report = cv.stream(_copy_kernel(cuda_device, dtype, channels), [cv.image(x)], [y],
                        device=cuda_device, args=(channels, 2, 13), halo=2,
@@ -142,7 +124,7 @@ def test_each_addressing_mode_at_the_edges_is_the_matching_boundary(cuda_device,
     x = (np.arange(61 * 17) % 97).astype(np.float32).reshape(61, 17)
     y = np.zeros_like(x)
     normalized = boundary in ("reflect", "periodic")  # CUDA's wrap and mirror need it
-    report = cv.stream(_kernel(cuda_device, "box", BOX),
+    report = cv.stream(cuda_device.compile(BOX, "box"),
                        [cv.image(x, normalized=normalized)], [y], device=cuda_device,
                        args=(int(normalized), 17, 8 + 2), halo=1, boundary=boundary,
                        block_bytes=x[0].nbytes * 8)
@@ -156,7 +138,7 @@ def test_each_addressing_mode_at_the_edges_is_the_matching_boundary(cuda_device,
 def test_linear_reads_interpolate_across_the_halo_rows(cuda_device):
     x = np.random.default_rng(3).random((90, 21), dtype=np.float32)
     y = np.zeros_like(x)
-    report = cv.stream(_kernel(cuda_device, "quarter", QUARTER),
+    report = cv.stream(cuda_device.compile(QUARTER, "quarter"),
                        [cv.image(x, filter="linear")], [y], device=cuda_device, args=(21,),
                        halo=1, block_bytes=x[0].nbytes * 8)
     assert report.blocks > 5
@@ -172,18 +154,18 @@ def test_an_image_that_is_also_the_output_runs_in_place(cuda_device):
     x = (np.arange(64 * 5) % 11).astype(np.float32).reshape(64, 5)
     expected = sum(np.pad(x, 1, mode="edge")[a : a + 64, b : b + 5] for a in range(3)
                    for b in range(3))
-    cv.stream(_kernel(cuda_device, "box", BOX), [cv.image(x)], [x], device=cuda_device,
+    cv.stream(cuda_device.compile(BOX, "box"), [cv.image(x)], [x], device=cuda_device,
               args=(0, 5, 8 + 2), halo=1, block_bytes=x[0].nbytes * 8)
     np.testing.assert_array_equal(x, expected)
 
 
 def test_a_kernel_without_a_texture_object_in_the_images_place_is_refused(cuda_device):
     with pytest.raises(InputError, match=r"takes 'cudaTextureObject_t' in its place"):
-        cv.stream(_kernel(cuda_device, "plain", PLAIN),
+        cv.stream(cuda_device.compile(PLAIN, "plain"),
                   [cv.image(np.zeros((4, 4), np.float32))], [np.float32], device=cuda_device)
     with pytest.raises(InputError, match=r"OpenCL and CUDA allow with normalized coordinates "
                                          r"only"):
-        cv.stream(_kernel(cuda_device, "box", BOX), [cv.image(np.zeros((4, 4), np.float32))],
+        cv.stream(cuda_device.compile(BOX, "box"), [cv.image(np.zeros((4, 4), np.float32))],
                   [np.float32], device=cuda_device, args=(0, 4, 6), halo=1,
                   boundary="periodic")
 
@@ -193,7 +175,7 @@ def test_images_and_textures_go_back_after_a_failed_copy(cuda_device, monkeypatc
     fail_image_copy(monkeypatch, cuda_device, at=4, call="cuMemcpy2DAsync")
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(BackendError, match="injected"):
-        cv.stream(_kernel(cuda_device, "box", BOX), [cv.image(x)], [np.float32],
+        cv.stream(cuda_device.compile(BOX, "box"), [cv.image(x)], [np.float32],
                   device=cuda_device, args=(0, 8, 12), halo=1, block_bytes=x[0].nbytes * 10)
     assert len(made) == 3  # one image per slot, each with its texture object
     assert all(image.array is None and image.textures == [] for image in made)
@@ -203,7 +185,7 @@ def test_images_made_before_a_failed_one_are_freed(cuda_device, monkeypatch):
     made = images_made(monkeypatch, cuda_device, fail_at=2)
     x = np.zeros((200, 8), np.float32)
     with pytest.raises(OutOfMemoryError):
-        cv.stream(_kernel(cuda_device, "box", BOX), [cv.image(x)], [np.float32],
+        cv.stream(cuda_device.compile(BOX, "box"), [cv.image(x)], [np.float32],
                   device=cuda_device, args=(0, 8, 12), halo=1, block_bytes=x[0].nbytes * 10)
     assert len(made) == 2
     assert all(image.array is None for image in made)

@@ -19,6 +19,7 @@ from streamkit import add_reference, data, kernel
 import conveyor as cv
 from conftest import DEVICES
 from conveyor.errors import BackendError, InputError, OutOfMemoryError
+from conveyor.memory.hostmem import physical_bytes
 from conveyor.memory.warmup import WarmUp
 
 BLOCK = 16 * 1024
@@ -198,7 +199,7 @@ def test_the_warm_up_amount_comes_from_conveyor_warmup(monkeypatch, fresh):
     warm = WarmUp(fresh, block_bytes=BLOCK // 4, pinned=True)
     assert warm.nbytes == 192 * 2**20  # asked per device: not shared
     monkeypatch.setenv("CONVEYOR_WARMUP", "on")
-    assert warmup.default_bytes() == min(warmup.DEFAULT_BYTES, warmup._host_bytes() // 16)
+    assert warmup.default_bytes() == min(warmup.DEFAULT_BYTES, physical_bytes() // 16)
     monkeypatch.delenv("CONVEYOR_WARMUP")
     assert 0 < warmup.default_bytes() <= warmup.DEFAULT_BYTES
     from conveyor import config
@@ -215,7 +216,7 @@ def test_the_default_amount_is_shared_by_the_processs_devices(fresh, monkeypatch
     from conveyor.memory import warmup
 
     monkeypatch.delenv("CONVEYOR_WARMUP")  # the default, not the tests' 0
-    total = warmup._host_bytes() // warmup.HOST_SHARE
+    total = physical_bytes() // warmup.HOST_SHARE
     monkeypatch.setattr(warmup, "_default_given", total - 3 * 2**30 // 2)  # 1.5 GiB left
     share = warmup.default_bytes()
     first = WarmUp(fresh, pinned=True)
@@ -225,7 +226,7 @@ def test_the_default_amount_is_shared_by_the_processs_devices(fresh, monkeypatch
     assert first.nbytes == min(share, 3 * 2**30 // 2) > 0
     assert second.nbytes == max(0, 3 * 2**30 // 2 - first.nbytes)
     assert third.nbytes == 0 and warmup._default_given == total
-    assert WarmUp(fresh, 2**60, pinned=True).nbytes == warmup._host_bytes() // 4  # the cap
+    assert WarmUp(fresh, 2**60, pinned=True).nbytes == physical_bytes() // 4  # the cap
 
 
 def test_a_request_before_the_thread_runs_stops_the_pinned_part(fresh):

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,9 +80,10 @@ def cuda_without_devices(devices: Sequence[Device], cuda_installed: bool | None 
 def pocl_memory(devices: Sequence[Device], host_bytes: int | None = None) -> list[str]:
     """A note for each PoCL CPU device offering less than the host's memory."""
     if host_bytes is None:
-        try:
-            host_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
+        from conveyor.memory.hostmem import physical_bytes
+
+        host_bytes = physical_bytes()
+        if host_bytes is None:
             return []
     notes = []
     for dev in devices:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,6 +47,14 @@ def _threads() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="conveyor-fault")
         return _pool
+
+
+def physical_bytes() -> int | None:
+    """The host's physical memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
 
 
 def round_up(nbytes: int) -> int:

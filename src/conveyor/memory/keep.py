@@ -21,7 +21,6 @@ tells the driver so (a map and unmap of the buffer), since a driver may keep its
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -91,10 +90,10 @@ def budget() -> int:
     from_env = config.pinned_budget()
     if from_env is not None:
         return from_env
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError):
-        return 4 * 2**30
+    from conveyor.memory.hostmem import physical_bytes
+
+    host = physical_bytes()
+    return 4 * 2**30 if host is None else host // 4
 
 
 def kept_bytes() -> int:

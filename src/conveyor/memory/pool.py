@@ -210,33 +210,20 @@ class BlockPool(Generic[B]):
         use, so it moves neither the statistics nor the keep budget."""
         size = self._bin_size(max(nbytes, 1))
         requests = self.requests if since is None else since
+
+        def admit() -> bool:  # no request since, and within the keep budget
+            return (self._hits + self._misses == requests
+                    and (self._keep is None or self._held_bytes + size <= self._keep))
+
+        def idle(block: B) -> None:
+            self._free.setdefault(size, []).append(block)
+            self._held_bytes += size
+            self._last_used[size] = self._streams
+
         made = 0
         while made < count and not (stop is not None and stop()):
-            with self._lock:
-                if self._hits + self._misses != requests:
-                    break
-                if self._keep is not None and self._held_bytes + size > self._keep:
-                    break
-                total = (self._in_use_bytes + self._held_bytes + self._pending_bytes
-                         + self._reserved_bytes)
-                if self._limit is not None and total + size > self._limit:
-                    break
-                self._reserved_bytes += size
-            try:
-                block = self.allocate(size)
-            except OutOfMemoryError:
-                with self._lock:
-                    self._reserved_bytes -= size
+            if self._allocate_reserved(size, admit, idle) is None:
                 break
-            except BaseException:
-                with self._lock:
-                    self._reserved_bytes -= size
-                raise
-            with self._lock:
-                self._reserved_bytes -= size
-                self._free.setdefault(size, []).append(block)
-                self._held_bytes += size
-                self._last_used[size] = self._streams
             made += 1
             if on_block is not None:
                 on_block()
@@ -395,9 +382,19 @@ class BlockPool(Generic[B]):
         return True
 
     def _try_allocate(self, size: int) -> B | None:
-        # Reserve the bytes under the lock before allocating outside it, so two threads cannot
-        # both pass the limit check and exceed the limit together.
+        return self._allocate_reserved(size, lambda: True,
+                                       lambda block: self._mark_in_use(block, size))
+
+    def _allocate_reserved(self, size: int, admit: Callable[[], bool],
+                           place: Callable[[B], object]) -> B | None:
+        """A new block of ``size``, or None when ``admit()`` says no, the limit would be
+        passed or memory ran out. The bytes are reserved under the lock before allocating
+        outside it, so two threads cannot both pass the limit check and exceed it together;
+        ``place(block)`` runs under the lock as the reservation ends (it becomes use, or an
+        idle block, in one step)."""
         with self._lock:
+            if not admit():
+                return None
             if self._limit is not None:
                 total = (self._in_use_bytes + self._held_bytes + self._pending_bytes
                          + self._reserved_bytes)
@@ -412,9 +409,10 @@ class BlockPool(Generic[B]):
             if isinstance(exc, OutOfMemoryError):
                 return None
             raise
-        with self._lock:  # reservation becomes use in one step
+        with self._lock:
             self._reserved_bytes -= size
-            return self._mark_in_use(block, size)
+            place(block)
+        return block
 
     def _allocate_with_ladder(self, size: int) -> B:
         steps: list[Callable[[], object]] = [

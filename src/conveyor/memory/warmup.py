@@ -59,6 +59,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from conveyor import config
+from conveyor.memory.hostmem import physical_bytes
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
@@ -77,13 +78,6 @@ _running: weakref.WeakSet[WarmUp] = weakref.WeakSet()
 _default_given = 0  # bytes of the shared default handed out to warm-ups so far
 
 
-def _host_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
 def _block_bytes() -> int:
     from conveyor.pipeline.plan import DEFAULT_BLOCK_BYTES
 
@@ -96,19 +90,20 @@ def default_bytes() -> int:
     chosen = config.warmup_bytes()
     if chosen is not None:
         return chosen
-    host = _host_bytes()
+    host = physical_bytes()
     return 0 if host is None else min(DEFAULT_BYTES, host // HOST_SHARE)
 
 
 def _claim_default() -> int:
-    """This warm-up's share of the process's default amount (what others have not taken)."""
+    """This warm-up's share of the process's default amount (what others have not taken);
+    ``CONVEYOR_WARMUP``'s size as it is, when set (it is per device)."""
     global _default_given
-    host = _host_bytes()
-    total = default_bytes()
-    if config.warmup_bytes() is not None:
-        return total  # asked for per device
+    chosen = config.warmup_bytes()
+    if chosen is not None:
+        return chosen
+    host = physical_bytes() or 0
     with _lock:
-        share = max(0, min(total, (host or 0) // HOST_SHARE - _default_given))
+        share = max(0, min(DEFAULT_BYTES, host // HOST_SHARE - _default_given))
         _default_given += share
     return share
 
@@ -129,7 +124,7 @@ class WarmUp:
         self.block_bytes = block_bytes or _block_bytes()
         self.pinned = not device.host_unified if pinned is None else pinned
         asked = (_claim_default() if self.pinned else 0) if nbytes is None else nbytes
-        host = _host_bytes()
+        host = physical_bytes()
         self.nbytes = asked if host is None else min(asked, host // HOST_CAP_SHARE)
         self.made = 0
         self.error: BaseException | None = None
