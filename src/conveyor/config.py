@@ -40,6 +40,8 @@ WARMUP_VAR = "CONVEYOR_WARMUP"
 WARMUP_MIN_BYTES = 64 * 2**20
 #: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
 PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
+#: "auto" (default): pinned memory and staging threads on each GPU's NUMA node; "off".
+NUMA_VAR = "CONVEYOR_NUMA"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 #: PyOpenCL appends this variable's words to every build's options (outside conveyor's control):
 #: the kernel cache key must cover it, or a binary built under it is served to runs without it.
@@ -137,6 +139,12 @@ def pinned_budget() -> int | None:
     """``CONVEYOR_PINNED_BUDGET`` (a size), or None when unset."""
     value = _get(PINNED_BUDGET_VAR)
     return None if value is None else parse_size(PINNED_BUDGET_VAR, value)
+
+
+def numa_mode() -> str:
+    """``CONVEYOR_NUMA``: "auto" (default: memory/numa.py places pinned memory and staging
+    threads on each device's node where the host has several) or "off"."""
+    return _choice(NUMA_VAR, ("auto", "off"))
 
 
 def ring_grow() -> bool:

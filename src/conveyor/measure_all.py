@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from conveyor.backends.base import Device
 from conveyor.closing import Closeable, join
+from conveyor.memory import numa
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def aggregate_bandwidth(devices: Sequence[Device], nbytes: int = 64 * 2**20,
         for dev in devices:
             device_buffer = dev.alloc_device(nbytes)
             held.append(device_buffer)
-            pinned = dev.alloc_pinned(nbytes)
+            pinned = numa.allocate_near(dev, dev.alloc_pinned, nbytes)  # as a stream's
             held.append(pinned)
             pinned.array[:nbytes].fill(1)
             buffers.append((device_buffer, pinned.array[:nbytes]))

@@ -21,6 +21,7 @@ from conveyor.closing import Closeable as Closeable  # re-exported for the backe
 if TYPE_CHECKING:
     from conveyor.kernels.build import KernelFuture
     from conveyor.kernels.signature import Param
+    from conveyor.memory.numa import Place
     from conveyor.memory.pinned import PinnedPool
     from conveyor.memory.pool import DevicePool
     from conveyor.memory.warmup import WarmUp
@@ -287,6 +288,7 @@ class Device(Closeable, ABC):
         self._memory_pool: DevicePool | None = None
         self._pinned_pool: PinnedPool | None = None
         self._warmup: WarmUp | None = None
+        self._host_place: Place | None | Literal[False] = False  # False: not read yet
         self._closed = False
 
     # -- what the device is ---------------------------------------------------------------
@@ -344,6 +346,37 @@ class Device(Closeable, ABC):
     def host_unified(self) -> bool:
         """True when device and host share physical memory (CPU devices, integrated GPUs)."""
         return self.info.host_unified
+
+    def pci_address(self) -> str | None:
+        """The device's PCI address as its driver reports it (``"0000:17:00.0"``), or None
+        where the driver does not say (CPU devices, other vendors' OpenCL)."""
+        return None
+
+    @property
+    def host_place(self) -> Place | None:
+        """The host NUMA node (and its CPUs) nearest this device, where pinned blocks of its
+        pools are allocated and its streams' staging threads run (memory/numa.py); None where
+        there is nothing to do: one node, a CPU device, ``CONVEYOR_NUMA=off``. Read once; set
+        it to a ``conveyor.memory.numa.Place`` (or None) to override, before the first
+        stream."""
+        with self._lock:
+            if self._host_place is False:
+                from conveyor.memory import numa
+
+                self._host_place = numa.place_for(self)
+            return self._host_place
+
+    @host_place.setter
+    def host_place(self, place: Place | None) -> None:
+        from conveyor.memory.numa import Place
+
+        if place is not None and not isinstance(place, Place):
+            from conveyor.errors import InputError
+
+            raise InputError(f"host_place={place!r}: use a conveyor.memory.numa.Place(node, "
+                             f"cpus) or None")
+        with self._lock:
+            self._host_place = place
 
     def __repr__(self) -> str:
         return f"<conveyor.Device {self.spec} {self.name!r} ({self.kind})>"

@@ -607,6 +607,18 @@ class Device(base.Device):
         self._wait_value_ok = True
         self._image_limits: base.ImageLimits | None = None
 
+    def pci_address(self) -> str | None:
+        """``domain:bus:device.0`` from the driver's PCI attributes (memory/numa.py)."""
+        attribute = driver.CUdevice_attribute
+        try:
+            domain, bus, slot = (int(_check(driver.cuDeviceGetAttribute(
+                getattr(attribute, f"CU_DEVICE_ATTRIBUTE_PCI_{name}_ID"),
+                driver.CUdevice(self.index)), "cuDeviceGetAttribute"))
+                for name in ("DOMAIN", "BUS", "DEVICE"))
+        except (BackendError, AttributeError):
+            return None
+        return f"{domain:04x}:{bus:02x}:{slot:02x}.0"
+
     def _current(self) -> None:
         """Make this device's primary context current on the calling thread."""
         if _forked:

@@ -481,6 +481,28 @@ class Device(base.Device):
     def create_queue(self) -> Queue:
         return Queue(self)
 
+    def pci_address(self) -> str | None:
+        """From NVIDIA's ``cl_nv_device_attribute_query`` (bus, slot = device << 3 | function,
+        domain where the driver has it) or AMD's topology query; None elsewhere."""
+        info = cl.device_info
+        extensions = self.cl_device.extensions
+        try:
+            if "cl_nv_device_attribute_query" in extensions:
+                bus = int(self.cl_device.get_info(info.PCI_BUS_ID_NV))
+                slot = int(self.cl_device.get_info(info.PCI_SLOT_ID_NV))
+                try:
+                    domain = int(self.cl_device.get_info(info.PCI_DOMAIN_ID_NV))
+                except (cl.Error, AttributeError, TypeError, ValueError):
+                    domain = 0  # drivers before the domain query: one domain
+                return f"{domain:04x}:{bus:02x}:{slot >> 3:02x}.{slot & 7:x}"
+            if "cl_amd_device_attribute_query" in extensions:
+                topology = self.cl_device.get_info(info.TOPOLOGY_AMD)
+                return f"0000:{int(topology.bus):02x}:{int(topology.device):02x}." \
+                       f"{int(topology.function):x}"
+        except (cl.Error, AttributeError, TypeError, ValueError):
+            return None
+        return None
+
     def copies_pinned_of(self, other: base.Device) -> bool:
         """Pinned memory of another context of the same platform is copied directly, with
         blocking copies (``_pinned_elsewhere``), where that was measured to pay: NVIDIA's

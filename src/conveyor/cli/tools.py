@@ -30,6 +30,10 @@ def run_devices(options: argparse.Namespace) -> int:
         print("no device found: install pocl-binary-distribution, or a GPU driver")
     for problem in problems(found, probe=True):
         print(f"note: {problem}")
+    for dev in found:
+        if dev.host_place is not None:  # several NUMA nodes (memory/numa.py)
+            print(f"{dev.spec}: pinned memory and staging threads on host NUMA "
+                  f"{dev.host_place}")
     if options.measure:
         _measure_all(found)
     return 0

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from conveyor.memory import prefault
+from conveyor.memory import numa, prefault
 
 THREADS = 8
 PROT_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE
@@ -86,6 +86,9 @@ def map_faulted(nbytes: int) -> int:
     if address is None or address == _MAP_FAILED:
         raise MemoryError(f"mmap of {size} bytes failed (errno {ctypes.get_errno()})")
     try:
+        place = numa.current()
+        if place is not None:  # allocated for a device on a node: its pages go there
+            numa.bind_range(address, size, place.node)
         prefault._madvise(address, size, prefault.MADV_HUGEPAGE)
         flat = view(address, size)
         step = prefault.PIECE_BYTES

@@ -12,6 +12,7 @@ Pinned pools use exact-size classes (rounded up to whole 4 KiB pages), not power
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import weakref
@@ -23,6 +24,7 @@ from numpy.typing import DTypeLike
 
 from conveyor import config
 from conveyor.errors import InputError
+from conveyor.memory import numa
 from conveyor.memory.pool import BlockPool
 
 if TYPE_CHECKING:
@@ -40,7 +42,10 @@ class PinnedPool(BlockPool["PinnedBuffer"]):
     """A device's pool of pinned host blocks: ``device.pinned_pool``."""
 
     def __init__(self, device: Device, limit: int | None = None, *, svm: bool = False) -> None:
-        allocate = device.alloc_svm if svm else device.alloc_pinned
+        # Every block is allocated on the device's NUMA node (memory/numa.py; nothing on a
+        # host with one node).
+        allocate = functools.partial(numa.allocate_near, device,
+                                     device.alloc_svm if svm else device.alloc_pinned)
         where = "shared virtual" if svm else "pinned host"
         super().__init__(allocate, page_bin, limit=limit, keep=config.pool_keep(), where=where)
         self.device = device

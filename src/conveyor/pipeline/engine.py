@@ -68,7 +68,7 @@ class Engine(Closeable):
         self.sources = [a if isinstance(a, Source) else ArraySource(a) for a in sources]
         self.sinks = [a if isinstance(a, Sink) else ArraySink(a) for a in sinks]
         self.nvtx = trace_nvtx.annotator(device.backend)  # None unless CUDA and nvtx
-        self.stager = Stager(options.workers)
+        self.stager = Stager(options.workers, place=device.host_place)
         self._own_progress = progress is None  # a shared bar is closed by whoever made it
         self.progress = progress if progress is not None else Progress(options.progress, plan)
         self.clock: ClockAnchor | None = None

@@ -37,6 +37,7 @@ import numpy as np
 from conveyor.backends.base import Device, Kernel
 from conveyor.closing import finish_uninterrupted, join
 from conveyor.errors import CompileError, InputError
+from conveyor.memory import numa
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain, Link
 from conveyor.pipeline.engine import Compute, Engine
@@ -307,6 +308,7 @@ def _run_engines(engines: list[Engine], supply: Supply,
 
     def main(index: int) -> None:
         try:
+            numa.bind_thread(engines[index].device.host_place)  # a thread of its own
             reports[index] = engines[index].run()
         except BaseException as exc:  # handed to the calling thread, which raises it
             with done:

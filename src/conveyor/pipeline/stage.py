@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.closing import Closeable, finish_uninterrupted
+from conveyor.memory import numa
 from conveyor.pipeline.interrupts import deferred_sigint
 
 PIECE_BYTES = 8 * 2**20
@@ -85,10 +86,13 @@ class Stager(Closeable):
     """A pool of staging threads. ``run(tasks)`` copies them all in parallel and returns when
     every piece is done, raising the first failure (with where it happened)."""
 
-    def __init__(self, workers: int | None = None, piece_bytes: int = PIECE_BYTES) -> None:
+    def __init__(self, workers: int | None = None, piece_bytes: int = PIECE_BYTES,
+                 place: numa.Place | None = None) -> None:
         self.workers = workers or default_workers()
         self.piece_bytes = piece_bytes
-        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="conveyor-stage")
+        self.place = place  # the workers run on its CPUs and prefer its node (memory/numa.py)
+        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="conveyor-stage",
+                                            initializer=numa.bind_thread, initargs=(place,))
         self._closed = False
         self._lock = threading.Lock()
         #: Wraps every piece copy; tests inject faults here by wrapping the real copy.

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from conveyor.backends.base import Event, PinnedBuffer
 from conveyor.closing import Closeable, join
+from conveyor.memory import numa
 from conveyor.pipeline.interrupts import deferred_sigint, start_thread
 from conveyor.pipeline.plan import Block, BlockSource, ListedBlocks
 from conveyor.pipeline.stage import Batch, Stager, StageTask
@@ -82,6 +83,7 @@ class _StagingThread(Closeable):
 
     def _main(self, work: Callable[[], None]) -> None:
         try:
+            numa.bind_thread(self.stager.place)  # it copies too, when a block is one piece
             work()
         except _Stopped:
             pass
