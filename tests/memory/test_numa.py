@@ -205,3 +205,12 @@ def test_allocate_near_allocates_on_the_devices_place_and_returns_what_it_made()
         dev.host_place = saved
     assert made == bytearray(16)
     assert seen == [(numa.Place(0, ONE_CPU), ONE_CPU), (None, ALLOWED)]
+
+
+def test_a_gpus_pci_address_names_a_display_controller_in_sysfs(gpu_device):
+    """The address the driver reports (CUDA's attributes, NVIDIA's or AMD's OpenCL query) is
+    the GPU's own sysfs entry: PCI class 0x03 (display or 3D controller)."""
+    address = gpu_device.pci_address()
+    assert address is not None, f"{gpu_device.spec} reports no PCI address"
+    entry = Path("/sys/bus/pci/devices") / str(numa.normalize_pci(address))
+    assert (entry / "class").read_text().startswith("0x03"), (address, entry)

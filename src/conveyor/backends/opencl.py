@@ -482,8 +482,9 @@ class Device(base.Device):
         return Queue(self)
 
     def pci_address(self) -> str | None:
-        """From NVIDIA's ``cl_nv_device_attribute_query`` (bus, slot = device << 3 | function,
-        domain where the driver has it) or AMD's topology query; None elsewhere."""
+        """From NVIDIA's ``cl_nv_device_attribute_query`` (bus, slot = the PCI device number,
+        domain where the driver has it; on an H100 the same address as CUDA's) or AMD's
+        topology query; None elsewhere."""
         info = cl.device_info
         extensions = self.cl_device.extensions
         try:
@@ -494,7 +495,7 @@ class Device(base.Device):
                     domain = int(self.cl_device.get_info(info.PCI_DOMAIN_ID_NV))
                 except (cl.Error, AttributeError, TypeError, ValueError):
                     domain = 0  # drivers before the domain query: one domain
-                return f"{domain:04x}:{bus:02x}:{slot >> 3:02x}.{slot & 7:x}"
+                return f"{domain:04x}:{bus:02x}:{slot:02x}.0"
             if "cl_amd_device_attribute_query" in extensions:
                 topology = self.cl_device.get_info(info.TOPOLOGY_AMD)
                 return f"0000:{int(topology.bus):02x}:{int(topology.device):02x}." \
