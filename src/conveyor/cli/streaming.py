@@ -100,9 +100,9 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
     try:
         for item in inputs:
             sources.append(open_input(item, options))
-        # The warm-up (a GPU's pinned blocks) overlaps the kernel's build and the pipeline's
-        # imports below; the stream's first request for a block stops it.
-        devs = select(options.device) if options.device else [cv.device(None)]
+        # No warm-up: the command streams at once, leaving it nothing to overlap.
+        devs = (select(options.device, warm_up=False) if options.device
+                else [cv.device(None, warm_up=False)])
         for dev in devs:
             if dev.backend != backend:
                 other = "cuda" if backend == "cuda" else "opencl"
