@@ -40,8 +40,6 @@ WARMUP_VAR = "CONVEYOR_WARMUP"
 WARMUP_MIN_BYTES = 64 * 2**20
 #: Most host bytes that arrays kept with cv.keep_pinned hold page-locked (memory/keep.py).
 PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
-#: "map" (default): output files written through a shared mapping; "pwrite".
-FILE_WRITES_VAR = "CONVEYOR_FILE_WRITES"
 #: "auto" (default): pinned memory and staging threads on each GPU's NUMA node; "off".
 NUMA_VAR = "CONVEYOR_NUMA"
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
@@ -141,12 +139,6 @@ def pinned_budget() -> int | None:
     """``CONVEYOR_PINNED_BUDGET`` (a size), or None when unset."""
     value = _get(PINNED_BUDGET_VAR)
     return None if value is None else parse_size(PINNED_BUDGET_VAR, value)
-
-
-def file_writes() -> str:
-    """``CONVEYOR_FILE_WRITES``: "map" (default: pipeline/sinks.py writes output files
-    through a shared mapping, in parallel) or "pwrite" (one ``pwrite`` per piece)."""
-    return _choice(FILE_WRITES_VAR, ("map", "pwrite"))
 
 
 def numa_mode() -> str:
