@@ -79,6 +79,7 @@ BAD_VALUES = {
     "CONVEYOR_RING_GROW": ("slowly", config.ring_grow, True),
     "CONVEYOR_PINNED_BUDGET": ("most", config.pinned_budget, None),
     "CONVEYOR_WARMUP": ("early", config.warmup_bytes, None),
+    "CONVEYOR_NUMA": ("nearest", config.numa_mode, "auto"),
 }
 
 
