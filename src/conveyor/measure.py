@@ -54,8 +54,8 @@ def link_bandwidth(device: Device, nbytes: int = 64 * 2**20, repeats: int = 3) -
     queue = device.create_queue()
     try:
         device.wait_for_warm_up()  # its allocations would share the measured time
-        pinned = numa.allocate_near(device, device.alloc_pinned, nbytes)  # as a stream's
-        with device.alloc_device(nbytes) as dev_buf, pinned as pinned_buf:
+        with (device.alloc_device(nbytes) as dev_buf,
+              numa.allocate_near(device, device.alloc_pinned, nbytes) as pinned_buf):
             pinned_host = pinned_buf.array[:nbytes]
             pinned_host.fill(1)
             pageable = np.ones(nbytes, np.uint8)

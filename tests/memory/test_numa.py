@@ -22,6 +22,8 @@ from conveyor.memory import hostmem, numa
 ALLOWED = frozenset(os.sched_getaffinity(0))
 ONE_CPU = frozenset({min(ALLOWED)})
 PCI = "0000:17:00.0"
+#: With one CPU a thread placed on "one of them" is where it was: such a test proves nothing.
+two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="this process may run on one CPU only")
 
 
 def _sysfs(root: Path, *, online: str = "0-1", node: str = "1", local: str | None = None,
@@ -56,6 +58,7 @@ def test_cpu_lists_read_and_write_the_sysfs_form():
     ("not an address", None),
     ("0:1:2:3", None),
     ("zz:00.0", None),
+    ("0000:-7b:00.0", None),  # a signed byte read as negative
 ])
 def test_pci_addresses_are_read_in_every_form_drivers_give(given, expected):
     assert numa.normalize_pci(given) == expected
@@ -111,13 +114,29 @@ def test_this_one_node_host_needs_nothing():
 
 
 def test_numa_off_and_cpu_devices_have_no_place(monkeypatch):
-    dev = cv.devices()[0]
-    assert numa.place_for(dev) is None  # PoCL (host-unified) here; one node on a GPU host
+    unified = [d for d in cv.devices() if d.host_unified]
+    if not unified:
+        pytest.skip("no device here shares the host's memory")
+    dev = unified[0]
+    assert numa.place_for(dev) is None
     monkeypatch.setenv("CONVEYOR_NUMA", "off")
     assert numa.place_for(dev) is None
     monkeypatch.setenv("CONVEYOR_NUMA", "nearest")
     with pytest.raises(InputError, match="CONVEYOR_NUMA='nearest': use one of auto, off"):
         numa.place_for(dev)
+
+
+@pytest.mark.parametrize("node, cpus", [(-1, {0}), (numa.MASK_BITS, {0}), (True, {0}),
+                                        (0, set()), (0, {-1}), (0, {2**40}), (0, [0]),
+                                        (0, {"0"})])
+def test_a_place_that_cannot_be_used_is_refused_where_it_is_made(node, cpus):
+    with pytest.raises(InputError, match="Place (node|cpus)="):
+        numa.Place(node, cpus)
+
+
+def test_a_place_keeps_its_cpus_as_a_frozenset():
+    assert numa.Place(0, {0}).cpus == frozenset({0})
+    assert hash(numa.Place(0, {0})) == hash(numa.Place(0, frozenset({0})))
 
 
 def test_host_place_can_be_set_and_refuses_what_is_not_a_place():
@@ -132,6 +151,7 @@ def test_host_place_can_be_set_and_refuses_what_is_not_a_place():
         dev.host_place = saved
 
 
+@two_cpus
 def test_on_node_places_the_thread_and_what_conveyor_maps_then_puts_it_back():
     place = numa.Place(0, ONE_CPU)
     before = os.sched_getaffinity(0)
@@ -159,6 +179,7 @@ def test_on_node_places_the_thread_and_what_conveyor_maps_then_puts_it_back():
             hostmem.unmap(outside, 4 * 2**20)
 
 
+@two_cpus
 def test_nested_places_restore_the_outer_one():
     outer, inner = numa.Place(0, ALLOWED), numa.Place(0, ONE_CPU)
     with numa.on_node(outer):
@@ -167,12 +188,59 @@ def test_nested_places_restore_the_outer_one():
         assert numa.current() == outer and os.sched_getaffinity(0) == ALLOWED
 
 
+def test_the_memory_policy_calls_work_here():
+    """Where they exist (Linux x86-64 and arm64, not refused by a sandbox), the thread's
+    policy reads back what was set; elsewhere only CPUs are placed."""
+    if numa.thread_policy() is None:
+        pytest.skip("no memory-policy calls here (machine, sandbox, or a numactl policy)")
+    with numa.on_node(numa.Place(0, ALLOWED)):
+        mode, mask = numa.thread_policy()
+        assert mode == numa.MPOL_PREFERRED and mask[0] & 1
+    assert numa.thread_policy()[0] == numa.MPOL_DEFAULT
+
+
+@two_cpus
+def test_fault_threads_started_inside_a_place_do_not_keep_it():
+    """conveyor's shared pool of faulting threads may first be started by an allocation on a
+    device's node: its threads get the process's CPUs and default policy back."""
+    saved = hostmem._pool
+    hostmem._pool = None
+    try:
+        with numa.on_node(numa.Place(0, ONE_CPU)):
+            address = hostmem.map_faulted(64 * 2**20)  # starts the pool, from in here
+        hostmem.unmap(address, 64 * 2**20)
+        seen = set(hostmem._threads().map(
+            lambda _: (frozenset(os.sched_getaffinity(0)), (numa.thread_policy() or (0,))[0]),
+            range(64)))
+        assert seen == {(ALLOWED, numa.MPOL_DEFAULT)}
+    finally:
+        if hostmem._pool is not None:
+            hostmem._pool.shutdown()
+        hostmem._pool = saved
+
+
+def test_bind_thread_never_raises():
+    """It is a thread pool's initializer: one that raises breaks the pool."""
+    place = numa.Place(0, {max(ALLOWED) + 1000})  # a CPU this process may not use
+    errors: list[BaseException] = []
+    threading.excepthook, saved = (lambda args: errors.append(args.exc_value)), \
+        threading.excepthook
+    try:
+        thread = threading.Thread(target=numa.bind_thread, args=(place,))
+        thread.start()
+        thread.join()
+    finally:
+        threading.excepthook = saved
+    assert errors == []
+
+
 def test_on_node_with_no_place_changes_nothing():
     before = os.sched_getaffinity(0)
     with numa.on_node(None):
         assert numa.current() is None and os.sched_getaffinity(0) == before
 
 
+@two_cpus
 def test_bind_thread_places_only_the_calling_thread():
     seen: list[set[int]] = []
 
@@ -187,6 +255,7 @@ def test_bind_thread_places_only_the_calling_thread():
     assert os.sched_getaffinity(0) == ALLOWED
 
 
+@two_cpus
 def test_allocate_near_allocates_on_the_devices_place_and_returns_what_it_made():
     dev = cv.devices()[0]
     saved = dev.host_place

@@ -482,24 +482,29 @@ class Device(base.Device):
         return Queue(self)
 
     def pci_address(self) -> str | None:
-        """From NVIDIA's ``cl_nv_device_attribute_query`` (bus, slot = the PCI device number,
-        domain where the driver has it; on an H100 the same address as CUDA's) or AMD's
-        topology query; None elsewhere."""
+        """From NVIDIA's ``cl_nv_device_attribute_query`` (bus; slot, which driver 580 on an
+        H100 gave as the device number, the form CUDA's attributes give, and which tools such
+        as clinfo read as device << 3 | function: the form sysfs has is taken; domain where
+        the driver has it) or AMD's topology query; None elsewhere."""
         info = cl.device_info
         extensions = self.cl_device.extensions
         try:
             if "cl_nv_device_attribute_query" in extensions:
-                bus = int(self.cl_device.get_info(info.PCI_BUS_ID_NV))
-                slot = int(self.cl_device.get_info(info.PCI_SLOT_ID_NV))
+                bus = int(self.cl_device.get_info(info.PCI_BUS_ID_NV)) & 0xFF
+                slot = int(self.cl_device.get_info(info.PCI_SLOT_ID_NV)) & 0xFF
                 try:
-                    domain = int(self.cl_device.get_info(info.PCI_DOMAIN_ID_NV))
+                    domain = int(self.cl_device.get_info(info.PCI_DOMAIN_ID_NV)) & 0xFFFF
                 except (cl.Error, AttributeError, TypeError, ValueError):
                     domain = 0  # drivers before the domain query: one domain
-                return f"{domain:04x}:{bus:02x}:{slot:02x}.0"
+                forms = [f"{domain:04x}:{bus:02x}:{slot:02x}.0",
+                         f"{domain:04x}:{bus:02x}:{slot >> 3:02x}.{slot & 7:x}"]
+                present = [f for f in forms if os.path.exists(f"/sys/bus/pci/devices/{f}")]
+                return (present or forms)[0]
             if "cl_amd_device_attribute_query" in extensions:
                 topology = self.cl_device.get_info(info.TOPOLOGY_AMD)
-                return f"0000:{int(topology.bus):02x}:{int(topology.device):02x}." \
-                       f"{int(topology.function):x}"
+                # PyOpenCL reads the fields as signed chars: bus 0x85 comes back as -123.
+                return f"0000:{int(topology.bus) & 0xFF:02x}:" \
+                       f"{int(topology.device) & 0xFF:02x}.{int(topology.function) & 0xFF:x}"
         except (cl.Error, AttributeError, TypeError, ValueError):
             return None
         return None

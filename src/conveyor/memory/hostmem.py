@@ -45,7 +45,10 @@ def _threads() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="conveyor-fault")
+            # Started lazily, maybe by a thread inside numa.on_node: its threads must not
+            # keep that place (the memory they fault follows each mapping's own policy).
+            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="conveyor-fault",
+                                       initializer=numa.unbind_thread)
         return _pool
 
 

@@ -54,14 +54,32 @@ Mask = ctypes.Array[ctypes.c_ulong]
 #: (mbind, set_mempolicy, get_mempolicy) system call numbers per machine.
 _SYSCALLS = {"x86_64": (237, 238, 239), "aarch64": (235, 237, 236)}
 _local = threading.local()
+#: The CPUs this process may run on, read when conveyor first needs them (a thread the caller
+#: pins later, e.g. by an OpenMP runtime, does not narrow every device's place).
+_PROCESS_CPUS = frozenset(os.sched_getaffinity(0))
 
 
 @dataclass(frozen=True)
 class Place:
-    """A host NUMA node and the CPUs of it that this process may run on."""
+    """A host NUMA node and the CPUs of it that this process may run on (checked here: a
+    bad place would otherwise fail inside a staging pool's thread start)."""
 
     node: int
     cpus: frozenset[int]
+
+    def __post_init__(self) -> None:
+        from conveyor.errors import InputError
+
+        cpus = self.cpus
+        if (isinstance(self.node, bool) or not isinstance(self.node, int)
+                or not 0 <= self.node < MASK_BITS):
+            raise InputError(f"Place node={self.node!r}: use a node number from 0 to "
+                             f"{MASK_BITS - 1}")
+        if (not isinstance(cpus, set | frozenset) or not cpus or any(
+                isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < 2**20
+                for c in cpus)):
+            raise InputError(f"Place cpus={cpus!r}: use a non-empty set of CPU numbers")
+        object.__setattr__(self, "cpus", frozenset(cpus))
 
     def __str__(self) -> str:
         return f"node {self.node} (CPUs {format_cpulist(self.cpus)})"
@@ -103,6 +121,8 @@ def normalize_pci(address: str) -> str | None:
         numbers = int(domain, 16), int(bus, 16), int(slot, 16), int(function or "0", 16)
     except ValueError:
         return None
+    if min(numbers) < 0:  # "-7b": a signed byte read somewhere
+        return None
     return "{:04x}:{:02x}:{:02x}.{:x}".format(*numbers)
 
 
@@ -133,7 +153,7 @@ def place_of_pci(address: str | None, sysfs: Path = Path("/sys")) -> Place | Non
     local = _read(device / "local_cpulist")
     if local is None:
         local = _read(sysfs / f"devices/system/node/node{node}/cpulist") or ""
-    cpus = parse_cpulist(local) & frozenset(os.sched_getaffinity(0))
+    cpus = parse_cpulist(local) & _PROCESS_CPUS
     return Place(node, cpus) if cpus else None
 
 
@@ -149,12 +169,21 @@ def place_for(device: Device) -> Place | None:
 # -- the kernel's calls ------------------------------------------------------------------------
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
-    if platform.machine() not in _SYSCALLS:
+    """libc for the memory-policy calls, or None: another machine, a 32-bit Python (the
+    numbers are the 64-bit kernel's), or a policy the process was started with (``numactl
+    --membind``, ``--interleave``: kept, only CPUs are placed)."""
+    if platform.machine() not in _SYSCALLS or ctypes.sizeof(ctypes.c_void_p) != 8:
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
     except (OSError, AttributeError):
+        return None
+    # The first call in the process comes before any policy of conveyor's is set.
+    mode = ctypes.c_int(-1)
+    get_mempolicy = _SYSCALLS[platform.machine()][2]
+    if libc.syscall(ctypes.c_long(get_mempolicy), ctypes.byref(mode), None, ctypes.c_ulong(0),
+                    None, ctypes.c_ulong(0)) != 0 or mode.value != MPOL_DEFAULT:
         return None
     return libc
 
@@ -224,12 +253,24 @@ def node_of(address: int) -> int | None:
 # -- using a place ---------------------------------------------------------------------------
 def bind_thread(place: Place | None) -> None:
     """Run the calling thread on ``place``'s CPUs and have it prefer the node's memory (a
-    thread pool's ``initializer``). Nothing for None; a refusal leaves the thread as it was."""
+    thread pool's ``initializer``: it never raises, as a pool whose initializer raises is
+    broken). Nothing for None; a refusal leaves the thread as it was."""
     if place is None:
         return
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(Exception):
         os.sched_setaffinity(0, place.cpus)  # 0: the calling thread, on Linux
-    _set_policy(MPOL_PREFERRED, _mask(place.node))
+    with contextlib.suppress(Exception):
+        _set_policy(MPOL_PREFERRED, _mask(place.node))
+
+
+def unbind_thread() -> None:
+    """Give the calling thread the process's CPUs and the default memory policy: the
+    initializer of conveyor's shared thread pools, whose threads may be started by a thread
+    inside :func:`on_node` and would inherit its place for good."""
+    with contextlib.suppress(Exception):
+        os.sched_setaffinity(0, _PROCESS_CPUS)
+    with contextlib.suppress(Exception):
+        _set_policy(MPOL_DEFAULT, None)
 
 
 def current() -> Place | None:
