@@ -17,9 +17,11 @@ to and the CPUs of that node, read where NVML reads them (sysfs:
 Where the host has one node (most single-socket machines, and the 2 x H200 host measured
 here), the device is host-unified (a CPU device), its PCIe address is unknown, the process may
 not run on any of the node's CPUs, or ``CONVEYOR_NUMA=off``, the place is None and nothing is
-done. Arrays the caller made (pageable inputs, outputs, ``cv.keep_pinned``) stay where they
-are. Memory policy calls exist on Linux x86-64 and arm64; elsewhere only the CPUs are set
-(the kernel's default policy then allocates on the node of the faulting CPU anyway).
+done. Arrays the caller made are not moved; pages of a fresh output are first written by the
+staging threads, so they land on their node. Memory policy calls exist on Linux x86-64 and
+arm64, and are left alone in a process started under a policy (``numactl --membind``); there
+and elsewhere only the CPUs are set (the kernel's default policy then allocates on the node
+of the faulting CPU anyway).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ _SYSCALLS = {"x86_64": (237, 238, 239), "aarch64": (235, 237, 236)}
 _local = threading.local()
 #: The CPUs this process may run on, read when conveyor first needs them (a thread the caller
 #: pins later, e.g. by an OpenMP runtime, does not narrow every device's place).
-_PROCESS_CPUS = frozenset(os.sched_getaffinity(0))
+_PROCESS_CPUS = frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity")
+                          else range(os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -285,7 +288,7 @@ def on_node(place: Place | None) -> Iterator[None]:
     if place is None:
         yield
         return
-    cpus = os.sched_getaffinity(0)
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     policy = thread_policy()
     outer = current()
     bind_thread(place)
@@ -294,8 +297,9 @@ def on_node(place: Place | None) -> Iterator[None]:
         yield
     finally:
         _local.place = outer
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, cpus)
+        if cpus is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, cpus)
         if policy is not None:
             mode, mask = policy
             _set_policy(mode, mask if mode != MPOL_DEFAULT else None)
