@@ -8,6 +8,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+import conveyor as cv
+
 DRIVERS = ("pyopencl", "cuda")
 
 PROBE = """
@@ -16,7 +20,7 @@ import conveyor as cv
 {body}
 import conveyor.backends as backends
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in {drivers!r})
-print(json.dumps({{"loaded": loaded, "found": backends._found is not None}}))
+print(json.dumps({{"loaded": loaded, "found": sorted(backends._found)}}))
 """
 
 
@@ -32,7 +36,7 @@ def test_import_conveyor_and_its_names_load_no_driver():
         "stream", "pinned", "npy", "npy_out", "resident", "portable", "keep_pinned",
         "configure", "release_pinned", "Report", "InputError", "per_block", "rows"))
     body += "\nimport conveyor.pipeline.engine, conveyor.memory.keep, conveyor.memory.prefault"
-    assert _probe(body) == {"loaded": [], "found": False}
+    assert _probe(body) == {"loaded": [], "found": []}
 
 
 def test_conveyor_help_loads_no_driver():
@@ -42,9 +46,35 @@ def test_conveyor_help_loads_no_driver():
             "        main(argv)\n"
             "    except SystemExit as exc:\n"
             "        assert exc.code == 0, exc.code\n")
-    assert _probe(body) == {"loaded": [], "found": False}
+    assert _probe(body) == {"loaded": [], "found": []}
 
 
 def test_a_call_that_needs_a_device_finds_them():
     got = _probe("cv.devices()")
-    assert got["found"] is True and "pyopencl" in got["loaded"]
+    assert got["found"] == ["cuda", "opencl"] and "pyopencl" in got["loaded"]
+
+
+def test_an_opencl_spec_starts_no_cuda():
+    # A call that names OpenCL (or the CPU kind, which only OpenCL has) does not ask CUDA for
+    # devices, nor load it; the GPU machine's tests cover the reverse ("cuda:0").
+    for spec in ("opencl:0:0", "opencl", "opencl:0", "cpu", "opencl:all", "cpu:all"):
+        got = _probe(f"from conveyor.backends import select\n"
+                     f"select({spec!r}, warm_up=False)")
+        assert got["found"] == ["opencl"], (spec, got)
+        assert not [m for m in got["loaded"] if m.startswith("cuda")], (spec, got)
+
+
+def test_the_default_device_stops_at_cuda_when_it_has_a_gpu():
+    cuda_gpu = any(d.backend == "cuda" and d.kind == "gpu" for d in cv.devices())
+    bodies = ["cv.device(warm_up=False)"] + ["cv.device('gpu', warm_up=False)"] * cuda_gpu
+    for body in bodies:
+        got = _probe(body)
+        assert got["found"] == (["cuda"] if cuda_gpu else ["cuda", "opencl"]), (body, got)
+
+
+@pytest.mark.gpu
+def test_a_cuda_spec_starts_no_opencl():
+    if not any(d.backend == "cuda" for d in cv.devices()):
+        pytest.skip("no CUDA device")
+    got = _probe("cv.device('cuda:0', warm_up=False)")
+    assert got["found"] == ["cuda"] and "pyopencl" not in got["loaded"], got

@@ -1,7 +1,11 @@
 """Device discovery: ``devices()`` lists every usable device, ``device(spec)`` picks one.
 
-Backends load lazily: importing conveyor imports neither PyOpenCL nor cuda.core. Devices are
-found once per process and kept, so every caller shares one Device (and its pools) per device.
+Backends load lazily: importing conveyor imports neither PyOpenCL nor cuda.core, and a backend
+is loaded and its devices found only when a call needs that backend: ``device("cuda:0")`` never
+starts OpenCL (whose drivers can take a second to list their platforms), ``device("opencl:0:0")``
+never starts CUDA, and the default (or ``"gpu"``) stops at CUDA when CUDA has a GPU, since one
+always ranks first. Each backend's devices are found once per process and kept, so every caller
+shares one Device (and its pools) per device.
 
 Spec strings: ``"cuda"``, ``"cuda:N"``, ``"opencl"`` (best OpenCL device), ``"opencl:P:D"``
 (platform P, device D), ``"gpu"`` (best GPU of any backend), ``"cpu"`` (first CPU device).
@@ -20,7 +24,9 @@ from conveyor.backends.base import Device
 from conveyor.errors import InputError
 
 _lock = threading.Lock()
-_found: list[Device] | None = None
+#: Each backend's devices, found once (a backend absent here has not been asked for yet).
+_found: dict[str, list[Device]] = {}
+BACKENDS = ("cuda", "opencl")
 
 
 def _cuda_available() -> bool:
@@ -30,25 +36,43 @@ def _cuda_available() -> bool:
         return False
 
 
-def _discover() -> list[Device]:
-    found: list[Device] = []
-    if _cuda_available():
+def _discover(backend: str) -> list[Device]:
+    if backend == "cuda":
+        if not _cuda_available():
+            return []
         from conveyor.backends import cuda
 
-        found.extend(cuda.discover())
+        return list[Device](cuda.discover())
     from conveyor.backends import opencl
 
-    found.extend(opencl.discover())
-    return found
+    return list[Device](opencl.discover())
+
+
+def backend_devices(backend: str) -> list[Device]:
+    """The devices of one backend (``"cuda"`` or ``"opencl"``), found on first call; the
+    other backend is not loaded."""
+    if backend not in BACKENDS:
+        raise InputError(f"backend {backend!r}: conveyor has {', '.join(BACKENDS)}")
+    with _lock:
+        if backend not in _found:
+            _found[backend] = _discover(backend)
+        return list(_found[backend])
 
 
 def devices() -> list[Device]:
     """Every usable device of every backend: CUDA first, then OpenCL in platform order."""
-    global _found
-    with _lock:
-        if _found is None:
-            _found = _discover()
-        return list(_found)
+    return [dev for backend in BACKENDS for dev in backend_devices(backend)]
+
+
+def _backends_named(spec: str) -> tuple[str, ...]:
+    """The backends a (lower-case) spec can match: the one it names, else OpenCL for the
+    CPU kind (CUDA has no CPU devices), else all."""
+    head = spec.split(":", 1)[0]
+    if head in BACKENDS:
+        return (head,)
+    if head == "cpu":
+        return ("opencl",)
+    return BACKENDS
 
 
 def _rank(dev: Device) -> tuple[int, int]:
@@ -79,22 +103,30 @@ def _device(spec: str | None) -> Device:
     # warm-up CONVEYOR_WARMUP on its thread: a value that is no size is refused here, first.
     config.pool_keep()
     config.warmup_bytes()
+    if spec is None or spec.strip().lower() == "gpu":
+        # A CUDA GPU ranks first: when CUDA has one, OpenCL need not be started.
+        cuda_gpus = [d for d in backend_devices("cuda") if d.kind == "gpu"]
+        if cuda_gpus:
+            return cuda_gpus[0]
+    text = None if spec is None else spec.strip().lower()
+    if text is not None:
+        candidates = [d for b in _backends_named(text) for d in backend_devices(b)]
+        chosen = _match(text, candidates)
+        if chosen is not None:
+            return chosen
     found = devices()
     if not found:
         raise InputError(
             "no compute device found: install pocl-binary-distribution for the CPU device, "
             "or a GPU driver with OpenCL or CUDA"
         )
-    if spec is None:
+    if text is None:
         return min(found, key=_rank)
-    chosen = _match(spec.strip().lower(), found)
-    if chosen is None:
-        from conveyor.backends.diagnose import problems
+    from conveyor.backends.diagnose import problems
 
-        listing = "; ".join(f"{d.spec} ({d.name}, {d.kind})" for d in found)
-        hints = "".join(f"\n{problem}" for problem in problems())
-        raise InputError(f"no device matches {spec!r}; devices here: {listing}{hints}")
-    return chosen
+    listing = "; ".join(f"{d.spec} ({d.name}, {d.kind})" for d in found)
+    hints = "".join(f"\n{problem}" for problem in problems())
+    raise InputError(f"no device matches {spec!r}; devices here: {listing}{hints}")
 
 
 def select(spec: str | Device | Sequence[str | Device], *, warm_up: bool = True
@@ -114,7 +146,7 @@ def select(spec: str | Device | Sequence[str | Device], *, warm_up: bool = True
     text = spec.strip().lower()
     if text != "all" and not text.endswith(":all"):
         return [device(spec, warm_up=warm_up)]
-    found = devices()
+    found = [d for b in _backends_named(text) for d in backend_devices(b)]
     for part in text.split(":")[:-1]:
         if part in ("cuda", "opencl"):
             found = [d for d in found if d.backend == part]
@@ -150,4 +182,4 @@ def _match(spec: str, found: list[Device]) -> Device | None:
     return None
 
 
-__all__ = ["Device", "device", "devices", "select"]
+__all__ = ["Device", "backend_devices", "device", "devices", "select"]
