@@ -1,4 +1,4 @@
-"""Issue 17, iterative use: pageable inputs kept page-locked between streams
+"""Issue 17, iterative use: pageable inputs and outputs kept page-locked between streams
 (cv.keep_pinned / keep_pinned=True), within a budget, released on request, on device close,
 and when the array is freed."""
 
@@ -30,21 +30,34 @@ def nothing_kept_before_or_after():
     assert keep.kept_bytes() == 0
 
 
-def _stream(device, monkeypatch, a, b, c, **kw):
-    """Stream an add; return the input path classes chosen."""
-    chosen: list[list[str]] = []
+def _paths(device, monkeypatch, run):
+    """Run ``run()`` (one stream); return the classes of its input and output paths."""
+    chosen: list[tuple[list[str], list[str]]] = []
     real = paths_module.choose
 
     def choose(*args, **kwargs):
         ins, outs = real(*args, **kwargs)
-        chosen.append([type(p).__name__ for p in ins])
+        chosen.append(([type(p).__name__ for p in ins], [type(p).__name__ for p in outs]))
         return ins, outs
 
     monkeypatch.setattr(paths_module, "choose", choose)
-    cv.stream(kernel(device, "add"), [a, b], [c], device=device, block_bytes=BLOCK,
-              zero_copy=False, **kw)
-    monkeypatch.setattr(paths_module, "choose", real)
+    try:
+        run()
+    finally:
+        monkeypatch.setattr(paths_module, "choose", real)
     return chosen[0]
+
+
+def _stream(device, monkeypatch, a, b, c, **kw):
+    """Stream an add; return the input path classes chosen."""
+    return _both(device, monkeypatch, a, b, c, **kw)[0]
+
+
+def _both(device, monkeypatch, a, b, c, **kw):
+    """Stream an add; return the input and the output path classes chosen."""
+    return _paths(device, monkeypatch, lambda: cv.stream(
+        kernel(device, "add"), [a, b], [c], device=device, block_bytes=BLOCK, zero_copy=False,
+        **kw))
 
 
 def test_kept_inputs_go_direct_and_stay_exact_when_the_host_changes_them(device, monkeypatch):
@@ -53,11 +66,56 @@ def test_kept_inputs_go_direct_and_stay_exact_when_the_host_changes_them(device,
     assert _stream(device, monkeypatch, a, b, c) == ["StagedIn"]  # not kept: staged
     assert _stream(device, monkeypatch, a, b, c, keep_pinned=True) == ["DirectIn", "_Owner"]
     np.testing.assert_array_equal(c, add_reference(a, b))
-    assert keep.kept_bytes() == a.nbytes + b.nbytes
+    assert keep.kept_bytes() == a.nbytes + b.nbytes + c.nbytes  # the output too
     for step in range(3):  # later passes need no option, and see the host's changes
         a += np.float32(1)
         assert _stream(device, monkeypatch, a, b, c) == ["DirectIn", "_Owner"]
         np.testing.assert_array_equal(c, add_reference(a, b), err_msg=f"pass {step}")
+
+
+def test_kept_outputs_are_written_directly_and_exactly(device, monkeypatch):
+    a, b = data((ROWS,), np.float32, 4), data((ROWS,), np.float32, 5)
+    c = np.full_like(a, -1)
+    assert _both(device, monkeypatch, a, b, c) == (["StagedIn"], ["StagedOut"])
+    assert cv.keep_pinned(c, device=device)  # only the output
+    for step in range(3):
+        c[:] = -1  # the host writes it between streams: the stream's rows still win
+        b += np.float32(step)
+        assert _both(device, monkeypatch, a, b, c) == (["StagedIn", "_Owner"], ["DirectOut"])
+        np.testing.assert_array_equal(c, add_reference(a, b), err_msg=f"pass {step}")
+
+
+def test_an_output_kept_read_only_is_staged(device, monkeypatch):
+    a, b = data((ROWS,), np.float32, 6), data((ROWS,), np.float32, 7)
+    c = np.zeros_like(a)
+    c.flags.writeable = False
+    assert cv.keep_pinned(c, device=device)  # registered for reading only
+    c.flags.writeable = True
+    assert keep.find(device, c) is not None and keep.find(device, c, written=True) is None
+    assert _both(device, monkeypatch, a, b, c)[1] == ["StagedOut"]
+    np.testing.assert_array_equal(c, add_reference(a, b))
+
+
+def test_outputs_conveyor_allocates_are_not_kept(device):
+    a, b = data((ROWS,), np.float32, 8), data((ROWS,), np.float32, 9)
+    report = cv.stream(kernel(device, "add"), [a, b], [np.float32], device=device,
+                       block_bytes=BLOCK, zero_copy=False, keep_pinned=True)
+    np.testing.assert_array_equal(report.outputs[0], add_reference(a, b))
+    assert keep.kept_bytes() == a.nbytes + b.nbytes
+
+
+def test_a_kept_array_streamed_in_place_and_with_a_halo_stays_exact(device, monkeypatch):
+    x = data((ROWS,), np.float32, 11)
+    expected = x.copy()
+    step = kernel(device, "sten")
+    for rep in range(3):
+        expected = stencil_reference(expected, 2)
+        got = _paths(device, monkeypatch, lambda: cv.stream(
+            step, [x], [x], device=device, block_bytes=BLOCK, halo=2,
+            args=(np.uint64(1), np.uint64(2)), zero_copy=False, keep_pinned=True))
+        assert got == (["DirectIn", "_Owner", "_Owner"], ["DirectOut"]), got
+        np.testing.assert_array_equal(x, expected, err_msg=f"pass {rep}")
+    assert keep.kept_bytes() == x.nbytes
 
 
 def test_a_halo_stream_reads_kept_inputs_exactly(device):

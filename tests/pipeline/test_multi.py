@@ -502,7 +502,7 @@ def test_image_inputs_on_several_devices_are_refused(pair):
 def test_keep_pinned_on_several_devices_is_refused(pair):
     a, b = data((5000,), np.float32, 1), data((5000,), np.float32, 2)
     c = np.zeros_like(a)
-    with pytest.raises(InputError, match="keep_pinned=True registers the inputs with one"):
+    with pytest.raises(InputError, match="keep_pinned=True registers the arrays with one"):
         cv.stream(_add(pair[0]), [a, b], [c], device=list(pair), keep_pinned=True)
     assert (c == 0).all()
 

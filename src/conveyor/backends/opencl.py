@@ -283,8 +283,31 @@ class Queue(base.Queue):
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
 
+    def _copy_to_registered(self, dst: np.ndarray, src: base.DeviceBuffer, kept: Any,
+                            src_offset: int, wait_for: Sequence[base.Event]) -> Event:
+        """Copy into a kept array's ``USE_HOST_PTR`` buffer, then map those bytes for reading
+        and unmap them: only then are the device's writes defined in the host's memory (a
+        driver may hold the buffer's contents elsewhere). The unmap's event is the copy's."""
+        if not dst.nbytes:
+            return self.marker(wait_for)
+        start = int(dst.__array_interface__["data"][0]) - kept.address
+        buf = kept.registration.cl_buffer
+        try:
+            copied = cl.enqueue_copy(self._q, buf, _cl_buf(src), byte_count=dst.nbytes,
+                                     src_offset=src_offset, dst_offset=start,
+                                     wait_for=_events(wait_for))
+            mapped, _ = cl.enqueue_map_buffer(self._q, buf, cl.map_flags.READ, start,
+                                              (dst.nbytes,), np.uint8, wait_for=[copied],
+                                              is_blocking=False)
+            return Event(mapped.base.release(self._q))
+        except cl.Error as exc:
+            raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
+
     def copy_out(self, dst: np.ndarray, src: base.DeviceBuffer, *, src_offset: int = 0,
                  wait_for: Sequence[base.Event] = ()) -> Event:
+        kept = keep.find(self.device, dst, written=True) if keep._kept else None
+        if kept is not None:  # an array kept registered (cv.keep_pinned): buffer to buffer
+            return self._copy_to_registered(dst, src, kept, src_offset, wait_for)
         if hazards.armed(self.device) and not _is_pinned(dst):
             hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
         try:

@@ -1,10 +1,11 @@
-"""Pageable input arrays kept page-locked between streams (issue 17, iterative use).
+"""Pageable arrays kept page-locked between streams (issue 17, iterative use).
 
 An array streamed again and again (epochs, solver iterations) pays the host staging copy on
-every pass. ``cv.keep_pinned(a)`` (or ``cv.stream(..., keep_pinned=True)`` for every pageable
-array input) registers its memory with the device once, where it is: ``cuMemHostRegister`` on
-CUDA; a ``CL_MEM_USE_HOST_PTR`` buffer on OpenCL, from which blocks are copied buffer to
-buffer. Every later stream that reads it takes the direct path, with no staging copy.
+every pass, in and out. ``cv.keep_pinned(a)`` (or ``cv.stream(..., keep_pinned=True)`` for
+every pageable array input and output the caller passes) registers its memory with the device
+once, where it is: ``cuMemHostRegister`` on CUDA; a ``CL_MEM_USE_HOST_PTR`` buffer on OpenCL,
+to and from which blocks are copied buffer to buffer. Every later stream that reads it, or
+writes it (a writeable array), takes the direct path, with no staging copy.
 
 The registrations of a process hold at most a budget of host memory (``pinned_budget``:
 ``cv.configure(pinned_budget=...)`` or ``CONVEYOR_PINNED_BUDGET``; default a quarter of the
@@ -15,7 +16,9 @@ interpreter exit, and when the array itself is freed (a weak reference: a droppe
 not stay registered). A registration a running stream uses is released when the stream ends.
 
 On OpenCL the host may change a kept array between streams: each stream that uses it first
-tells the driver so (a map and unmap of the buffer), since a driver may keep its own copy.
+tells the driver so (a map and unmap of the buffer), since a driver may keep its own copy; and
+a block the device wrote into one is mapped for reading and unmapped after its copy, so the
+host sees the rows when the block is done (the OpenCL rule for ``USE_HOST_PTR`` memory).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import atexit
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,6 +55,7 @@ class Kept:
         self.registration = registration
         self.nbytes = nbytes
         self.address = key[1]
+        self.writable = registration.array.flags.writeable  # the device may write it
         self.holds = 0
         self.doomed = False  # released while a stream held it: closed when the last lets go
         self.finalizer: weakref.finalize[Any, Any] | None = None
@@ -131,7 +136,8 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
     """Keep ``array`` (C-contiguous, pageable) page-locked on ``device`` between streams, within
     the budget; True when it is kept (already or now), False when it cannot be (larger than
     the budget, every older one held by running streams, or the driver refused). Streams that
-    read it then copy it directly, with no staging copy."""
+    read it, or write it (as an output; a writeable array), then copy it directly, with no
+    staging copy."""
     if not isinstance(array, np.ndarray):
         raise InputError(f"keep_pinned() takes a NumPy array, got {type(array).__name__}")
     if not array.flags.c_contiguous:
@@ -229,8 +235,9 @@ def release_device(device: Device) -> None:
             kept.close()
 
 
-def find(device: Device, array: np.ndarray) -> Kept | None:
-    """The kept registration that covers all of ``array`` on ``device``, or None."""
+def find(device: Device, array: np.ndarray, *, written: bool = False) -> Kept | None:
+    """The kept registration that covers all of ``array`` on ``device`` (one the device may
+    write, for ``written``), or None."""
     if not _kept:
         return None
     start = int(array.__array_interface__["data"][0])
@@ -238,7 +245,7 @@ def find(device: Device, array: np.ndarray) -> Kept | None:
     with _lock:
         for kept in _kept.values():
             if kept.device is device and kept.address <= start \
-                    and end <= kept.address + kept.nbytes:
+                    and end <= kept.address + kept.nbytes and (kept.writable or not written):
                 return kept
     return None
 
@@ -259,11 +266,15 @@ class Holds(Closeable):
                     kept.close()
 
 
-def hold(device: Device, arrays: list[np.ndarray]) -> tuple[list[bool], Holds]:
+def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()
+         ) -> tuple[list[bool], Holds]:
     """Which of ``arrays`` are kept on ``device`` (these take the direct path), held until the
-    returned ``Holds`` closes; on OpenCL the driver is told the host may have changed them."""
-    found: list[Kept | None] = [find(device, a) if a.flags.c_contiguous else None
-                                for a in arrays]
+    returned ``Holds`` closes; on OpenCL the driver is told the host may have changed them.
+    ``written[i]``: the stream writes ``arrays[i]`` (an output), which its registration must
+    allow."""
+    writes = list(written) + [False] * (len(arrays) - len(written))
+    found: list[Kept | None] = [find(device, a, written=w) if a.flags.c_contiguous else None
+                                for a, w in zip(arrays, writes, strict=True)]
     held: list[Kept] = []
     with _lock:
         for kept in found:

@@ -199,10 +199,19 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
     # Pageable arrays kept page-locked between streams (cv.keep_pinned) go direct too.
     holds = None
     if keep.kept_bytes():
-        pageable = [i for i, s in enumerate(sources)
-                    if i not in direct_in and isinstance(s, ArraySource)]
-        found, holds = keep.hold(device, [_array(sources[i]) for i in pageable])
-        direct_in = sorted(direct_in + [i for i, ok in zip(pageable, found, strict=True) if ok])
+        pageable_in = [i for i, s in enumerate(sources)
+                       if i not in direct_in and isinstance(s, ArraySource)]
+        pageable_out = [i for i, s in enumerate(sinks)
+                        if i not in direct_out and isinstance(s, ArraySink)]
+        found, holds = keep.hold(
+            device, [_array(sources[i]) for i in pageable_in]
+            + [_array(sinks[i]) for i in pageable_out],
+            [False] * len(pageable_in) + [True] * len(pageable_out))
+        kept_in, kept_out = found[:len(pageable_in)], found[len(pageable_in):]
+        direct_in = sorted(direct_in + [i for i, ok in zip(pageable_in, kept_in, strict=True)
+                                        if ok])
+        direct_out = sorted(direct_out + [i for i, ok in zip(pageable_out, kept_out,
+                                                             strict=True) if ok])
     halo_rows = None
     if plan.halo and (direct_in or in_place):
         direct = [i in direct_in for i in range(len(sources))]

@@ -59,8 +59,10 @@ class Sink:
 class ArraySink(Sink):
     """An ndarray output (the caller's, or a new one for a dtype)."""
 
-    def __init__(self, array: np.ndarray, name: str = "array") -> None:
+    def __init__(self, array: np.ndarray, name: str = "array", *,
+                 allocated: bool = False) -> None:
         self.array = array
+        self.allocated = allocated  # made by conveyor for a dtype: new in every stream
         self.shape = tuple(int(s) for s in array.shape)
         self.dtype = array.dtype
         self.name = name
@@ -191,4 +193,5 @@ def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
         return value
     from conveyor.pipeline import validate
 
-    return ArraySink(validate.as_output(value, index, rows, row_shape), f"output {index}")
+    return ArraySink(validate.as_output(value, index, rows, row_shape), f"output {index}",
+                     allocated=not isinstance(value, np.ndarray))

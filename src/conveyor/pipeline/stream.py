@@ -144,10 +144,11 @@ def stream(
     be integral floats, and sizes strings like ``"512MiB"`` or ``"1.5GB"``
     (``conveyor.pipeline.options``).
 
-    ``keep_pinned=True`` registers every pageable, C-contiguous array input (not a memmap)
-    and keeps it page-locked from this stream on, within ``cv.configure(pinned_budget=...)``:
-    this and later streams of the same arrays copy them directly, with no staging copy
-    (``cv.keep_pinned``, ``cv.release_pinned``: memory/keep.py).
+    ``keep_pinned=True`` registers every pageable, C-contiguous array input and output (not a
+    memmap) and keeps it page-locked from this stream on, within
+    ``cv.configure(pinned_budget=...)``: this and later streams of the same arrays copy them
+    directly, with no staging copy (``cv.keep_pinned``, ``cv.release_pinned``:
+    memory/keep.py).
 
     Raises InputError (before any work) for arguments that cannot work; the first failure of a
     kernel, callable or staging copy is raised as is, after everything in flight has finished
@@ -206,13 +207,13 @@ def stream(
             from conveyor.pipeline import multi
 
             if keep_pinned:
-                raise InputError("keep_pinned=True registers the inputs with one device: "
+                raise InputError("keep_pinned=True registers the arrays with one device: "
                                  "stream on one device, or leave keep_pinned off with "
                                  "several")
             report = multi.stream_several(compute, sources, sinks, devs, opts, schedule)
         else:
             if keep_pinned:
-                _keep_inputs(sources, dev)
+                _keep_arrays(sources, sinks, dev)
             report = _run(compute, sources, sinks, dev, opts)
     except BaseException:
         for sink in sinks:
@@ -244,15 +245,20 @@ def _compile_source(source: str, dev: Device) -> Kernel:
     return dev.compile(source, names[0])
 
 
-def _keep_inputs(sources: list[Source], dev: Device) -> None:
-    """Register the pageable array inputs for this and later streams (memory/keep.py)."""
+def _keep_arrays(sources: list[Source], sinks: list[Sink], dev: Device) -> None:
+    """Register the pageable arrays, inputs and outputs, for this and later streams
+    (memory/keep.py); an output only when it can be written, and not one conveyor allocates
+    for a dtype (a new array each stream: registering it would only cost)."""
     from conveyor.memory import keep
 
-    for source in sources:
-        array = getattr(source, "array", None)
-        if (isinstance(source, ArraySource) and array is not None
-                and not isinstance(array, np.memmap) and array.flags.c_contiguous):
-            keep.keep_pinned(source.array, device=dev)
+    ends: list[tuple[ArraySource | ArraySink, bool]] = [
+        (s, False) for s in sources if isinstance(s, ArraySource)]
+    ends += [(s, True) for s in sinks if isinstance(s, ArraySink) and not s.allocated]
+    for end, written in ends:
+        array = end.array
+        if (not isinstance(array, np.memmap) and array.flags.c_contiguous
+                and (array.flags.writeable or not written)):
+            keep.keep_pinned(array, device=dev)
 
 
 def open_sinks(sinks: Sequence[Sink], plan: Plan, reduction: Reduction | None, device: str,
