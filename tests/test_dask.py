@@ -188,6 +188,15 @@ def test_reduce_is_numpy_and_one_local_stream(two_workers, op):
     assert type(got) is type(_local(ROWS, "rows", [x], reduce=op).result)
 
 
+def test_reduce_of_no_rows_is_what_a_local_stream_gives(two_workers):
+    x = da.from_array(np.arange(3001, dtype=np.int32), chunks=700)[:0]
+    got = cvd.reduce(cvd.kernel(ROWS, "rows"), x, "sum", device=SPEC).compute()
+    local = _local(ROWS, "rows", [np.zeros(0, np.int32)], reduce="sum").result
+    assert got == local == 0 and type(got) is type(local)
+    with pytest.raises(cv.InputError, match="empty input"):
+        cvd.reduce(cvd.kernel(ROWS, "rows"), x, "max", device=SPEC)
+
+
 def test_reduce_with_a_callable_and_a_function_op(two_workers):
     x = np.arange(1000, dtype=np.float32)
 

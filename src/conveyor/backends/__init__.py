@@ -139,6 +139,12 @@ def select(spec: str | Device | Sequence[str | Device], *, warm_up: bool = True
     if isinstance(spec, Device):
         return [spec]
     if not isinstance(spec, str):
+        if not isinstance(spec, list | tuple):
+            raise InputError(f"device={spec!r}: pass a Device, a spec string like 'cuda:0', "
+                             f"'opencl:0:0' or 'cuda:all', or a list of them")
+        if not spec:
+            raise InputError(f"device={spec!r} names no device: pass one or more Devices or "
+                             f"specs, or leave device= out for the default")
         return [dev for item in spec for dev in select(item, warm_up=warm_up)]
     if "," in spec:
         return [dev for part in spec.split(",") if part.strip()

@@ -497,9 +497,10 @@ class Device(Closeable, ABC):
         """
         from conveyor.kernels.build import KernelFuture, compile_kernel
 
+        options = _build_options(source, name, options)
         if not wait:
-            return KernelFuture(self, source, name, tuple(options))
-        return compile_kernel(self, source, name, tuple(options))
+            return KernelFuture(self, source, name, options)
+        return compile_kernel(self, source, name, options)
 
     @property
     def memory_pool(self) -> DevicePool:
@@ -567,3 +568,31 @@ class Device(Closeable, ABC):
         for pool in pools:
             pool.close()
         self._release()
+
+
+def _build_options(source: Any, name: Any, options: Any) -> tuple[str, ...]:
+    """``options`` as a tuple of strings; InputError for a source, name or options of the
+    wrong type (a bare string of options would be split into its characters)."""
+    from conveyor.errors import InputError
+
+    if isinstance(source, bytes | bytearray):
+        raise InputError("compile() takes the source as a str: decode it first "
+                         "(source.decode('utf-8'))")
+    if not isinstance(source, str):
+        raise InputError(f"compile() takes the kernel's source as a str, got "
+                         f"{type(source).__name__}")
+    if not isinstance(name, str) or not name:
+        raise InputError(f"compile() takes the kernel's name as a non-empty str, got {name!r}")
+    if isinstance(options, str):
+        raise InputError(f"options={options!r}: pass a list of options, e.g. "
+                         f"{options.split()!r}")
+    try:
+        found = tuple(options)
+    except TypeError:
+        raise InputError(f"options={options!r}: pass a list of strings, e.g. "
+                         f"['-DN=4']") from None
+    bad = [o for o in found if not isinstance(o, str)]
+    if bad:
+        raise InputError(f"options={list(found)!r}: every option is a str ({bad[0]!r} is "
+                         f"not)")
+    return found

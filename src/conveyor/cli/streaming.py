@@ -31,6 +31,8 @@ KERNEL_SUFFIXES = {".cl": "opencl", ".cu": "cuda"}
 def run_map(options: argparse.Namespace) -> int:
     """``conveyor map``: stream the inputs through the kernel into the ``-o`` files."""
     for path in options.outputs:
+        if not path.strip():
+            raise InputError("-o '': name the output .npy file, e.g. -o out.npy")
         if path.endswith(("/", os.sep)) or Path(path).is_dir():
             raise InputError(f"-o {path} is a folder: name a .npy file in it, e.g. "
                              f"{Path(path) / 'out.npy'}")

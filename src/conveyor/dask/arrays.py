@@ -120,6 +120,14 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
     kept = tuple(int(c) for c in data.chunks[0] if c)  # an empty chunk has no partial
     if len(kept) != len(data.chunks[0]) and kept:
         data = data.rechunk({0: kept})
+    element = _default_dtype(job, 1, data)
+    fold = functools.partial(_fold, op=op, element=element, kernel=isinstance(
+        job.compute, KernelSpec))
+    if not kept:  # no rows: what cv.stream gives for none (0 for a sum), with no chunk to run
+        import dask
+
+        empty = np.empty((0,), object)
+        return da.from_delayed(dask.delayed(_final(fold))(empty), shape=(), dtype=object)
     starts = tuple(int(s) for s in np.concatenate([[0], np.cumsum(kept, dtype=np.int64)]))
     chunk_fn = functools.partial(_reduce_chunk, job=job, op=op)
     ind = _index(data.ndim, "i")
@@ -128,9 +136,6 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
                             concatenate=True, align_arrays=False,
                             adjust_chunks={"r": (1,) * len(kept)},
                             meta=np.empty((0,), object))
-    element = _default_dtype(job, 1, data)
-    fold = functools.partial(_fold, op=op, element=element, kernel=isinstance(
-        job.compute, KernelSpec))
     return da.reduction(partials, chunk=_keep, combine=fold, aggregate=_final(fold),
                         dtype=object, concatenate=True, meta=np.empty((), object))
 

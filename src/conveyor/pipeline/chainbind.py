@@ -230,6 +230,7 @@ def _check_kernel_link(where: str, kernel: Kernel, device: Device, reads: list[R
                 raise InputError(f"kernel parameter {param.name!r} is a pointer but receives "
                                  f"offset/n: a link's kernel takes its reads, its writes, its "
                                  f"args, then ulong offset, ulong n")
+            validate.check_count(param)
         return resident.bind(kernel, buffers, args)
     except InputError as exc:
         raise InputError(f"{where}: {exc}") from None

@@ -16,7 +16,7 @@ from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
-from conveyor.pipeline.step import WARMUP_ROWS, Step, _describe, _to_host, _what
+from conveyor.pipeline.step import WARMUP_ROWS, Step, _describe, _what, partial_of
 from conveyor.trace.timeline import Between
 
 
@@ -95,7 +95,7 @@ class ChainStep(Step):
             arrays.append(self.device.device_array(buf, shape, dtype, queue))
         result = bound.compute(*arrays, *args, queue=queue.native, offset=offset, n=n)
         if bound is self.last and self.chain.reduces:
-            slot.partial = _to_host(result)
+            slot.partial = partial_of(result, block)
             return None
         if result is None:
             return None

@@ -274,7 +274,7 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
     try:
         for index, (kernel, dev) in enumerate(zip(kernels, devices, strict=True)):
             own = replace(opts, workers=workers, progress=False, zero_copy=_zero_copy(
-                opts.zero_copy, dev, opts.halo, sources, sinks, plan))
+                opts.zero_copy, dev, opts.halo, sources, sinks, plan, kernel))
             engines.append(Engine(
                 dev, plan, kernel, sources, sinks, own,
                 reduction=_fresh(reduction),

@@ -61,7 +61,10 @@ def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
     if op not in BUILTIN_OPS:
         raise InputError(f"reduce={op!r}: with a kernel use 'sum', 'min' or 'max'")
     if element.name not in _C_TYPES:
-        raise InputError(f"cannot reduce elements of dtype {element} on the device")
+        raise InputError(
+            f"cannot reduce elements of dtype {element} on the device (the built-in fold "
+            f"takes {', '.join(sorted(_C_TYPES))}): have the kernel write its values as "
+            f"float32 (declare that buffer float*), or reduce with a Python callable")
     acc = partial_dtype(element, op)
     t_in, t_acc = _C_TYPES[element.name], _C_TYPES[acc.name]
     if backend == "cuda":

@@ -80,8 +80,16 @@ class Rows(Shaped):
                 f"multiple of {q}: every block must map to whole output rows; pad or trim "
                 f"input 0 to a multiple of {q} rows ({rows // q * q} or {-(-rows // q) * q})")
         shape = row_shape if self.shape is None else self.shape
-        return ShapedSink(self, np.empty((rows * p // q, *shape), self.dtype),
-                          f"output {index}")
+        out_rows = rows * p // q
+        try:
+            array = np.empty((out_rows, *shape), self.dtype)
+        except (ValueError, MemoryError) as exc:
+            nbytes = out_rows * math.prod(shape) * self.dtype.itemsize
+            raise InputError(
+                f"output {index} with ratio=({p}, {q}) would hold {out_rows} rows of "
+                f"{shape} {self.dtype} ({nbytes} bytes) for input 0's {rows} rows: more than "
+                f"this host can allocate ({exc}): check the ratio") from None
+        return ShapedSink(self, array, f"output {index}")
 
 
 class ShapedSink(ArraySink):
@@ -89,7 +97,7 @@ class ShapedSink(ArraySink):
     blocks there are (``allocate``)."""
 
     def __init__(self, request: Shaped, array: np.ndarray, name: str) -> None:
-        super().__init__(array, name)
+        super().__init__(array, name, allocated=True)
         self.ratio = request.ratio
         self.per_block = request.per_block
 

@@ -177,6 +177,17 @@ def raw_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = Non
     return FileSink(path, dtype, shape, header=False)
 
 
+def _dtype_hint(value: Any) -> str:
+    """For a string output that names a dtype (``"float32"``): how to ask for one."""
+    if not isinstance(value, str) or os.sep in value:
+        return ""
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        return ""
+    return f"; for a new array of {dtype}, pass the dtype itself (np.{dtype.name})"
+
+
 def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
             dtype: np.dtype) -> Sink:
     """Output ``index`` as a Sink: a path (``.npy``), a Sink, an array, or a dtype (``dtype``
@@ -184,7 +195,7 @@ def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
     if isinstance(value, str | os.PathLike):
         if Path(value).suffix.lower() != ".npy":
             raise InputError(f"output {index} {value}: a path must name a .npy file; use "
-                             f"cv.raw_out() for a raw binary file")
+                             f"cv.raw_out() for a raw binary file{_dtype_hint(value)}")
         value = npy_out(value)
     if isinstance(value, FileSink):
         value.resolve(rows, row_shape, dtype)

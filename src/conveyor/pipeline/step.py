@@ -98,7 +98,7 @@ class CallableStep(Step):
         result = self.function(*arrays, *self.args, queue=queue.native, offset=offset,
                                n=block.rows * self.row_items)
         if self.keeps_result:
-            slot.partial = _to_host(result)
+            slot.partial = partial_of(result, block)
         elif result is not None:
             slot.returned = result
             outputs = arrays[len(self.plan.inputs):]
@@ -230,6 +230,24 @@ def choose(compute: Compute, device: Device, plan: Plan, args: Sequence[Any],
         return KernelStep(compute, plan, args, records, first_row)
     return CallableStep(compute, device, plan, args, records, keeps_result=reduce,
                         first_row=first_row)
+
+
+def partial_of(result: Any, block: Block) -> Any:
+    """What a reducing callable returned for ``block``, on the host. InputError for None (a
+    missing ``return`` would otherwise count as a block with no elements and the total
+    would silently leave its rows out) and for text (which no fold adds up)."""
+    if result is None:
+        raise InputError(
+            f"with reduce=, the callable returns each block's partial value; it returned None "
+            f"for block {block.index} (rows {block.start}..{block.stop}): return the block's "
+            f"value (e.g. x.sum())")
+    value = _to_host(result)
+    if isinstance(value, str | bytes) or getattr(value, "dtype", None) is not None and \
+            value.dtype.kind in "OSUV":
+        raise InputError(
+            f"with reduce=, the callable returned {type(value).__name__} {value!r:.60} for "
+            f"block {block.index}: return a number or a numeric array")
+    return value
 
 
 def _to_host(value: Any) -> Any:

@@ -363,7 +363,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     if empty is not None:
         return empty
     opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks,
-                                              plan))
+                                              plan, compute))
     engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
                     in_place=in_place, residents=residents)
     report = engine.run()
@@ -372,10 +372,40 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     return report
 
 
+def inputs_written(compute: Any, inputs: int) -> list[str]:
+    """The stream inputs a kernel may write: bound to a pointer parameter not declared const
+    (nor ``__constant``), in a kernel or in a chain's kernel links, each named for messages.
+    Used in place (zero-copy), such an input would be changed under the caller, or crash the
+    process where its memory is read-only (a read-only memmap, NumPy over ``bytes``)."""
+    def writable(param: Any) -> bool:
+        return bool(param.is_pointer and not (param.is_const or param.address == "constant"))
+
+    found = []
+    if isinstance(compute, Kernel):
+        found = [f"input {i} (parameter {param.name!r} of kernel {compute.name!r})"
+                 for i, param in enumerate(compute.params[:inputs]) if writable(param)]
+    for link in getattr(compute, "links", ()):  # a bound chain (pipeline/chainbind.py)
+        if isinstance(link.compute, Kernel):
+            found += [f"input {ref.index} (parameter {param.name!r} of {link.where()})"
+                      for ref, param in zip(link.reads, link.compute.params, strict=False)
+                      if ref.kind == "in" and writable(param)]
+    return found
+
+
 def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],
-               outputs: list[Sink], plan: Plan | None = None) -> bool:
+               outputs: list[Sink], plan: Plan | None = None, compute: Any = None) -> bool:
+    """Whether the stream uses its arrays in place (``zero_copy=``: None decides)."""
     arrays = [s.array for s in inputs if isinstance(s, ArraySource)]
     arrays += [s.array for s in outputs if isinstance(s, ArraySink)]
+    written = inputs_written(compute, len(inputs))
+    if wanted and written and dev.host_unified:
+        raise InputError(
+            f"zero_copy=True would let the kernel write your input arrays: "
+            f"{'; '.join(written)} is not const. Declare it const (__global const T*), or "
+            f"leave zero_copy unset (that input is then copied, as on a GPU)")
+    # A callable may write the blocks it is given: never in place over read-only memory.
+    read_only = compute is not None and not isinstance(compute, Kernel) and any(
+        not s.array.flags.writeable for s in inputs if isinstance(s, ArraySource))
     # A kernel is told n = input 0's elements in the block: an array used in place with
     # fewer (one value per row, a per-block record, a ratio output) would be written past its
     # block's rows, into other rows or past the array. Staged, its device buffer is padded.
@@ -388,7 +418,13 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
         and len(arrays) == len(inputs) + len(outputs)  # files always stage
         and all(a.flags.c_contiguous for a in arrays)
         and not narrow
+        and not written
+        and not read_only
     )
+    if wanted and not possible and read_only and dev.host_unified:
+        raise InputError("zero_copy=True with a callable and a read-only input array: the "
+                         "callable could write it in place; pass a writeable copy, or leave "
+                         "zero_copy unset")
     if wanted and not possible:
         raise InputError(
             f"zero_copy=True needs a device that shares memory with the host ({dev.spec} "

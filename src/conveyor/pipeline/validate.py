@@ -116,6 +116,7 @@ def check_kernel(
                 f"kernel parameter {param.name!r} is a pointer but receives offset/n: "
                 f"the convention is buffers, then args, then ulong offset, ulong n"
             )
+        check_count(param)
     if reduce is None:
         return None
     if not isinstance(reduce, str) or reduce not in BUILTIN_OPS:
@@ -162,6 +163,20 @@ def check_args(params: Sequence[Param], args: Sequence[Any]) -> None:
         _check_arg(param, index, value)
 
 
+def check_count(param: Param) -> None:
+    """InputError unless ``param``, which receives offset or n (counts of elements), has an
+    integer type: a float one rounds them past 2^24 (double: 2^53) and the kernel would
+    index the wrong elements with no error. (A too narrow integer type is refused when a
+    count does not fit it, at launch.)"""
+    if param.dtype is not None and param.dtype.kind not in "iu":
+        raise InputError(
+            f"kernel parameter {param.name!r} ({param.type_name}) receives offset/n, counts "
+            f"of elements: declare it ulong"
+            + (f" (a {param.dtype} rounds counts past "
+               f"{ {2: '2^11', 4: '2^24', 8: '2^53'}[param.dtype.itemsize]})"
+               if param.dtype.kind == "f" and param.dtype.itemsize in (2, 4, 8) else ""))
+
+
 def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -> None:
     """``param`` receives ``what`` (an input or output of ``dtype``, or the reduce buffer)."""
     if not param.is_pointer:
@@ -203,10 +218,12 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -
             f"a.astype(a.dtype.newbyteorder('='))"
         )
     if param.dtype != dtype:
+        # Suggest a C declaration only for a dtype that has one (not datetime64, structured).
+        declare = (f" or declare the parameter {_c_name(dtype)}*"
+                   if str(dtype) in _C_NAMES else "")
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
-            f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype})) or "
-            f"declare the parameter {_c_name(dtype)}*"
+            f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype})){declare}"
         )
 
 

@@ -1,0 +1,80 @@
+"""Arguments of the wrong kind are InputErrors that say what to pass, raised before any work,
+not a raw Python error from deep inside (found by trying the API as a careless user would)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import conveyor as cv
+
+IDENT = cv.portable("""
+__kernel void ident(__global const float *x, __global float *r, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) r[i] = x[i];
+}
+""")
+
+
+def _noop(x, y, *, queue, offset, n):
+    return None
+
+
+@pytest.mark.parametrize("device_arg, match", [
+    ([], r"device=\[\] names no device"),
+    ((), r"device=\(\) names no device"),
+    (0, r"device=0: pass a Device, a spec string"),
+    ([None], r"device=None: pass a Device"),
+])
+def test_a_device_argument_that_names_nothing(device_arg, match):
+    with pytest.raises(cv.InputError, match=match):
+        cv.stream(_noop, [np.zeros(4, np.float32)], [np.float32], device=device_arg)
+
+
+@pytest.mark.parametrize("source, name, options, match", [
+    (IDENT.encode(), "ident", (), r"source as a str: decode it"),
+    (None, "ident", (), "source as a str, got NoneType"),
+    (IDENT, None, (), "name as a non-empty str"),
+    (IDENT, "ident", "-DX=1 -DY=2", r"pass a list of options, e\.g\. \['-DX=1', '-DY=2'\]"),
+    (IDENT, "ident", ["-DX=1", 3], r"every option is a str \(3 is not\)"),
+    (IDENT, "ident", 5, "pass a list of strings"),
+])
+def test_compile_arguments_of_the_wrong_type(device, source, name, options, match):
+    with pytest.raises(cv.InputError, match=match):
+        device.compile(source, name, options)
+    with pytest.raises(cv.InputError, match=match):
+        device.compile(source, name, options, wait=False)
+
+
+def test_a_dtype_name_as_an_output_says_to_pass_the_dtype(device):
+    with pytest.raises(cv.InputError, match=r"pass the dtype itself \(np\.float32\)"):
+        cv.stream(_noop, [np.zeros(4, np.float32)], ["float32"], device=device)
+
+
+def test_a_ratio_too_large_to_allocate(device):
+    with pytest.raises(cv.InputError, match=r"ratio=\(10+, 1\) would hold .* check the ratio"):
+        cv.stream(_noop, [np.zeros(4, np.float32)], [cv.rows(np.float32, ratio=(10**30, 1))],
+                  device=device)
+
+
+def test_a_dtype_the_device_cannot_fold_says_what_to_do(device):
+    half = cv.portable("""
+    __kernel void h(__global const float *x, __global half *r, ulong offset, ulong n) {
+        ulong i = get_global_id(0);
+        if (i < n) vstore_half(x[i], i, r);
+    }""") if device.backend == "opencl" else None
+    if half is None:
+        pytest.skip("an OpenCL kernel")
+    k = device.compile(half, "h")
+    with pytest.raises(cv.InputError, match="float16 on the device .*reduce with a Python "
+                                            "callable"):
+        cv.stream(k, [np.ones(8, np.float32)], reduce="sum", device=device)
+
+
+def test_a_datetime_input_is_not_told_to_declare_a_c_type(device):
+    k = device.compile(IDENT, "ident")
+    x = np.zeros(8, "datetime64[s]")
+    with pytest.raises(cv.InputError) as caught:
+        cv.stream(k, [x], [np.float32], device=device)
+    assert "declare the parameter" not in str(caught.value)
+    assert "astype(np.float32)" in str(caught.value)
