@@ -188,6 +188,12 @@ def test_reduce_is_numpy_and_one_local_stream(two_workers, op):
     assert type(got) is type(_local(ROWS, "rows", [x], reduce=op).result)
 
 
+def test_map_blocks_refuses_a_constant_its_dtype_cannot_hold(two_workers):
+    x = da.from_array(np.arange(100, dtype=np.float32), chunks=30)
+    with pytest.raises(cv.InputError, match=r"boundary=1e\+40 is not a float32 value"):
+        cvd.map_blocks(cvd.kernel(STENCIL, "sten"), x, halo=2, boundary=1e40)
+
+
 def test_reduce_of_no_rows_is_what_a_local_stream_gives(two_workers):
     x = da.from_array(np.arange(3001, dtype=np.int32), chunks=700)[:0]
     got = cvd.reduce(cvd.kernel(ROWS, "rows"), x, "sum", device=SPEC).compute()

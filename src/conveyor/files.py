@@ -4,7 +4,8 @@ ceiling).
 - :func:`output_target` checks a path a call will write, before any work: its folder exists
   and is writable, and it is not a folder, a FIFO or a device node. A symlink is written
   *through*: the file it points to is replaced and the link stays (so an output linked onto
-  another disk lands there).
+  another disk lands there), except a link that another user may have planted, which is
+  refused (:func:`resolve`: Linux's ``fs.protected_symlinks`` rule).
 - :func:`new_part` makes the temporary ``.NAME.XXXX.part`` file beside the target, holding an
   ``flock`` on it while it is written. The lock lets :func:`remove_stale_parts` tell a part of
   a run that was killed (its lock died with it) from one being written now; a part appears
@@ -17,6 +18,7 @@ ceiling).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -24,7 +26,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from conveyor.errors import InputError
 
@@ -32,6 +34,10 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no flock; stale parts are left alone
     fcntl = None  # type: ignore[assignment]
+try:
+    import pwd
+except ImportError:  # pragma: no cover - Windows: users shown by number (no sticky folders)
+    pwd = None  # type: ignore[assignment]
 
 PathLike = str | os.PathLike[str]
 
@@ -39,11 +45,19 @@ _KINDS = {stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
           stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder"}
 
 
+#: Links followed while resolving one path before it is taken for a loop (Linux's MAXSYMLINKS).
+_MAX_LINKS = 40
+
+#: A sticky folder anyone may write, such as /tmp: where other users can plant links.
+_SHARED = stat.S_ISVTX | stat.S_IWOTH
+
+
 def output_target(path: PathLike, what: str) -> Path:
-    """The file that writing ``path`` replaces (a symlink resolved to its target); InputError
-    naming ``what`` (e.g. "output 0 c.npy") if its folder is missing or not writable, or if it
+    """The file that writing ``path`` replaces (a symlink resolved to its target, see
+    :func:`resolve`); InputError naming ``what`` (e.g. "output 0 c.npy") if a link on the way
+    may have been planted by another user, if its folder is missing or not writable, or if it
     exists and is not a regular file."""
-    target = Path(os.path.realpath(path))
+    target = resolve(path, what)
     try:
         mode = os.stat(target).st_mode
     except FileNotFoundError:
@@ -64,6 +78,74 @@ def output_target(path: PathLike, what: str) -> Path:
         raise InputError(f"{what}: folder {folder} is not writable: write elsewhere or fix "
                          f"its permissions")
     return target
+
+
+def resolve(path: PathLike, what: str) -> Path:
+    """``os.path.realpath(path)`` (every link followed, a missing tail taken as named), except
+    that a symlink in a sticky folder anyone may write (``/tmp``) is followed only if the
+    process's effective user or the folder's owner owns it: InputError naming ``what``
+    otherwise, and for a loop of links.
+
+    This is Linux's ``fs.protected_symlinks`` rule, checked here for every link of the path (a
+    chain included) because realpath resolves links itself, in user space, where the kernel's
+    rule never applies; and it holds whether the kernel has it on or not. Without it, a user
+    who plants ``/tmp/share/out.npy -> /home/you/data.npy`` makes conveyor, run by you (or by
+    root), replace that file when it commits the output."""
+    text = os.fspath(path)
+    pending = text.split("/")[::-1]  # names still to walk, the next one last
+    resolved = "/" if text.startswith("/") else os.getcwd()
+    followed = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":  # resolved is a real path here, so its parent is its dirname
+            resolved = os.path.dirname(resolved)
+            continue
+        step = os.path.join(resolved, name)
+        try:
+            st = os.lstat(step)
+            link = os.readlink(step) if stat.S_ISLNK(st.st_mode) else None
+        except OSError:
+            link = None  # missing (a new file) or unreadable: taken as named, as realpath does
+        if link is None:
+            resolved = step
+            continue
+        followed += 1
+        if followed > _MAX_LINKS:
+            raise InputError(f"{what}: {text} goes through more than {_MAX_LINKS} symlinks (a "
+                             f"loop of links?): name the file itself")
+        _may_follow(step, st, resolved, what)
+        if link.startswith("/"):
+            resolved = "/"
+        pending.extend(link.split("/")[::-1])
+    return Path(resolved)
+
+
+def _may_follow(link: str, st: os.stat_result, folder: str, what: str) -> None:
+    """InputError unless the kernel's ``fs.protected_symlinks`` would follow ``link`` (whose
+    lstat is ``st``) in the real folder ``folder``."""
+    try:
+        held = os.stat(folder)
+    except OSError as exc:  # it held the link a moment ago: refuse rather than guess
+        raise InputError(f"{what}: cannot look at folder {folder} ({exc.strerror}), which "
+                         f"holds the symlink {link}: write elsewhere") from exc
+    if (held.st_mode & _SHARED) != _SHARED or st.st_uid in (os.geteuid(), held.st_uid):
+        return
+    raise InputError(
+        f"{what}: {link} is a symlink in {folder}, a sticky folder anyone may write, and its "
+        f"owner ({_user(st.st_uid)}) is neither you ({_user(os.geteuid())}) nor the folder's "
+        f"owner ({_user(held.st_uid)}): it may have been planted to make conveyor replace a "
+        f"file of yours, so it is not followed (Linux's fs.protected_symlinks rule). Write to "
+        f"another path, or remove the link if you meant to write there")
+
+
+def _user(uid: int) -> str:
+    """``name, uid N``, or ``uid N`` where the user has no name."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except (AttributeError, KeyError):  # no pwd module, or no such user
+        return f"uid {uid}"
 
 
 def same_file(a: PathLike, b: PathLike) -> bool:
@@ -155,16 +237,23 @@ def target_mode(target: Path) -> int:
     return 0o666 & ~_umask()
 
 
-def atomic_write(path: PathLike, write: Callable[[IO[str]], None], durable: bool = True) -> None:
-    """Write a text file atomically: ``write(handle)`` fills a part file beside it (see
+def atomic_write(path: PathLike, write: Callable[[IO[Any]], None], durable: bool = True,
+                 *, binary: bool = False) -> None:
+    """Write a text file (``binary``: bytes) atomically: ``write(handle)`` fills a part file
+    beside it (see
     :func:`new_part`), which is fsynced (when ``durable``) and renamed over ``path``, keeping
-    its mode. Parts of ``path`` left by killed writers are removed first."""
-    target = Path(os.path.realpath(path))
+    its mode. Parts of ``path`` left by killed writers are removed first. A link on the way
+    that :func:`resolve` refuses is a PermissionError (an OSError, as the kernel's EACCES
+    would be: callers of a side file warn on OSError, the trace after its stream's work)."""
+    try:
+        target = resolve(path, f"file {os.fspath(path)}")
+    except InputError as exc:
+        raise PermissionError(errno.EACCES, str(exc)) from exc
     remove_stale_parts(target)
     fd, part = new_part(target)
     try:
         try:
-            with os.fdopen(os.dup(fd), "w") as handle:
+            with os.fdopen(os.dup(fd), "wb" if binary else "w") as handle:
                 write(handle)
         except BaseException:
             os.close(fd)

@@ -63,6 +63,11 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
     _check_boundary(boundary)
     data = _rows(da, arrays)
     first = data[0]
+    if h and not isinstance(boundary, str):
+        from conveyor.pipeline.halo import constant
+
+        for i, a in enumerate(data):  # dask pads: refuse what a local stream refuses
+            constant(boundary, a.dtype, f"input {i}")
     out_dtype = np.dtype(dtype) if dtype is not None else _default_dtype(job, len(data), first)
     if h:
         if h > first.shape[0]:

@@ -7,11 +7,11 @@ of those rows come from here instead of from the input at the moment of the copy
   (``PAD_MODES``): "nearest" repeats the edge row (np.pad "edge", the default), "reflect"
   mirrors the rows including the edge row (np.pad "symmetric": Dask's "reflect" is not
   np.pad's "reflect"), "periodic" wraps around (np.pad "wrap"), a number is a constant
-  (np.pad "constant"). The ``h`` pad rows of each end are made once per stream (``Pads``),
-  reading only the few rows they repeat: one copy per pad row took minutes for a large halo
-  (a halo of a million rows: two million copies). The device copies a pinned input's pad
-  rows from pinned memory, each end in one copy; staged inputs get them in their slot
-  (``fill_pads``).
+  (np.pad "constant"; one the input's dtype cannot hold is refused, see ``constant``). The
+  ``h`` pad rows of each end are made once per stream (``Pads``), reading only the few rows
+  they repeat: one copy per pad row took minutes for a large halo (a halo of a million rows:
+  two million copies). The device copies a pinned input's pad rows from pinned memory, each
+  end in one copy; staged inputs get them in their slot (``fill_pads``).
 - **Rows an in-place stream overwrites** (an input that is also an output, see
   pipeline/overlap.py): block ``k`` reads the last ``h`` rows of block ``k - 1``, which block
   ``k - 1`` writes back, and on the pinned path nothing orders the two copies. Those rows
@@ -21,6 +21,7 @@ of those rows come from here instead of from the input at the moment of the copy
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -181,12 +182,7 @@ class Pads:
         source = self.source
         out = np.empty((len(positions), *source.shape[1:]), source.dtype)
         if not isinstance(self.boundary, str):
-            value = np.array(self.boundary).astype(source.dtype)
-            if value != self.boundary:
-                raise InputError(f"boundary={self.boundary!r} is not a {source.dtype} value "
-                                 f"({source.name} holds {source.dtype}): pass a constant that "
-                                 f"type holds exactly")
-            out.fill(value)
+            out.fill(constant(self.boundary, source.dtype, source.name))
             return out
         index = pad_index(self.rows, positions, PAD_MODES[self.boundary])
         lo, hi = int(index.min()), int(index.max()) + 1
@@ -194,6 +190,47 @@ class Pads:
         copy_rows(held, source.rows(lo, hi))
         np.take(held, index - lo, axis=0, out=out)
         return out
+
+
+def constant(boundary: int | float, dtype: np.dtype, name: str) -> np.ndarray:
+    """``boundary`` as one value of ``dtype`` (0-d), as np.pad's "constant" makes it; an
+    InputError naming input ``name`` and the type's range if ``dtype`` cannot hold it.
+
+    Decided on the number itself, not by casting and comparing back: NumPy 2 casts a Python
+    float to the array's float type before comparing (1e40 becomes float32 inf, which equals
+    itself, with an overflow warning), and NaN equals nothing (so NaN, a float32 value, would
+    be refused). Floats (and complex, by their real part) round to the nearest value of the
+    type (0.1 for float32, as np.pad does) unless that overflows to ±inf; NaN and ±inf are
+    float values. Integer and bool types take whole numbers in their range only."""
+    kind = dtype.kind
+    if kind in "fc":
+        part = np.dtype(f"f{dtype.itemsize // 2}") if kind == "c" else dtype
+        try:
+            number = float(boundary)  # a Python int past float64's range raises here
+        except OverflowError:
+            number = math.inf  # refused below (only a longdouble could hold it)
+        else:
+            if not math.isfinite(number):
+                return np.array(number, dtype)  # NaN, +inf, -inf: every float type has them
+        with np.errstate(over="ignore"):  # an overflow is refused below, not warned about
+            value = np.array(number).astype(part)
+        if np.isfinite(value):
+            return value.astype(dtype)
+        top = np.finfo(part).max  # shown exactly (float16's str() would round it to 65500)
+        shown = repr(float(top)) if part.itemsize <= 8 else str(top)
+        raise InputError(f"boundary={boundary!r} is not a {dtype} value ({name} holds {dtype}, "
+                         f"whose finite values lie within ±{shown}; NaN and ±inf are {dtype} "
+                         f"values too): pass a constant in that range")
+    if kind in "iub":
+        lo, hi = (0, 1) if kind == "b" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+        whole = isinstance(boundary, int) or boundary.is_integer()  # NaN, ±inf: not whole
+        if whole and lo <= int(boundary) <= hi:
+            return np.array(int(boundary), dtype)
+        held = "0 or 1" if kind == "b" else f"whole numbers from {lo} to {hi}"
+        raise InputError(f"boundary={boundary!r} is not a {dtype} value ({name} holds {dtype}: "
+                         f"{held}): pass a constant that type holds exactly")
+    raise InputError(f"boundary={boundary!r}: {name} holds {dtype}, not numbers: pass "
+                     f"boundary='nearest', 'reflect' or 'periodic'")
 
 
 def fill_pads(view: np.ndarray, first: int, end: int, pads: Pads) -> None:

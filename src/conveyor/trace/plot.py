@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from conveyor import files
 from conveyor.errors import InputError
 from conveyor.trace.timeline import Timeline
 
@@ -60,4 +61,8 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
     heading = f"{title}: {figures}" if title else figures
     axes.set_title(heading, fontsize=10)
     figure.tight_layout()
-    figure.savefig(Path(path))
+    # Into a part file renamed over the target, as every conveyor output: a failed draw leaves
+    # no half file, and a symlink another user planted in /tmp is refused (files.resolve).
+    suffix = Path(path).suffix.lstrip(".").lower() or "png"
+    files.atomic_write(path, lambda handle: figure.savefig(handle, format=suffix),
+                       durable=False, binary=True)
