@@ -12,7 +12,7 @@ import numpy as np
 import conveyor as cv
 from conveyor.errors import InputError
 from conveyor.kernels.signature import Param
-from conveyor.pipeline.io import FileRows, Source
+from conveyor.pipeline.io import FileRows, Source, raw_source
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
 
@@ -76,7 +76,9 @@ def open_input(item: Input, options: argparse.Namespace) -> Source:
     if options.dtype is None:
         raise InputError(f"{item.path} is not .npy, .parquet or .arrow: for a raw binary file "
                          f"give --dtype (e.g. float32) and, for N-D data, --shape -1,3")
-    return cv.raw(item.path, _dtype(options.dtype, "--dtype"), _shape(options.shape))
+    # raw_source: cv.raw whose messages name --dtype and --shape, not dtype= and shape=.
+    return raw_source(item.path, _dtype(options.dtype, "--dtype"), _shape(options.shape), 0,
+                      names=("--dtype", "--shape"))
 
 
 def apply_casts(sources: list[Source], inputs: Sequence[Input], params: Sequence[Param],

@@ -11,7 +11,8 @@ A *source* hands the engine rows ``lo:hi`` of one input; a *sink* takes rows of 
 - :func:`parquet` and :func:`arrow` (in :mod:`conveyor.pipeline.tables`, importable from here)
   read numeric columns of a Parquet or Arrow IPC file one row group / record batch at a time
   (PyArrow, extra ``parquet``);
-- :func:`iterate` takes any iterable of arrays (chunks along axis 0), read once, in order;
+- :func:`iterate` takes any iterable of arrays (chunks along axis 0), read once, in order
+  (a chunk may be a buffer the iterable fills again for the next one);
 - outputs (ndarrays, ``"y.npy"``, ``npy_out``, ``raw_out``) are sinks, in
   :mod:`conveyor.pipeline.sinks`: files are written into a temporary file renamed over the
   target only once the whole stream has succeeded.
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conveyor.errors import InputError
+from conveyor.pipeline.options import _whole
 
 if TYPE_CHECKING:
     from conveyor.pipeline.tables import ChunkedSource as ChunkedSource
@@ -83,7 +85,14 @@ class ArraySource(Source):
 
 
 class FileSource(Source):
-    """A C-ordered array stored at byte ``offset`` of a file (``.npy`` or raw binary)."""
+    """A C-ordered array stored at byte ``offset`` of a file (``.npy`` or raw binary).
+
+    One object may feed several streams at once, in several threads (and the devices of one
+    stream): every read holds the file descriptor it uses, and ``close()`` (at the end of each
+    stream) closes it only once no read holds it; the next read opens the file again. A
+    descriptor closed under a read failed with EBADF, or read another file's bytes once its
+    number had been reused by another ``open``.
+    """
 
     def __init__(self, path: PathLike, dtype: Any, shape: Sequence[int], offset: int) -> None:
         self.path = Path(path)
@@ -93,6 +102,8 @@ class FileSource(Source):
         self.offset = offset
         self.row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
         self._fd: int | None = None
+        self._readers = 0  # reads that hold _fd now
+        self._closing = False  # close() was called while reads held _fd
         self._lock = threading.Lock()
 
     def rows(self, lo: int, hi: int) -> FileRows:
@@ -103,26 +114,46 @@ class FileSource(Source):
         """Read ``len(dst)`` rows from row ``lo`` straight into ``dst`` (C-contiguous)."""
         view = memoryview(dst.data).cast("B")
         position = self.offset + lo * self.row_bytes
-        done = 0
-        while done < len(view):
-            got = os.preadv(self._file(), [view[done:]], position + done)
-            if got == 0:
-                raise InputError(f"{self.name} got shorter while it was read: rerun on a "
-                                 f"complete file")
-            done += got
+        fd = self._hold()
+        try:
+            done = 0
+            while done < len(view):
+                got = os.preadv(fd, [view[done:]], position + done)
+                if got == 0:
+                    raise InputError(f"{self.name} got shorter while it was read: rerun on a "
+                                     f"complete file")
+                done += got
+        finally:
+            self._let_go()
 
-    def _file(self) -> int:
+    def _hold(self) -> int:
+        """The open file, held by one read until :meth:`_let_go` (opened if it is not)."""
         with self._lock:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY)
+                self._closing = False
+            self._readers += 1
             return self._fd
 
-    def close(self) -> None:
-        """Close the file."""
+    def _let_go(self) -> None:
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._readers -= 1
+            if self._closing and not self._readers:
+                self._close_fd()
+
+    def close(self) -> None:
+        """Close the file: now, or after the last read that holds it (another stream's)."""
+        with self._lock:
+            if self._readers:
+                self._closing = True
+            else:
+                self._close_fd()
+
+    def _close_fd(self) -> None:
+        # With the lock held.
+        fd, self._fd, self._closing = self._fd, None, False
+        if fd is not None:
+            os.close(fd)
 
 
 class FileRows:
@@ -170,29 +201,62 @@ class FileRows:
         self.file.write_from(src, self.lo)
 
 
+#: Seconds an IterSource waits for the staging copies of rows it lent while none of them
+#: reads, before it copies those rows itself (a copy that never runs: its stream failed).
+LOAN_PATIENCE_S = 0.5
+
+
 class IterSource(Source):
     """Chunks of an iterable along axis 0, read once, in order. ``length`` (total rows) is
     required up front, because the plan is made before the first block; the first chunk gives
-    the dtype and row shape. Rows are held only while a block (with its halo) needs them."""
+    the dtype and row shape. Rows are held only while a block (with its halo) needs them.
+
+    A chunk may be memory that the iterable fills again for the next one (``f.readinto(buf)``,
+    ``yield buf[:rows]``), so no row of a chunk is read once the next chunk has been asked for.
+    A block within one chunk is lent to the staging copies as it is (a :class:`FileRows` over
+    the chunk: no copy here), and the next chunk is asked for only once they have read it. A
+    block that spans chunks is copied into an array of its own as its chunks come: only its
+    rows (what the next block needs again, its halo, is in that array too); the rest of its
+    last chunk is lent later. After the last row the iterable is asked once more and must
+    end (or yield only empty chunks): more rows than ``length`` are an InputError, as fewer
+    are.
+    """
 
     def __init__(self, chunks: Iterable[Any], length: int) -> None:
-        if length < 0:
-            raise InputError(f"iterate(length={length}): give the total rows, 0 or more")
+        rows = _whole(length)
+        if rows is None or rows < 0:
+            raise InputError(f"iterate(length={length!r}): give the total rows, a whole number, "
+                             f"0 or more")
         self.name = f"iterable of {type(chunks).__name__}"
         self._chunks: Iterator[Any] = iter(chunks)
-        first = self._next() if length else None
-        if first is None and length:
-            raise InputError(f"{self.name} is empty but length={length}: pass the real length")
+        self._length = rows
+        self._read = 0  # rows the iterable has yielded
+        self._ended = False  # it raised StopIteration
+        self._cond = threading.Condition()  # guards the loans
+        self._loans: list[_Loan] = []  # rows lent to staging copies since the last next()
+        first = self._next()
+        if first is None and rows:
+            raise InputError(f"{self.name} is empty but length={rows}: pass the real length")
         template = first if first is not None else np.empty(0, np.float32)
         self.dtype = template.dtype
-        self.shape = (length, *template.shape[1:])
-        self._held = template if first is not None else template[:0]
-        self._held_start = 0
+        self.shape = (rows, *template.shape[1:])
+        # The rows held, in order from row _first on: (input row of rows[0], rows, whether
+        # they are the iterable's memory).
+        self._held: list[tuple[int, np.ndarray, bool]] = (
+            [(0, first, True)] if first is not None else [])
+        self._first = 0
+        if not rows:
+            self._check_end()
 
     def _next(self) -> np.ndarray | None:
+        """The next chunk, checked (None once the iterable has ended); InputError once the
+        chunks hold more than ``length`` rows."""
+        if self._ended:
+            return None
         try:
             chunk = next(self._chunks)
         except StopIteration:
+            self._ended = True
             return None
         array = np.asarray(chunk)
         if array.ndim == 0 or array.dtype.hasobject:
@@ -204,28 +268,124 @@ class IterSource(Source):
                 f"{self.name} yielded a chunk of {array.dtype} rows {array.shape[1:]} after "
                 f"{self.dtype} rows {self.shape[1:]}: every chunk must match the first"
             )
+        self._read += len(array)
+        if self._read > self._length:
+            raise InputError(f"{self.name} yielded at least {self._read} rows but length="
+                             f"{self._length}: pass the real length")
         return array
 
-    def rows(self, lo: int, hi: int) -> np.ndarray:
-        """Rows ``lo:hi``; ``lo`` must not go back before rows already let go of."""
-        start = self._held_start
-        if lo < start:
+    def rows(self, lo: int, hi: int) -> np.ndarray | FileRows:
+        """Rows ``lo:hi``; ``lo`` must not go back before rows already let go of (those before
+        the ``lo`` of a call that asked the iterable for more)."""
+        if lo < self._first:
             raise InputError(f"{self.name} is read once, in order: rows {lo}: are gone")
-        if hi <= start + len(self._held):
-            return self._held[lo - start : hi - start]
-        # Let go of the rows before lo, then take chunks until hi is covered.
-        pieces = [self._held[lo - start :]]
-        have = len(pieces[0])
-        while lo + have < hi:
-            chunk = self._next()
-            if chunk is None:
-                raise InputError(f"{self.name} ended after {lo + have} rows but length="
-                                 f"{self.shape[0]}: pass the real length")
-            pieces.append(chunk)
-            have += len(chunk)
-        self._held = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        self._held_start = lo
-        return self._held[: hi - lo]
+        last = hi == self._length and not self._ended  # then the iterable is asked to end
+        if hi <= self._read and not last:  # held already
+            for start, rows, theirs in self._held:
+                if start <= lo and hi <= start + len(rows):
+                    if not theirs:
+                        return rows[lo - start : hi - start]
+                    loan = _Loan(self, rows[lo - start : hi - start], lo)
+                    with self._cond:
+                        self._loans.append(loan)
+                    return FileRows(loan, lo, hi)
+            return self._gather(lo, hi)[0]  # across chunks: a copy
+        # The iterable is asked for more: rows before lo are let go of, and rows lo:hi are
+        # copied out of its memory first (the rows still held after hi are its new chunk's).
+        out, tail = self._gather(lo, hi)
+        self._held = [(lo, out, False), *tail]
+        self._first = lo
+        if last:
+            self._check_end()
+        return out
+
+    def _gather(self, lo: int, hi: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray, bool]]]:
+        """Rows ``lo:hi`` copied into an array of their own, from the rows held, then from
+        chunks asked for until ``hi``; and the rest of the last chunk, held as it is."""
+        out = np.empty((hi - lo, *self.shape[1:]), self.dtype)
+        for start, rows, _ in self._held:
+            self._copy_part(out, lo, hi, start, rows)
+        tail: list[tuple[int, np.ndarray, bool]] = []
+        if self._read < hi:
+            # Every row still needed is in ``out`` now; the iterable may reuse the memory of
+            # its chunks once the staging copies have read what was lent out of them.
+            self._settle()
+            while self._read < hi:
+                start = self._read
+                chunk = self._next()
+                if chunk is None:
+                    raise InputError(f"{self.name} ended after {self._read} rows but length="
+                                     f"{self._length}: pass the real length")
+                self._copy_part(out, lo, hi, start, chunk)
+                if self._read > hi:
+                    tail = [(hi, chunk[hi - start :], True)]
+        return out, tail
+
+    @staticmethod
+    def _copy_part(out: np.ndarray, lo: int, hi: int, start: int, rows: np.ndarray) -> None:
+        """Copy the rows of ``rows`` (input rows from ``start``) that lie in ``lo:hi`` into
+        ``out`` (rows ``lo:hi``)."""
+        first, stop = max(start, lo), min(start + len(rows), hi)
+        if first < stop:
+            out[first - lo : stop - lo] = rows[first - start : stop - start]
+
+    def _settle(self) -> None:
+        """Before the next ``next()``: no staging copy reads a chunk's memory any more."""
+        with self._cond:
+            for loan in self._loans:
+                loan.settle()
+            self._loans = []
+
+    def _check_end(self) -> None:
+        """After the last row: the iterable must end (empty chunks aside; a chunk with rows
+        raises in _next)."""
+        self._settle()
+        while self._next() is not None:
+            pass
+
+    def close(self) -> None:
+        """The stream is over and its staging copies joined: none reads a loan any more."""
+        with self._cond:
+            self._loans = []
+
+
+class _Loan:
+    """Rows of a chunk (the iterable's memory) lent to staging copies, as the ``file`` of a
+    :class:`FileRows`: ``left`` rows are not read yet, ``reading`` copies read them now."""
+
+    __slots__ = ("cond", "rows", "first", "left", "reading", "shape", "dtype")
+
+    def __init__(self, source: IterSource, rows: np.ndarray, first: int) -> None:
+        self.cond = source._cond
+        self.rows = rows
+        self.first = first  # the input row of rows[0]
+        self.left = len(rows)
+        self.reading = 0
+        self.shape = source.shape
+        self.dtype = source.dtype
+
+    def read_into(self, dst: np.ndarray, lo: int) -> None:
+        """Copy ``len(dst)`` rows from input row ``lo`` into ``dst``."""
+        with self.cond:
+            rows = self.rows
+            self.reading += 1
+        try:
+            at = lo - self.first
+            np.copyto(dst, rows[at : at + len(dst)], casting="no")
+        finally:
+            with self.cond:
+                self.reading -= 1
+                self.left -= len(dst)
+                self.cond.notify_all()
+
+    def settle(self) -> None:
+        """With ``cond`` held: return once no copy will read the chunk itself. Copies that
+        read now are waited for; rows no copy has started on after ``LOAN_PATIENCE_S`` (it
+        failed before reading, or never ran) are copied here, for any copy still to come."""
+        while self.left > 0:
+            if not self.cond.wait(LOAN_PATIENCE_S) and not self.reading:
+                self.rows = self.rows.copy()
+                return
 
 
 def npy(path: PathLike) -> FileSource:
@@ -255,32 +415,93 @@ def npy(path: PathLike) -> FileSource:
     return FileSource(target, dtype, shape, offset)
 
 
-def raw(path: PathLike, dtype: Any, shape: Sequence[int] | None = None,
+def raw(path: PathLike, dtype: Any, shape: Sequence[int] | int | None = None,
         offset: int = 0) -> FileSource:
-    """A headerless binary file of C-ordered ``dtype`` values as an input. ``shape`` may give
-    -1 for axis 0 (or be None for 1-D): the rows then follow from the file's size."""
+    """A headerless binary file of C-ordered ``dtype`` values as an input, from byte
+    ``offset``. ``shape`` may give -1 for axis 0 (or be None for 1-D): the rows then follow
+    from the file's size. Shape entries and the offset are whole numbers (an integral float
+    such as ``3.0`` is taken as meant); anything else, an offset past the file's end, or a
+    size that does not match is an InputError, before any work."""
+    return raw_source(path, dtype, shape, offset, names=("dtype=", "shape="))
+
+
+def raw_source(path: PathLike, dtype: Any, shape: Sequence[int] | int | None, offset: int,
+               names: tuple[str, str]) -> FileSource:
+    """:func:`raw`, whose messages call its dtype and shape ``names`` (the command line's
+    ``("--dtype", "--shape")``, the API's ``("dtype=", "shape=")``)."""
     target = _existing(path)
-    dt = np.dtype(dtype)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise InputError(f"raw input {path}: {names[0]} {dtype!r} is not a NumPy dtype: give "
+                         f"a numeric dtype, e.g. float32") from None
     if dt.hasobject or dt.itemsize == 0:
-        raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype")
-    size = target.stat().st_size - offset
-    dims = list(shape) if shape is not None else [-1]
-    if not dims or dims[0] < -1 or any(d < 0 for d in dims[1:]):
-        raise InputError(f"raw input {path}: shape {shape} may have -1 only for axis 0")
+        raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype: give "
+                         f"{names[0]} a numeric dtype, e.g. float32")
+    file_size = target.stat().st_size
+    start = _whole(offset)
+    if start is None:
+        raise InputError(f"raw input {path}: offset={offset!r} is not a whole number: give "
+                         f"the byte where the data starts, from 0 to {file_size}")
+    if not 0 <= start <= file_size:
+        where = "is negative" if start < 0 else "lies past its end"
+        raise InputError(f"raw input {path} has {file_size} bytes and offset={offset!r} "
+                         f"{where}: give the byte where the data starts, from 0 to "
+                         f"{file_size}")
+    dims = _raw_dims(path, shape)
+    size = file_size - start
     row_bytes = math.prod(dims[1:]) * dt.itemsize
+    after = f" after offset={start}" if start else ""
     if dims[0] < 0:
         if row_bytes == 0 or size % row_bytes:
-            raise InputError(f"raw input {path}: {size} bytes is not a whole number of "
+            raise InputError(f"raw input {path}: {size} bytes{after} is not a whole number of "
                              f"{row_bytes}-byte rows ({dt}, rows {tuple(dims[1:])}): check "
-                             f"--dtype and --shape")
+                             f"{names[0]} and {names[1]}")
         dims[0] = size // row_bytes
-    _check_size(target, offset, tuple(dims), dt, "--dtype/--shape say")
-    return FileSource(target, dt, dims, offset)
+    _check_size(target, start, tuple(dims), dt, f"{names[0]}/{names[1]} say",
+                f"with offset={start}" if start else "in all")
+    return FileSource(target, dt, dims, start)
+
+
+def _raw_dims(path: PathLike, shape: Any) -> list[int]:
+    """``shape`` of a raw input as a list of ints. An integral float is taken as meant; ``2.5``
+    is refused (truncated, it read fewer values than the file holds, with no error)."""
+    if shape is None:
+        return [-1]
+    given: list[Any] | None = None
+    if _whole(shape) is not None:
+        given = [shape]  # one number: 1-D
+    elif not isinstance(shape, str | bytes):
+        try:
+            given = list(shape)
+        except TypeError:
+            pass
+    if given is None:
+        raise InputError(f"raw input {path}: shape={shape!r} is not a shape: give a tuple of "
+                         f"whole numbers, e.g. (-1, 3)")
+    dims = []
+    for entry in given:
+        dim = _whole(entry)
+        if dim is None:
+            raise InputError(f"raw input {path}: shape {shape!r} has {entry!r}, not a whole "
+                             f"number: give whole numbers, e.g. (-1, 3)")
+        dims.append(dim)
+    if not dims or dims[0] < -1 or any(d < 0 for d in dims[1:]):
+        raise InputError(f"raw input {path}: shape {shape} may have -1 only for axis 0")
+    return dims
 
 
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:
     """Any iterable of arrays (chunks along axis 0, any sizes) as an input of ``length`` rows
-    in all. It is read once, in order; the first chunk is read now for the dtype."""
+    in all. It is read once, in order; the first chunk is read now for the dtype.
+
+    A chunk may be a buffer the iterable fills again for the next chunk (``f.readinto(buf)``
+    then ``yield buf[:rows]``): every row of a chunk is staged or copied before the next one is
+    asked for, and a chunk is not read after that. It must not change before (another
+    thread writing it). After the last row the iterable is asked once more (as
+    ``zip(strict=True)`` does), so a generator runs to its end: it must end there, or yield
+    only empty chunks. Fewer or more rows than ``length`` are an InputError (more: when a
+    chunk runs past ``length``, or at that last ask)."""
     return IterSource(chunks, length)
 
 
@@ -311,14 +532,14 @@ def _existing(path: PathLike) -> Path:
 
 
 def _check_size(path: Path, offset: int, shape: Sequence[int], dtype: np.dtype,
-                says: str) -> None:
+                says: str, counted: str = "with the header") -> None:
     expected = offset + math.prod(shape) * dtype.itemsize
     size = path.stat().st_size
     if size != expected:
         what = "truncated" if size < expected else "longer than it should be"
         raise InputError(
-            f"{path} is {what}: {says} {tuple(shape)} {dtype} ({expected} bytes with the "
-            f"header) but it has {size} bytes: rewrite the file or fix its shape"
+            f"{path} is {what}: {says} {tuple(shape)} {dtype} ({expected} bytes {counted}) but "
+            f"it has {size} bytes: rewrite the file or fix its shape"
         )
 
 
