@@ -105,6 +105,48 @@ def test_a_writable_handle_is_copied_back_and_a_plain_array_refused(device):
     np.testing.assert_array_equal(hits, x[:64])
 
 
+def test_a_writable_table_is_the_host_arrays_between_streams(device):
+    # A failed stream's partial writes stayed on the device, and a host reset between streams
+    # was ignored: the next stream added onto the device's copy (found by trying it).
+    k = device.compile(COUNT, "count")
+    x = np.arange(N, dtype=np.uint32) % 5
+    hits = np.zeros(64, np.uint32)
+
+    def chunks(fail):
+        for start in range(0, N, 1000):
+            if fail and start >= 5000:
+                raise OSError("disk read failed")
+            yield x[start:start + 1000]
+
+    with cv.resident(hits, writable=True) as handle:
+        with pytest.raises(OSError, match="disk read failed"):
+            cv.stream(k, [cv.iterate(chunks(True), length=N)], [np.uint32],
+                      args=(handle, 64), device=device, block_bytes=400)
+        assert (hits == 0).all()  # not copied back after a failure
+        cv.stream(k, [cv.iterate(chunks(False), length=N)], [np.uint32], args=(handle, 64),
+                  device=device, block_bytes=400)
+        np.testing.assert_array_equal(hits, x[:64])  # the failed stream's writes are gone
+        hits[:] = 7  # the host resets the table: the next stream starts from it
+        cv.stream(k, [x], [np.zeros_like(x)], args=(handle, 64), device=device,
+                  block_bytes=400)
+        np.testing.assert_array_equal(hits, x[:64] + 7)
+    assert in_use(device) == (0, 0)
+
+
+def test_refresh_uploads_a_changed_read_only_table(device, monkeypatch):
+    k = device.compile(LOOKUP, "lookup")
+    x, table = _data(6)
+    uploads = _uploads(monkeypatch)
+    with cv.resident(table) as handle:
+        y = np.zeros(N, np.float32)
+        cv.stream(k, [x], [y], args=(handle, len(table), 1.0), device=device, block_bytes=4000)
+        table *= 2
+        handle.refresh()
+        cv.stream(k, [x], [y], args=(handle, len(table), 1.0), device=device, block_bytes=4000)
+        np.testing.assert_array_equal(y, _reference(x, table, 1.0))
+        assert uploads == [table.nbytes, table.nbytes]
+
+
 def test_bad_resident_arguments_are_input_errors_before_any_work(device):
     k = device.compile(LOOKUP, "lookup")
     x, table = _data(4)

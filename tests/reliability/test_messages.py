@@ -78,3 +78,12 @@ def test_a_datetime_input_is_not_told_to_declare_a_c_type(device):
         cv.stream(k, [x], [np.float32], device=device)
     assert "declare the parameter" not in str(caught.value)
     assert "astype(np.float32)" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["progress", "zero_copy", "strict", "warmup"])
+@pytest.mark.parametrize("value", ["off", "no", 1, print])
+def test_a_switch_takes_true_or_false_only(device, name, value):
+    # bool() took "off" and a callback for True: a progress bar appeared, zero-copy went on.
+    with pytest.raises(cv.InputError, match=f"{name}=.*: {name} takes True or False"):
+        cv.stream(_noop, [np.zeros(4, np.float32)], [np.float32], device=device,
+                  **{name: value})

@@ -67,13 +67,21 @@ class StreamOptions:
                 "None (the default number) or an int of 1 or more (staging threads)"),
             args=scalar_args(args),
             reduce=reduce,
-            zero_copy=None if zero_copy is None else bool(zero_copy),
-            progress=bool(progress),
-            strict=config.strict_mode() if strict is None else bool(strict),
-            warmup=bool(warmup),
+            zero_copy=None if zero_copy is None else flag("zero_copy", zero_copy),
+            progress=flag("progress", progress),
+            strict=config.strict_mode() if strict is None else flag("strict", strict),
+            warmup=flag("warmup", warmup),
             boundary=_boundary(boundary),
             first_row=_first_row(first_row),
         )
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool: True or False (a NumPy bool too); InputError for anything else,
+    since ``bool()`` would take ``"off"`` or a callback for True."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise InputError(f"{name}={value!r}: {name} takes True or False")
 
 
 def _first_row(value: Any) -> int:

@@ -8,7 +8,10 @@ device for the whole stream (counted against ``memory_limit``) and is given to e
 ``close()`` or the ``with`` block, and given back by the pool's out-of-memory ladder only while
 no stream uses it (the next stream uploads it again). A kernel that may write a resident
 (a pointer not declared const) is refused unless the handle is ``writable=True``; a writable
-handle's array is copied back into the host array after each stream that succeeded.
+handle's array is uploaded at the start of every stream and copied back into the host array
+after each stream that succeeded, so the host array is the table between streams: a reset
+(``counts[:] = 0``) is seen, and a failed stream's partial writes never reach the next one. A
+read-only table is uploaded once: after changing its host array, ``refresh()`` the handle.
 Device arrays (``__cuda_array_interface__`` on CUDA, a ``pyopencl.array.Array`` on OpenCL)
 are passed as they are: they are on the device already.
 """
@@ -87,16 +90,21 @@ class Resident(Closeable):
         is not on the device (the queue orders the upload before the stream's launches)."""
         with self._lock:
             self._bind(device)
+            host = self.array.reshape(-1).view(np.uint8)
             if self.buffer is None:
                 pool = device.memory_pool
                 buffer = pool.acquire(self.nbytes)
                 try:
-                    queue.copy_in(buffer, self.array.reshape(-1).view(np.uint8))
+                    queue.copy_in(buffer, host)
                 except BaseException:
                     pool.release(buffer)
                     raise
                 self.buffer = buffer
                 pool.add_evictable(self)
+            elif self.writable and not self.users:
+                # The host array is the table between streams (see the module): what the host
+                # wrote since, or what a failed stream left half-written on the device, goes.
+                queue.copy_in(self.buffer, host)
             self.users += 1
             return self.buffer
 
@@ -121,6 +129,16 @@ class Resident(Closeable):
         self.device.memory_pool.release(buffer)
         return True
 
+    def refresh(self) -> None:
+        """The host array changed: the next stream uploads it again (a read-only table is
+        otherwise uploaded once; a writable one is uploaded by every stream anyway).
+        InputError while a stream uses it."""
+        with self._lock:
+            if self.users:
+                raise InputError("a stream is using this resident array: refresh it after "
+                                 "the stream returns")
+            self.evict()
+
     def close(self) -> None:
         """Free the device copy. InputError while a stream uses it."""
         with self._lock:
@@ -140,9 +158,10 @@ class Resident(Closeable):
 
 def resident(array: Any, *, writable: bool = False, device: Device | None = None) -> Resident:
     """``array`` kept on the device across streams: pass the handle in ``args=`` where the
-    kernel declares a pointer. ``writable=True`` lets the kernel write it and copies it back
-    into ``array`` after each stream. ``device`` uploads it now (default: at first use).
-    Close it (or use ``with``) to free the device memory."""
+    kernel declares a pointer. ``writable=True`` lets the kernel write it: uploaded at the
+    start of every stream, copied back into ``array`` after each that succeeded. A read-only
+    table is uploaded once: ``refresh()`` after changing ``array``. ``device`` uploads it now
+    (default: at first use). Close it (or use ``with``) to free the device memory."""
     return Resident(array, writable=writable, device=device)
 
 
