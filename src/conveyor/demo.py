@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     from conveyor.cli.files import refuse_to_replace
 
     try:
-        refuse_to_replace([options.trace, options.plot], options.force)
+        refuse_to_replace([("--trace", options.trace), ("--plot", options.plot)],
+                          options.force)
     except cv.InputError as exc:
         parser.error(str(exc))
     return run(options.device, options.mib, options.trace, options.plot)
@@ -67,7 +68,7 @@ def run(device_spec: str | None, mib: int, trace: str | None, plot: str | None) 
     memory_limit = in_bytes // 8  # the data is 8x the device memory conveyor may use
     print(f"device: {dev.spec} {dev.name} ({dev.kind}, {dev.backend})")
     print(f"data: 2 inputs x {mib} MiB float32 in, {mib} MiB out; "
-          f"memory limit {memory_limit / 2**20:.0f} MiB")
+          f"memory limit {size_text(memory_limit)}")
     rng = np.random.default_rng(0)
     x = rng.random(rows, dtype=np.float32)
     y = rng.random(rows, dtype=np.float32)
@@ -85,8 +86,8 @@ def run(device_spec: str | None, mib: int, trace: str | None, plot: str | None) 
         return 1
     print(report)
     print(f"result checked against NumPy: all {rows} elements equal")
-    print(f"peak device memory {report.peak_device_bytes / 2**20:.1f} MiB "
-          f"<= limit {memory_limit / 2**20:.0f} MiB")
+    print(f"peak device memory {size_text(report.peak_device_bytes)} "
+          f"<= limit {size_text(memory_limit)}")
     if trace:
         print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
     if not trace and not plot:
@@ -100,6 +101,14 @@ def run(device_spec: str | None, mib: int, trace: str | None, plot: str | None) 
             plot_timeline(report.timeline, plot, title=f"conveyor demo on {dev.spec}")
             print(f"timeline written to {plot}")
     return 0
+
+
+def size_text(nbytes: float) -> str:
+    """``nbytes`` in MiB, or in KiB below 1 MiB, to one decimal at most: ``--mib 1`` sets a
+    limit of 256 KiB, which whole MiB would print as "0 MiB". Rounding is monotonic, so a peak
+    within the limit never prints above it."""
+    value, unit = (nbytes / 2**20, "MiB") if nbytes >= 2**20 else (nbytes / 2**10, "KiB")
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 ceiling).
 
 - :func:`output_target` checks a path a call will write, before any work: its folder exists
-  and is writable, and it is not a folder, a FIFO or a device node. A symlink is written
+  and is writable, and it is not a folder, a FIFO or a device node, nor this process's
+  standard output or error, nor anything under ``/proc`` (``/dev/stdout`` when stdout is a
+  pipe resolves to ``/proc/PID/fd/pipe:[N]``). A symlink is written
   *through*: the file it points to is replaced and the link stays (so an output linked onto
   another disk lands there), except a link that another user may have planted, which is
   refused (:func:`resolve`: Linux's ``fs.protected_symlinks`` rule).
@@ -55,9 +57,11 @@ _SHARED = stat.S_ISVTX | stat.S_IWOTH
 def output_target(path: PathLike, what: str) -> Path:
     """The file that writing ``path`` replaces (a symlink resolved to its target, see
     :func:`resolve`); InputError naming ``what`` (e.g. "output 0 c.npy") if a link on the way
-    may have been planted by another user, if its folder is missing or not writable, or if it
-    exists and is not a regular file."""
+    may have been planted by another user, if it is this process's standard output or error
+    or lies in /proc, if its folder is missing or not writable, or if it exists and is not a
+    regular file."""
     target = resolve(path, what)
+    _refuse_streams(path, target, what)
     try:
         mode = os.stat(target).st_mode
     except FileNotFoundError:
@@ -80,6 +84,48 @@ def output_target(path: PathLike, what: str) -> Path:
     return target
 
 
+def _refuse_streams(path: PathLike, target: Path, what: str) -> None:
+    """InputError when writing ``path`` (resolved: ``target``) would write this process's
+    standard output or error (the same file as fd 1 or 2), or into /proc (a pipe or socket
+    named by ``/dev/stdout``, ``/dev/fd/N``). Conveyor replaces the file it writes: a file
+    stdout is redirected to (``>> log.txt``) would lose the job's log, and a pipe or a /proc
+    entry cannot be replaced at all."""
+    for fd, stream in ((1, "standard output"), (2, "standard error")):
+        try:
+            held = os.fstat(fd)
+        except OSError:
+            continue  # closed
+        for named in (path, target):  # as named: the kernel follows /proc's links to the pipe
+            try:
+                st = os.stat(named)
+            except OSError:
+                continue  # a new file: no stream's
+            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+                raise InputError(f"{what}: {os.fspath(path)} is this process's {stream}: name "
+                                 f"a file (conveyor renames a new file over its target: that "
+                                 f"would replace the file {stream} is redirected to, losing "
+                                 f"what was written there, or fail on a pipe)")
+    if target.parts[1:2] == ("proc",):
+        kind = next((f"a {k}" for k in ("pipe", "socket") if target.name.startswith(f"{k}:[")),
+                    "a /proc entry")
+        raise InputError(f"{what}: {os.fspath(path)} resolves to {target}, {kind}: name a file "
+                         f"(conveyor writes a temporary file beside its target and renames it "
+                         f"over it)")
+
+
+def path_text(path: object, what: str) -> str:
+    """``path`` (a str or os.PathLike) as a str; InputError naming ``what`` for anything else
+    (bytes included) and for a NUL character, which no file name can hold (the OS calls would
+    raise a bare ValueError)."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        raise InputError(f"{what} takes a file path (a str or pathlib.Path), not {path!r}")
+    if "\0" in text:
+        raise InputError(f"{what} got {text!r}, which holds a NUL character (\\x00): no file "
+                         f"name can; name the file without it")
+    return text
+
+
 def resolve(path: PathLike, what: str) -> Path:
     """``os.path.realpath(path)`` (every link followed, a missing tail taken as named), except
     that a symlink in a sticky folder anyone may write (``/tmp``) is followed only if the
@@ -91,7 +137,7 @@ def resolve(path: PathLike, what: str) -> Path:
     rule never applies; and it holds whether the kernel has it on or not. Without it, a user
     who plants ``/tmp/share/out.npy -> /home/you/data.npy`` makes conveyor, run by you (or by
     root), replace that file when it commits the output."""
-    text = os.fspath(path)
+    text = path_text(path, what)
     pending = text.split("/")[::-1]  # names still to walk, the next one last
     resolved = "/" if text.startswith("/") else os.getcwd()
     followed = 0
@@ -242,11 +288,13 @@ def atomic_write(path: PathLike, write: Callable[[IO[Any]], None], durable: bool
     """Write a text file (``binary``: bytes) atomically: ``write(handle)`` fills a part file
     beside it (see
     :func:`new_part`), which is fsynced (when ``durable``) and renamed over ``path``, keeping
-    its mode. Parts of ``path`` left by killed writers are removed first. A link on the way
-    that :func:`resolve` refuses is a PermissionError (an OSError, as the kernel's EACCES
-    would be: callers of a side file warn on OSError, the trace after its stream's work)."""
+    its mode. Parts of ``path`` left by killed writers are removed first. A target that
+    :func:`output_target` refuses (a planted link, a missing folder, stdout, a FIFO...) is a
+    PermissionError with its message (an OSError, as the kernel's EACCES would be: callers of
+    a side file warn on OSError, the trace after its stream's work); public callers run
+    :func:`output_target` first for an InputError."""
     try:
-        target = resolve(path, f"file {os.fspath(path)}")
+        target = output_target(path, f"file {path_text(path, 'file')}")
     except InputError as exc:
         raise PermissionError(errno.EACCES, str(exc)) from exc
     remove_stale_parts(target)

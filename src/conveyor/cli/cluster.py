@@ -34,12 +34,9 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
     for flag in ("trace", "plot"):
         if getattr(options, flag, None):
             raise InputError(f"--{flag} is per-process: drop it with --scheduler/--cluster")
-    kernel_path = Path(options.kernel_file)
-    try:
-        source = kernel_path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read kernel file {kernel_path} ({exc.strerror}): "
-                         f"check the path") from exc
+    from conveyor.cli.streaming import read_kernel
+
+    source = read_kernel(Path(options.kernel_file))
     spec = kernel(source, options.kernel)
     inputs = [Input(text) for text in options.inputs]
     options.input_names = [item.text for item in inputs]

@@ -8,15 +8,22 @@ import os
 from collections.abc import Sequence
 
 from conveyor.errors import InputError
-from conveyor.files import same_file
+from conveyor.files import output_target, same_file
 
 
-def refuse_to_replace(paths: Sequence[str | None], force: bool) -> None:
-    """InputError naming the first of ``paths`` that exists, unless ``force``."""
+def refuse_to_replace(named: Sequence[tuple[str, str | None]], force: bool) -> None:
+    """For the files a command writes (``named``: (option, path) pairs, e.g. ("-o", "y.npy")):
+    InputError for a path no command may write (files.output_target: a missing folder, a
+    FIFO, this process's standard output, a link planted in /tmp), then, unless ``force``,
+    for the first that exists. Before any work: a ``--plot`` refused only when it was drawn
+    would come after the outputs were written."""
+    given = [(option, path) for option, path in named if path is not None]
+    for option, path in given:
+        output_target(path, f"{option} {path}")
     if force:
         return
-    for path in paths:
-        if path is not None and os.path.lexists(path):
+    for _, path in given:
+        if os.path.lexists(path):
             raise InputError(f"{path} exists: add --force to replace it")
 
 

@@ -101,19 +101,25 @@ def apply_casts(sources: list[Source], inputs: Sequence[Input], params: Sequence
                                  f"{', '.join(known)}, or give --cast {type_text} for all")
         for index in targets:
             if result[index].dtype != dtype:
-                result[index] = CastSource(result[index], dtype)
+                result[index] = CastSource(result[index], dtype,
+                                           f"-i {inputs[index].text}: --cast {cast}")
     return result
 
 
 class CastSource(Source):
     """Another source's rows converted to ``dtype`` as they are read (on the stream's own
-    thread: a cast input is read without the parallel file path)."""
+    thread: a cast input is read without the parallel file path). A value ``dtype`` cannot
+    hold is an InputError naming ``where`` (the input and its ``--cast``), the value and its
+    row, raised mid-stream, before any output is committed: NumPy's cast would wrap it (300
+    to int8 is 44), make NaN an integer (INT_MIN) or a large float64 inf. A float's fraction
+    is truncated toward zero (3.7 is 3), as ``--arg`` does."""
 
-    def __init__(self, inner: Source, dtype: np.dtype) -> None:
+    def __init__(self, inner: Source, dtype: np.dtype, where: str = "") -> None:
         self.inner = inner
         self.dtype = dtype
         self.shape = inner.shape
         self.name = f"{inner.name} as {dtype}"
+        self.where = where or f"--cast {dtype}"
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo:hi`` of the inner source, converted."""
@@ -121,12 +127,77 @@ class CastSource(Source):
         if isinstance(rows, FileRows):
             held = np.empty(rows.shape, self.inner.dtype)
             rows.read_into(held)
-            return held.astype(self.dtype)
-        return np.asarray(rows).astype(self.dtype)
+        else:
+            held = np.asarray(rows)
+        converted, bad = _convert(held, self.dtype)
+        if bad is not None:
+            raise InputError(self._refusal(held, bad, lo))
+        return converted
 
     def close(self) -> None:
         """Close the inner source."""
         self.inner.close()
+
+    def _refusal(self, held: np.ndarray, index: int, lo: int) -> str:
+        """The message for the value at flat ``index`` of ``held`` (rows from ``lo``)."""
+        value = held.reshape(-1)[index]
+        row = lo + index // max(int(np.prod(held.shape[1:])), 1)
+        head = f"{self.where} cannot hold {value!s} (row {row}): "
+        if self.dtype.kind == "f":
+            why = (f"past {self.dtype}'s largest finite value ({np.finfo(self.dtype).max!s}) it "
+                   f"would become inf")
+        elif self.dtype.kind == "b":
+            why = "bool holds 0 and 1"
+        elif not np.isfinite(value):
+            why = f"{self.dtype} is an integer type, with no NaN or infinity"
+        else:
+            info = np.iinfo(self.dtype)
+            why = f"{self.dtype} holds {info.min} to {info.max}"
+            if held.dtype.kind == "f":
+                why += " (a fraction is truncated toward zero)"
+        return f"{head}{why}: cast to a type that holds it, or fix the data"
+
+
+#: Elements range-checked at a time: the min and the max of a slice this size read it from
+#: the cache, so checking a block costs one pass over its memory, not two.
+_SLICE = 1 << 16
+
+
+def _convert(held: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, int | None]:
+    """``held`` as ``dtype``, and the flat index of the first value ``dtype`` cannot hold
+    (None when every value fits; the array is then the converted one)."""
+    if dtype.kind == "f":
+        # Too large for dtype overflows to inf, which sets the cast's overflow flag: checked at
+        # no extra pass. NaN and inf stay themselves (dtype holds them) and set no flag.
+        try:
+            with np.errstate(over="raise"):
+                return held.astype(dtype), None
+        except FloatingPointError:
+            with np.errstate(over="ignore"):
+                converted = held.astype(dtype)
+            grown = np.isinf(converted) & ~np.isinf(held)
+            return converted, int(np.argmax(grown))
+    if dtype.kind == "b":
+        converted = held.astype(dtype)
+        if held.dtype.kind == "b":
+            return converted, None
+        wrong = converted != held  # 2, 0.5 and NaN all become True, which is 1
+        return converted, int(np.argmax(wrong)) if wrong.any() else None
+    if held.dtype.kind in "biu" and np.can_cast(held.dtype, dtype, "safe"):
+        return held.astype(dtype), None
+    # Open bounds: a float's fraction is truncated, so -128.5 is int8's -128. NumPy's own cast
+    # sets no flag for most of these (300.0 to int8 goes through int32), so they are checked.
+    info = np.iinfo(dtype)
+    low, high = info.min - 1, info.max + 1
+    flat = held.reshape(-1)
+    for start in range(0, flat.size, _SLICE):
+        part = flat[start:start + _SLICE]
+        # .item(): Python numbers, compared exactly (int64's bounds are not all float64s);
+        # NaN compares false, so it fails too.
+        if not (low < part.min().item() and part.max().item() < high):
+            return held, start + next(i for i, v in enumerate(part.tolist())
+                                      if not low < v < high)
+    return held.astype(dtype), None
 
 
 def _dtype(text: str, where: str) -> np.dtype:

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ def run_map(options: argparse.Namespace) -> int:
         raise InputError("--plot needs matplotlib: pip install 'conveyor[plot]'")
     refuse_one_file_twice([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
                            ("--plot", options.plot)])
-    refuse_to_replace([*options.outputs, options.trace, options.plot], options.force)
+    refuse_to_replace([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
+                       ("--plot", options.plot)], options.force)
     if cluster.on_cluster(options):
         return cluster.run(options, list(options.outputs), None)
     report = _stream(options, outputs=[cv.npy_out(p) for p in options.outputs])
@@ -64,7 +66,7 @@ def run_map(options: argparse.Namespace) -> int:
 
 def run_reduce(options: argparse.Namespace) -> int:
     """``conveyor reduce``: fold the kernel's per-element values; print the result."""
-    refuse_to_replace([options.trace], options.force)
+    refuse_to_replace([("--trace", options.trace)], options.force)
     if cluster.on_cluster(options):
         return cluster.run(options, [], options.op)
     report = _stream(options, outputs=[], reduce=options.op)
@@ -87,14 +89,9 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
     backend = KERNEL_SUFFIXES.get(kernel_path.suffix.lower())
     if backend is None:
         raise InputError(f"{kernel_path}: name OpenCL C sources .cl and CUDA C sources .cu")
-    try:
-        source = kernel_path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read kernel file {kernel_path} ({exc.strerror}): "
-                         f"check the path") from exc
-    from conveyor.kernels.signature import parse_params
-
-    parse_params(source, options.kernel)  # a wrong --kernel fails before any file is read
+    source = read_kernel(kernel_path)
+    # A wrong --kernel fails before any file is read, unless the device's macros may decide.
+    name_settled = check_kernel_name(source, options.kernel)
     inputs = [Input(text) for text in options.inputs]
     options.input_names = [item.text for item in inputs]  # errors name inputs by these
     check_options(inputs, options)
@@ -114,10 +111,15 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
                     f"the kernel as {'.cl' if dev.backend == 'opencl' else '.cu'}"
                 )
         dev = devs[0]
+        if not name_settled:
+            check_kernel_name(source, options.kernel, dev)
         try:
             with words.compiler_output():
                 kernel = dev.compile(source, options.kernel)
         except CompileError as exc:
+            # A kernel the raw text has but the compiler never saw (inside an #if 0) builds
+            # and then fails to load: say that, as for any name the source lacks.
+            check_kernel_name(source, options.kernel, dev)
             exc.source_name = str(kernel_path)  # the log points at the user's file
             raise
         sources = apply_casts(sources, inputs, kernel.params, options.cast)
@@ -133,6 +135,64 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
                      args=[_number(a) for a in options.args],
                      progress=progress if options.progress is None else options.progress,
                      trace=options.trace)
+
+
+def read_kernel(path: Path) -> str:
+    """The text of kernel file ``path``; InputError when it cannot be read or is not UTF-8.
+
+    Decoded as UTF-8 whatever the locale: the library takes sources as text and hands the
+    compiler their UTF-8 bytes, so a Latin-1 byte would not reach it as written anyway."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read kernel file {path} ({exc.strerror}): "
+                         f"check the path") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"kernel file {path} is not UTF-8: byte 0x{data[exc.start]:02x} at "
+                         f"offset {exc.start} (line {line}); save it as UTF-8") from None
+
+
+def check_kernel_name(source: str, name: str, device: cv.Device | None = None) -> bool:
+    """InputError unless ``source`` defines kernel ``name`` once preprocessed, as the library
+    reads it (``kernels/preprocess.py``): a name made by a macro (``add_##T``) counts, one in
+    an ``#if 0`` does not, and the listing names what the compiler will see.
+
+    With ``device``, exact: its predefined macros are defined, as the library does; returns
+    True. Without (before any device is open) it refuses only what no device could change and
+    returns whether that settled it: True for a name in the raw text (cheap, no preprocessing;
+    if it sits in an ``#if 0`` the build fails to load it and the caller checks again with the
+    device), False when the device's macros may decide (the caller checks again once it has
+    one): a name found only after expanding, or a source with ``#if`` lines."""
+    from conveyor.kernels.signature import kernel_names, parse_params
+
+    if device is None:
+        # parse_params, not kernel_names: "add_##T(" is no kernel "add_" (it wants "NAME(").
+        try:
+            parse_params(source, name)
+        except InputError:
+            pass
+        else:
+            return True
+    from conveyor.kernels.preprocess import expand_checked  # only now: pcpp costs ~50 ms
+
+    macros = tuple(sorted(device.source_macros().items())) if device is not None else ()
+    text, expanded = expand_checked(source, (), macros)
+    if not expanded:  # pcpp failed on it (it warned): the raw text is all there is
+        text = source
+    found = kernel_names(text)
+    if name in found:
+        return device is not None
+    if device is None and _CONDITIONAL.search(source):
+        return False  # an #ifdef cl_khr_fp64 around it, say: the device's macros decide
+    listing = ", ".join(dict.fromkeys(found)) or "none"
+    raise InputError(f"no kernel named {name!r} in the source (after its #define and #if); "
+                     f"kernels found: {listing}: pass one of them with --kernel")
+
+
+_CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif)\b", re.M)
 
 
 def _number(text: str) -> int | float:

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
+import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import conveyor as cv
 from conveyor.cli.files import refuse_one_file_twice, refuse_to_replace
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, InputError
+
+if TYPE_CHECKING:
+    from conveyor.kernels.cache import KernelCache
 
 
 def run_devices(options: argparse.Namespace) -> int:
@@ -91,7 +97,8 @@ def run_demo(options: argparse.Namespace) -> int:
     from conveyor import demo
 
     refuse_one_file_twice([("--trace", options.trace), ("--plot", options.plot)])
-    refuse_to_replace([options.trace, options.plot], options.force)
+    refuse_to_replace([("--trace", options.trace), ("--plot", options.plot)],
+                      options.force)
     return demo.run(options.device, options.mib, options.trace, options.plot)
 
 
@@ -101,6 +108,10 @@ def run_bench(options: argparse.Namespace) -> int:
     from conveyor.demo import SAXPY
     from conveyor.measure import link_bandwidth, naive_loop
 
+    if not (math.isfinite(options.max_spread) and options.max_spread >= 0):
+        # NaN compares false with every spread (never "too noisy"), a negative one true.
+        raise InputError(f"--max-spread {options.max_spread:g}: give a percentage, a finite "
+                         f"number >= 0 (e.g. --max-spread 25)")
     dev = cv.device(options.device, warm_up=False)  # nothing of it may share the timings
     print(f"device: {dev.spec} {dev.name} ({dev.kind}, {dev.backend})")
     link = link_bandwidth(dev)
@@ -159,7 +170,8 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def run_cache(options: argparse.Namespace) -> int:
-    """``cache info`` / ``cache clear``; neither creates the cache folder."""
+    """``cache info`` / ``cache clear``; neither creates the cache folder. A refused folder is
+    said in the command's line, not as a Python warning (which would print a source line)."""
     from conveyor.kernels.build import default_cache
 
     cache = default_cache()
@@ -170,12 +182,32 @@ def run_cache(options: argparse.Namespace) -> int:
         print(f"kernel cache {cache.path}: 0 entries (the folder does not exist yet; the "
               f"first build makes it)")
         return 0
-    if options.action == "clear":
-        removed = cache.clear()
-        print(f"removed {removed} entries from {cache.path}")
-        return 0
-    info = cache.info()
-    state = "on" if info.enabled else "off (the directory was refused; see the warning)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # cache.refused has the reason
+        if options.action == "clear":
+            return _clear(cache)
+        info = cache.info()
+    state = "on" if info.enabled else f"off (the directory {cache.refused or 'was refused'})"
+    bad = (f"; {info.bad} not a regular file (a folder, FIFO or link where an entry should "
+           f"be: 'conveyor cache clear' removes them, but for folders with files in them)"
+           if info.bad else "")
     print(f"kernel cache {info.path}: {state}, {info.entries} entries, "
-          f"{info.total_bytes / 2**20:.1f} MiB")
+          f"{info.total_bytes / 2**20:.1f} MiB{bad}")
+    return 0
+
+
+def _clear(cache: KernelCache) -> int:
+    """``cache clear``: 0 when every entry went; an error saying which did not, and why."""
+    cleared = cache.clear_entries()
+    if cleared.refused is not None:
+        raise InputError(f"cannot clear the kernel cache: the directory {cache.path} "
+                         f"{cleared.refused}; conveyor neither reads nor changes it (fix it, "
+                         f"or remove it yourself)")
+    if cleared.failed:
+        shown = "; ".join(cleared.failed[:3])
+        more = f"; and {len(cleared.failed) - 3} more" if len(cleared.failed) > 3 else ""
+        raise ConveyorError(f"removed {cleared.removed} entries from {cache.path} but could "
+                            f"not remove {len(cleared.failed)}: {shown}{more}; remove them "
+                            f"yourself (a folder with files in it is never recursed into)")
+    print(f"removed {cleared.removed} entries from {cache.path}")
     return 0

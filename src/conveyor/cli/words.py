@@ -39,6 +39,15 @@ _RULES: list[_Rule] = [
     (re.compile(r"\btrace='([^']*)'"), r"--trace \1"),
     (re.compile(r"stream them as separate inputs"),
      "give each as its own input: -i FILE:COLUMN"),
+    # reduce= is --op (its values are the same words).
+    (re.compile(r"\breduce='(\w+)'"), r"--op \1"),
+    # --arg gives numbers only: the command has no way to pass an array or cv.resident.
+    (re.compile(r"is a pointer \((.+?)\) but receives \w+ (.+?): pass an array \(uploaded "
+                r"once, passed to every launch\) or cv\.resident\(array\)"),
+     r"is a pointer (\1) but gets --arg \2: --arg passes numbers only; a buffer parameter "
+     r"is filled by an -i or -o file (the kernel takes the inputs, then the outputs, then the "
+     r"--arg values), and a whole array passed to every launch needs the Python API "
+     r"(cv.stream(..., args=[array]))"),
 ]
 
 _ASTYPE = re.compile(

@@ -226,11 +226,12 @@ def _rows(da: Any, arrays: Sequence[Any]) -> list[Any]:
         raise InputError("conveyor.dask needs at least one input array")
     data = [da.asarray(a) for a in arrays]
     for i, a in enumerate(data):
+        if a.ndim == 0:  # first: a 0-d array has no chunks[0] for the checks below
+            raise InputError(f"input {i} is a scalar (0-d): conveyor streams arrays of rows "
+                             f"(axis 0); pass scalars in args=, arrays as inputs")
         if any(math.isnan(c) for c in a.chunks[0]):
             raise InputError(f"input {i} has chunks of unknown length (after a filter, say): "
                              f"call .compute_chunk_sizes() on it first")
-        if a.ndim == 0:
-            raise InputError(f"input {i} is 0-d: conveyor streams arrays of rows (axis 0)")
         if a.shape[0] != data[0].shape[0]:
             raise InputError(f"input {i} has {a.shape[0]} rows but input 0 has "
                              f"{data[0].shape[0]}: inputs must agree on axis 0")

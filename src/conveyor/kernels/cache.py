@@ -10,6 +10,15 @@ corrupt or foreign entry is a miss and is deleted, so the next build replaces it
 temporary file in the same directory, are fsynced and ``os.replace``d into place, so a reader
 sees either the old entry, the new one or none, and concurrent writers of one key are safe.
 
+An entry is opened ``O_NOFOLLOW | O_NONBLOCK`` and checked on its descriptor: anything but a
+regular file under an entry's name (a FIFO, which a plain open would wait on forever, a socket,
+a device node, a folder) is a miss with a warning, never read. It is removed where that cannot
+touch anything else: a name that is not a folder is unlinked (which never follows it) and an
+empty folder is rmdir'ed; a folder with files in it is left alone (conveyor never makes one, so
+its contents are someone's, and nothing here recurses into a folder), the warning says to remove
+it, and that kernel is rebuilt uncached until it is gone. :meth:`KernelCache.clear_entries`
+removes such names by the same rule and reports what it could not remove.
+
 The directory must be the user's own: mode 0700 when conveyor creates it; a symlink, a directory
 owned by someone else, one that others may write, or one inside a folder that another user could
 rename (cachedir.py has the rule) is refused (one RuntimeWarning per directory) and conveyor runs
@@ -21,10 +30,12 @@ use, and a path that no longer names it (the folder was moved or replaced) turns
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import secrets
+import stat
 import struct
 import threading
 import time
@@ -59,6 +70,10 @@ _SIG_SUFFIX = ".sig"
 _TMP_PREFIX = ".tmp-"
 #: A temporary file older than this is left over from a crashed writer; clear() removes it.
 STALE_TMP_SECONDS = 60.0
+#: How entries are opened: never through a symlink (an entry is a plain file we wrote, not a
+#: link to somewhere else), and never waiting (a FIFO planted under an entry's name would block
+#: a plain open until someone wrote to it: forever).
+_ENTRY_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 _warned_lock = threading.Lock()
 _warned_dirs: set[str] = set()
@@ -142,14 +157,51 @@ def decode_entry(data: bytes, key: str) -> bytes | None:
     return _decode(data, key)[0]
 
 
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` is, for messages about names that should be regular files."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _remove(name: str, dir_fd: int) -> None:
+    """Remove ``name`` from the directory ``dir_fd`` without following or recursing into it:
+    unlink a file, FIFO, socket, device node or symlink (unlink never follows), rmdir a
+    folder (only an empty one goes). OSError when it cannot."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        # Linux says EISDIR for a folder, macOS EPERM: ask what it is, not the errno.
+        if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise
+        os.rmdir(name, dir_fd=dir_fd)  # ENOTEMPTY for a folder with files in it: left alone
+
+
 @dataclass(frozen=True)
 class CacheInfo:
-    """What a cache directory holds: entry count and their total size in bytes."""
+    """What a cache directory holds: entry count and their total size in bytes; ``bad``
+    counts names of entries that are not regular files (folders, FIFOs, symlinks: never read,
+    and removed by :meth:`KernelCache.clear`)."""
 
     path: Path
     entries: int
     total_bytes: int
     enabled: bool
+    bad: int = 0
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """What :meth:`KernelCache.clear_entries` did: ``removed`` entries and stale temporary
+    files; ``failed``, one "NAME (why)" per name it could not remove; ``refused``, why the
+    directory itself was not touched (completes "the directory ..."), or None."""
+
+    removed: int
+    failed: tuple[str, ...] = ()
+    refused: str | None = None
 
 
 class KernelCache:
@@ -158,7 +210,8 @@ class KernelCache:
     ``hits``, ``misses``, ``stores`` and ``discarded`` count this object's lookups, writes and
     deleted bad entries (tests and benchmarks read them). The directory is checked and opened
     on first use and held open until :meth:`close`; if it is refused, or later fails its
-    checks, the cache stays disabled (``enabled`` is False) for this object.
+    checks, the cache stays disabled (``enabled`` is False) for this object, and ``refused``
+    says why (it completes "the directory ...", as the warning does).
     """
 
     def __init__(self, path: Path) -> None:
@@ -167,6 +220,7 @@ class KernelCache:
         self.misses = 0
         self.stores = 0
         self.discarded = 0
+        self.refused: str | None = None
         self._lock = threading.Lock()
         self._usable: bool | None = None
         self._fd: int | None = None
@@ -202,17 +256,21 @@ class KernelCache:
     def _disable(self, why: str) -> None:
         with self._lock:
             self._usable = False
+            self.refused = self.refused or why
         _warn_once(self.path, why)
 
     def _prepare(self) -> bool:
+        # Called under self._lock (from _dir_fd), so self.refused is set here directly.
         try:
             make_private_dirs(self.path)
         except OSError as exc:
-            _warn_once(self.path, f"cannot be created ({exc.strerror or exc})")
+            self.refused = f"cannot be created ({exc.strerror or exc})"
+            _warn_once(self.path, self.refused)
             return False
         fd, why = open_private_dir(self.path)
         if fd is None:
-            _warn_once(self.path, why or "is refused")
+            self.refused = why or "is refused"
+            _warn_once(self.path, self.refused)
             return False
         self._fd = fd
         # A finalizer, not __del__: the descriptor closes once whether close() or the
@@ -283,17 +341,27 @@ class KernelCache:
         if dir_fd is None:
             return None
         try:
-            # O_NOFOLLOW: an entry is a plain file we wrote, never a link to somewhere else;
             # dir_fd: in the directory we checked, whatever its path names now.
-            fd = os.open(f"{key}{suffix}", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0),
-                         dir_fd=dir_fd)
+            fd = os.open(f"{key}{suffix}", _ENTRY_FLAGS, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except OSError:
+            self._drop(key, suffix)  # a symlink (ELOOP), or unreadable: rebuilt over
+            return None
+        try:
+            # Checked on the descriptor, so it is the file read: a folder would raise
+            # IsADirectoryError below, a FIFO or device would give whatever its writer sends.
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                self._not_a_file(key, suffix, mode)
+                return None
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read()
+        except OSError:
             self._drop(key, suffix)
             return None
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
+        finally:
+            os.close(fd)
         payload, other_key = _decode(data, key)
         if payload is None:
             if other_key and binary:
@@ -307,6 +375,29 @@ class KernelCache:
             self._drop(key, suffix)
             return None
         return payload
+
+    def _not_a_file(self, key: str, suffix: str, mode: int) -> None:
+        """Warn about, and remove where safe (see the module's docstring), an entry that is
+        not a regular file."""
+        dir_fd = self._dir_fd()
+        name = f"{key}{suffix}"
+        try:
+            if dir_fd is None:
+                raise OSError(errno.EBADF, "the cache directory is off")
+            _remove(name, dir_fd)
+        except OSError as exc:
+            outcome = (f"it could not be removed ({exc.strerror or exc}): remove it yourself; "
+                       f"until then this kernel is built without the disk cache")
+        else:
+            outcome = "it was removed"
+            if suffix == _SUFFIX:
+                self._count("discarded")
+        warnings.warn(
+            f"conveyor: kernel cache entry {self.path / name} is {_kind(mode)}, not a file "
+            f"conveyor wrote; it is not read, the kernel is rebuilt, and {outcome}",
+            RuntimeWarning,
+            stacklevel=6,
+        )
 
     def _write(self, key: str, suffix: str, payload: bytes) -> bool:
         dir_fd = self._dir_fd()
@@ -322,7 +413,14 @@ class KernelCache:
                 f.flush()
                 # Durable before visible: a crash must never leave a renamed, half-written entry.
                 os.fsync(f.fileno())
-            os.replace(tmp_name, f"{key}{suffix}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            try:
+                os.replace(tmp_name, f"{key}{suffix}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                # A folder with files holds the entry's name (_read warned when it found it):
+                # this one entry cannot be stored, the rest of the cache works.
+                return False
             tmp_name = None
         except OSError as exc:
             self._disable(f"is not writable ({exc.strerror or exc})")
@@ -343,38 +441,61 @@ class KernelCache:
         if dir_fd is None:
             return
         try:
-            os.unlink(f"{key}{suffix}", dir_fd=dir_fd)
+            _remove(f"{key}{suffix}", dir_fd)
         except OSError:
             return
         if suffix == _SUFFIX:
             self._count("discarded")
 
     def info(self) -> CacheInfo:
-        """How many entries the directory holds and their total bytes."""
+        """How many entries the directory holds and their total bytes (names of entries that
+        are not regular files are counted apart, in ``bad``)."""
         entries = 0
         total = 0
+        bad = 0
         dir_fd = self._dir_fd()
         if dir_fd is not None:
             for name in self._entries(dir_fd):
                 with contextlib.suppress(OSError):
-                    total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if not stat.S_ISREG(st.st_mode):
+                        bad += 1
+                        continue
+                    total += st.st_size
                     entries += 1
-        return CacheInfo(self.path, entries, total, self._usable is True)
+        return CacheInfo(self.path, entries, total, self._usable is True, bad)
 
     def clear(self) -> int:
         """Delete every entry (and its kernels' signatures), and temporary files older than a
-        minute; return the count of entries and temporary files."""
+        minute; return the count of entries and temporary files (:meth:`clear_entries` says
+        what could not be removed, and why)."""
+        return self.clear_entries().removed
+
+    def clear_entries(self) -> Cleared:
+        """:meth:`clear`, reporting the names it could not remove and a refused directory.
+
+        Names of entries that are not regular files go too, by the rule of the module's
+        docstring: unlinked (never followed), or rmdir'ed when an empty folder; nothing is
+        recursed into. The ``locks/`` folder stays (README: removing a lock another process
+        waits on would let two builders in at once)."""
         dir_fd = self._dir_fd()
         if dir_fd is None:
-            return 0
+            return Cleared(0, refused=self.refused or "is closed (KernelCache.close())")
+        failed: list[str] = []
+
+        def remove(name: str) -> bool:
+            try:
+                _remove(name, dir_fd)
+            except FileNotFoundError:
+                return False  # another process cleared it first
+            except OSError as exc:
+                failed.append(f"{name} ({exc.strerror or exc})")
+                return False
+            return True
+
         for name in self._entries(dir_fd, _SIG_SUFFIX):  # signatures go with their entries
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-        removed = 0
-        for name in self._entries(dir_fd):
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-                removed += 1
+            remove(name)
+        removed = sum(remove(name) for name in self._entries(dir_fd))
         cutoff = time.time() - STALE_TMP_SECONDS
         # A younger temporary file may belong to a writer that is still running: leave it.
         for name in os.listdir(dir_fd):
@@ -382,9 +503,8 @@ class KernelCache:
                 continue
             with contextlib.suppress(OSError):
                 if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime < cutoff:
-                    os.unlink(name, dir_fd=dir_fd)
-                    removed += 1
-        return removed
+                    removed += remove(name)
+        return Cleared(removed, tuple(failed))
 
     def _entries(self, dir_fd: int, suffix: str = _SUFFIX) -> list[str]:
         return [name for name in os.listdir(dir_fd)

@@ -37,7 +37,7 @@ def stream(
     reduce: str | Callable[[Any, Any], Any] | None = None,
     args: Sequence[Any] = (),
     progress: bool = False,
-    trace: str | None = None,
+    trace: files.PathLike | None = None,
     zero_copy: bool | None = None,
     workers: int | None = None,
     strict: bool | None = None,
@@ -182,9 +182,8 @@ def stream(
         from conveyor.pipeline import multi
 
         multi.check_devices(devs, schedule)
-    if trace is not None and not isinstance(trace, str):
-        raise InputError("trace= takes a file path (str)")
     if trace is not None:
+        trace = files.path_text(trace, "trace=")  # a str or pathlib.Path, as report.timeline.save
         files.output_target(trace, f"trace={trace!r}")  # before any work, not after it
     sources: list[Source] = []
     sinks: list[Sink] = []

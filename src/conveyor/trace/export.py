@@ -54,6 +54,8 @@ def chrome_trace(timeline: Timeline, process: str = "conveyor") -> dict[str, Any
 
 def save_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None:
     """Write the trace to ``path`` atomically (temp file, then rename; keeps the mode of a
-    file it replaces). Raises OSError when it cannot be written."""
+    file it replaces). Raises OSError when it cannot be written, a target that
+    :func:`conveyor.files.output_target` refuses included (a PermissionError with its
+    message): the stream writes its trace after the work, and only warns then."""
     document = chrome_trace(timeline)
     atomic_write(path, lambda handle: json.dump(document, handle), durable=False)

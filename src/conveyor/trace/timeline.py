@@ -264,9 +264,15 @@ class Timeline:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write Chrome Trace Event JSON to ``path`` (opens in Perfetto and chrome://tracing):
-        one track per lane, one slice per block and stage, block index and bytes in the args."""
+        one track per lane, one slice per block and stage, block index and bytes in the args.
+        InputError for a path that is no str or Path, holds a NUL, or names a missing folder,
+        a node (FIFO, device), this process's stdout or stderr or a /proc entry (see
+        :func:`conveyor.files.output_target`): the message names ``path``, not the temporary
+        file the JSON goes to first."""
+        from conveyor import files
         from conveyor.trace.export import save_chrome_trace
 
+        files.output_target(path, _call("save", path))
         save_chrome_trace(self, path)
 
     def plot(self, path: str | os.PathLike[str], *, title: str | None = None,
@@ -274,11 +280,21 @@ class Timeline:
         """Draw the timeline as a Gantt chart (one row per lane) into an image file, e.g. PNG;
         ``span_ms`` fixes the time axis' length (to compare two charts).
 
-        Needs matplotlib (``pip install conveyor[plot]``): InputError without it.
+        Needs matplotlib (``pip install conveyor[plot]``): InputError without it. The path is
+        checked as :meth:`save` checks it, before anything is drawn.
         """
+        from conveyor import files
         from conveyor.trace.plot import plot_timeline
 
+        files.output_target(path, _call("plot", path))
         plot_timeline(self, path, title=title, span_ms=span_ms)
 
     def __len__(self) -> int:
         return len(self.spans)
+
+
+def _call(method: str, path: object) -> str:
+    """``timeline.save('run.json')``: how errors name a call, with the path as the user wrote
+    it (a Path shown as its text, not ``PosixPath(...)``)."""
+    shown = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+    return f"timeline.{method}({shown!r})"
