@@ -25,8 +25,13 @@ PIECE_BYTES = 8 * 2**20
 
 
 def default_workers() -> int:
-    """Staging threads: one per core, at most 16 (host memcpy saturates around there)."""
-    return max(1, min(os.cpu_count() or 1, 16))
+    """Staging threads: three per four cores (all of them up to 3), at most 16 (host memcpy
+    saturates around there). Not one per core: the engine's and the driver's threads need
+    cores too; on a 16-CPU H100 host 12 workers staged pageable filter-sum at a median 40.7
+    GB/s against 33.5 with 16 on CUDA (map 27.2 against 26.7; NVIDIA's OpenCL 35.8 against
+    37.1, within its noise: bench/NOTES.md, session 7)."""
+    cores = os.cpu_count() or 1
+    return max(1, min(cores - cores // 4, 16))
 
 
 class StageTask:
