@@ -156,3 +156,11 @@ def test_a_cast_that_fits_streams_and_truncates_fractions(device, tmp_path, caps
     code = _conveyor(device, tmp_path, "copyi", data, "int32", "--block-bytes", "16KiB", "-q")
     assert code == 0, capsys.readouterr().err
     assert np.array_equal(np.load(tmp_path / "out.npy"), np.trunc(data).astype(np.int32))
+
+
+@pytest.mark.parametrize("cast", ["int32", "float32", "bool"])
+def test_complex_inputs_have_no_real_cast(cast):
+    with pytest.raises(InputError, match=f"-i v.npy: --cast {cast}: the input holds complex "
+                                         f"complex64 values, which have no {cast} value"):
+        CastSource(ArraySource(np.array([1 + 2j], np.complex64)), np.dtype(cast),
+                   f"-i v.npy: --cast {cast}")

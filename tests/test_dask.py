@@ -194,6 +194,12 @@ def test_map_blocks_refuses_a_constant_its_dtype_cannot_hold(two_workers):
         cvd.map_blocks(cvd.kernel(STENCIL, "sten"), x, halo=2, boundary=1e40)
 
 
+def test_map_blocks_refuses_a_complex_boundary(two_workers):
+    x = da.from_array(np.arange(100, dtype=np.int32), chunks=30)
+    with pytest.raises(cv.InputError, match="boundary="):
+        cvd.map_blocks(cvd.kernel(STENCIL, "sten"), x, halo=1, boundary=np.complex64(2))
+
+
 def test_reduce_of_no_rows_is_what_a_local_stream_gives(two_workers):
     x = da.from_array(np.arange(3001, dtype=np.int32), chunks=700)[:0]
     got = cvd.reduce(cvd.kernel(ROWS, "rows"), x, "sum", device=SPEC).compute()

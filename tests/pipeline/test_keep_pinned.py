@@ -245,3 +245,21 @@ def test_an_array_pinned_for_another_context_is_copied_directly_by_this_one(devi
         gc.collect()
     finally:
         other.close()
+
+
+def test_only_the_arrays_a_stream_reads_are_synced_to_the_driver(device, monkeypatch):
+    # host_changed (OpenCL: map for writing and unmap, an upload of the whole array where the
+    # driver keeps a copy) was called for kept outputs too, whose every byte the stream writes.
+    a, b = data((ROWS,), np.float32, 12), data((ROWS,), np.float32, 13)
+    c = np.zeros_like(a)
+    for array in (a, b, c):
+        assert cv.keep_pinned(array, device=device)
+    synced: list[int] = []
+    for array in (a, b, c):
+        registration = keep.find(device, array).registration
+        monkeypatch.setattr(registration, "host_changed",
+                            lambda n=array.nbytes: synced.append(n), raising=False)
+    cv.stream(kernel(device, "add"), [a, b], [c], device=device, block_bytes=BLOCK,
+              zero_copy=False)
+    np.testing.assert_array_equal(c, add_reference(a, b))
+    assert synced == [a.nbytes, b.nbytes]

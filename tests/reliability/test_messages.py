@@ -87,3 +87,19 @@ def test_a_switch_takes_true_or_false_only(device, name, value):
     with pytest.raises(cv.InputError, match=f"{name}=.*: {name} takes True or False"):
         cv.stream(_noop, [np.zeros(4, np.float32)], [np.float32], device=device,
                   **{name: value})
+
+
+@pytest.mark.parametrize("dtype", ["f4,(", ("f4", -1), "U4", "M8[s]", "V8"])
+def test_raw_refuses_what_is_no_numeric_dtype(tmp_path, dtype):
+    path = tmp_path / "x.bin"
+    path.write_bytes(bytes(64))
+    with pytest.raises(cv.InputError, match="numeric dtype"):
+        cv.raw(path, dtype)
+
+
+def test_a_plot_path_without_a_suffix_gets_png(device, tmp_path):
+    pytest.importorskip("matplotlib")
+    report = cv.stream(_noop, [np.zeros(4096, np.float32)], [np.float32], device=device,
+                       block_bytes=4096)
+    report.timeline.plot(tmp_path / "chart")
+    assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"

@@ -120,6 +120,10 @@ class CastSource(Source):
         self.shape = inner.shape
         self.name = f"{inner.name} as {dtype}"
         self.where = where or f"--cast {dtype}"
+        if np.dtype(inner.dtype).kind == "c" and dtype.kind != "c":
+            raise InputError(f"{self.where}: the input holds complex {inner.dtype} values, "
+                             f"which have no {dtype} value: cast to a complex type, or keep "
+                             f"the real part (np.real) in the file first")
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo:hi`` of the inner source, converted."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -215,7 +216,7 @@ def _check_boundary(boundary: Any) -> None:
         if boundary not in BOUNDARIES:
             raise InputError(f"boundary={boundary!r}: use one of {', '.join(BOUNDARIES)} or "
                              f"a constant (dask's names, as in da.map_overlap)")
-    elif isinstance(boundary, bool) or not isinstance(boundary, int | float | np.number):
+    elif isinstance(boundary, bool | np.bool_) or not isinstance(boundary, numbers.Real):
         raise InputError(f"boundary={boundary!r}: use one of {', '.join(BOUNDARIES)} or a "
                          f"number (a constant for the rows past either end)")
 

@@ -273,16 +273,23 @@ def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()
     ``written[i]``: the stream writes ``arrays[i]`` (an output), which its registration must
     allow."""
     writes = list(written) + [False] * (len(arrays) - len(written))
-    found: list[Kept | None] = [find(device, a, written=w) if a.flags.c_contiguous else None
-                                for a, w in zip(arrays, writes, strict=True)]
     held: list[Kept] = []
+    read: dict[int, Kept] = {}
+    # Found and held under one lock: another thread's keep_pinned() may release any kept
+    # array no stream holds (the budget), and must not release one between the two.
     with _lock:
-        for kept in found:
+        found: list[Kept | None] = [find(device, a, written=w) if a.flags.c_contiguous
+                                    else None for a, w in zip(arrays, writes, strict=True)]
+        for kept, w in zip(found, writes, strict=True):
             if kept is not None and not kept.doomed:
                 kept.holds += 1
                 held.append(kept)
                 _kept.move_to_end(kept.key)
-    for kept in {id(k): k for k in held}.values():
+                if not w:
+                    read[id(kept)] = kept
+    # Only what the stream reads: an output's every byte is written (and mapped back per
+    # block), and on a driver that keeps its own copy this sync uploads the whole array.
+    for kept in read.values():
         changed = getattr(kept.registration, "host_changed", None)
         if changed is not None:
             changed()

@@ -432,10 +432,10 @@ def raw_source(path: PathLike, dtype: Any, shape: Sequence[int] | int | None, of
     target = _existing(path)
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):  # NumPy parses strings: "f4,(" is a SyntaxError
         raise InputError(f"raw input {path}: {names[0]} {dtype!r} is not a NumPy dtype: give "
                          f"a numeric dtype, e.g. float32") from None
-    if dt.hasobject or dt.itemsize == 0:
+    if dt.kind not in "biufc" or dt.itemsize == 0:  # not text, dates, records or objects
         raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype: give "
                          f"{names[0]} a numeric dtype, e.g. float32")
     file_size = target.stat().st_size

@@ -63,6 +63,8 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
     figure.tight_layout()
     # Into a part file renamed over the target, as every conveyor output: a failed draw leaves
     # no half file, and a symlink another user planted in /tmp is refused (files.resolve).
-    suffix = Path(path).suffix.lstrip(".").lower() or "png"
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if not suffix:  # as matplotlib's savefig does: a PNG, named with its suffix
+        path, suffix = f"{os.fspath(path)}.png", "png"
     files.atomic_write(path, lambda handle: figure.savefig(handle, format=suffix),
                        durable=False, binary=True)
