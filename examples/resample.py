@@ -78,8 +78,13 @@ def reference(x: np.ndarray, p: int, q: int) -> np.ndarray:
 
 def run(device: cv.Device, rows: int, columns: int, *, ratio: tuple[int, int] = (2, 3),
         memory_limit: int | None = None, seed: int = 0) -> tuple[bool, cv.Report]:
-    """Downscale a random ``rows`` x ``columns`` image by ``q / p``; (matches NumPy, report)."""
+    """Downscale a random ``rows`` x ``columns`` image by ``q / p``; (matches NumPy, report).
+    An upscale (p > q) is refused: its last output rows in a block sample the next block's
+    first row, which a block without a halo does not hold (the clamp would give its own)."""
     p, q = ratio
+    if not 0 < p <= q:
+        raise cv.InputError(f"--ratio {p} {q}: this example downscales (0 < P <= Q); an "
+                            f"upscale would sample rows past its block's end")
     x = np.random.default_rng(seed).random((rows, columns), dtype=np.float32)
     out_columns = columns * p // q
     cuda = device.backend == "cuda"
@@ -104,3 +109,4 @@ if __name__ == "__main__":
     matches, result = run(dev, options.rows, options.columns, ratio=tuple(options.ratio))
     print(result)
     print(f"{result.blocks} blocks of {result.block_rows} rows; matches NumPy: {matches}")
+    raise SystemExit(0 if matches else 1)

@@ -114,7 +114,16 @@ def parse_size(name: str, value: str) -> int:
     number = Fraction(match.group(1)) * 10 ** int(match.group(2) or 0) * _SIZE_UNITS[unit]
     if number.denominator != 1:
         raise InputError(f"{name}={value!r} is not a whole number of bytes: use {SIZE_FORMS}")
-    return int(number)
+    return check_size_cap(name, value, int(number))
+
+
+def check_size_cap(name: str, value: object, number: int) -> int:
+    """``number`` (bytes); InputError naming ``name`` when it is 10**30 or more, the cap a
+    size string's digits have, whatever its unit or form (an int, '...GiB')."""
+    if number >= 10**_SIZE_DIGITS:
+        raise InputError(f"{name}={value!r} is larger than any memory (10**"
+                         f"{_SIZE_DIGITS} bytes or more): use {SIZE_FORMS}")
+    return number
 
 
 def pool_keep() -> int | None:

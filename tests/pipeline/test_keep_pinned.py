@@ -263,3 +263,18 @@ def test_only_the_arrays_a_stream_reads_are_synced_to_the_driver(device, monkeyp
               zero_copy=False)
     np.testing.assert_array_equal(c, add_reference(a, b))
     assert synced == [a.nbytes, b.nbytes]
+
+
+def test_closing_the_device_waits_for_the_streams_that_hold_a_registration(device):
+    # device.close() released a registration a running stream still copied from (found by
+    # trying it: the rest of the stream fell back to pageable copies; on CUDA the memory
+    # would have been unregistered under copies in flight).
+    a, b = data((ROWS,), np.float32, 30), data((ROWS,), np.float32, 31)
+    assert cv.keep_pinned(a, device=device) and cv.keep_pinned(b, device=device)
+    found, holds = keep.hold(device, [a])
+    assert found == [True]
+    keep.release_device(device)
+    assert keep.kept_bytes() == a.nbytes  # b went at once; a when the stream lets go
+    assert keep.hold(device, [a])[0] == [False]  # no new stream takes it
+    holds.close()
+    assert keep.kept_bytes() == 0

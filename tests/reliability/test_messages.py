@@ -103,3 +103,18 @@ def test_a_plot_path_without_a_suffix_gets_png(device, tmp_path):
                        block_bytes=4096)
     report.timeline.plot(tmp_path / "chart")
     assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999999999999GiB", 10**40, "1e31",
+                                   "1000000000000000000000TiB"])
+def test_a_size_past_any_memory_is_refused_in_every_form(value, monkeypatch):
+    # "1e31" was refused but the same magnitude as an int or with a unit was taken.
+    with pytest.raises(cv.InputError, match="larger than any memory"):
+        cv.configure(pinned_budget=value)
+    if isinstance(value, str):
+        from conveyor.memory import keep
+
+        monkeypatch.setenv("CONVEYOR_PINNED_BUDGET", value)
+        monkeypatch.setattr(keep, "_budget", None)  # read the environment, not configure()'s
+        with pytest.raises(cv.InputError, match="larger than any memory"):
+            keep.budget()

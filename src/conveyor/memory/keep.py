@@ -81,6 +81,7 @@ def configure(*, pinned_budget: int | str | None = None) -> dict[str, int]:
                 or pinned_budget < 0:
             raise InputError(f"pinned_budget={pinned_budget!r}: use 0 or more bytes (an int "
                              f"or a size like '8GiB')")
+        config.check_size_cap("pinned_budget", pinned_budget, pinned_budget)
         with _lock:
             _budget = pinned_budget
             _fit(0)
@@ -228,9 +229,13 @@ def release_pinned(array: np.ndarray | None = None, *,
 
 
 def release_device(device: Device) -> None:
-    """Release every registration on ``device`` (it is closing)."""
+    """Release every registration on ``device`` (it is closing); one a running stream holds
+    when that stream lets go (CUDA would otherwise unregister memory its copies still read)."""
     with _lock:
         for kept in [k for k in _kept.values() if k.device is device]:
+            if kept.holds:
+                kept.doomed = True
+                continue
             del _kept[kept.key]
             kept.close()
 

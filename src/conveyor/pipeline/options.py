@@ -116,7 +116,7 @@ def size(name: str, value: Any) -> int | None:
     if number is None:
         raise InputError(f"{name}={value!r}{_kind(value)} is not a whole number of bytes: "
                          f"{name} takes None, {config.SIZE_FORMS}")
-    return number
+    return config.check_size_cap(name, value, number)
 
 
 def _whole(value: Any) -> int | None:
