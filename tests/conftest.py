@@ -14,6 +14,7 @@ import pytest
 
 import conveyor as cv
 from conveyor.backends.diagnose import cannot_compile
+from conveyor.kernels import build
 from conveyor.memory import pinned
 from conveyor.pipeline import staging
 
@@ -135,3 +136,14 @@ def staging_on_threads(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     ``inline_staging``."""
     if request.node.get_closest_marker("inline_staging") is None:
         monkeypatch.setattr(staging, "THREAD_MIN_BYTES", 0)
+
+
+@pytest.fixture
+def fresh_memo(monkeypatch: pytest.MonkeyPatch):
+    """For the kernel-cache tests (``pytestmark = pytest.mark.usefixtures("fresh_memo")``):
+    the disk cache on, whatever the environment says, and the in-process memo empty before and
+    after, so every build in the test goes through the disk cache."""
+    monkeypatch.delenv("CONVEYOR_NO_CACHE", raising=False)
+    build.clear_memo()
+    yield
+    build.clear_memo()

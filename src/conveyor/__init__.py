@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from conveyor.memory import pinned
     from conveyor.memory.keep import configure, keep_pinned, release_pinned
     from conveyor.pipeline.chain import Chain, chain, link
+    from conveyor.pipeline.chunks import iterate
     from conveyor.pipeline.image import image
-    from conveyor.pipeline.io import arrow, iterate, npy, parquet, raw
+    from conveyor.pipeline.io import arrow, npy, parquet, raw
     from conveyor.pipeline.report import Report
     from conveyor.pipeline.resident import Resident, resident
     from conveyor.pipeline.shaped import per_block, rows

@@ -39,12 +39,7 @@ __kernel void scale(__global float* out, __global const float* a, ulong offset, 
 """
 
 
-@pytest.fixture(autouse=True)
-def fresh_memo(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("CONVEYOR_NO_CACHE", raising=False)
-    build.clear_memo()
-    yield
-    build.clear_memo()
+pytestmark = pytest.mark.usefixtures("fresh_memo")  # tests/conftest.py
 
 
 def use_dir(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:

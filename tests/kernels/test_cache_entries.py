@@ -41,12 +41,7 @@ __kernel void scale(__global const float* a, __global float* out, ulong offset, 
 """
 
 
-@pytest.fixture(autouse=True)
-def fresh_memo(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("CONVEYOR_NO_CACHE", raising=False)
-    build.clear_memo()
-    yield
-    build.clear_memo()
+pytestmark = pytest.mark.usefixtures("fresh_memo")  # tests/conftest.py
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
-"""Sources that read what they should (pipeline/io.py): a generator that refills one buffer
-for every chunk, one file source shared by streams in several threads, an iterable with more
-rows than its length, raw files' shapes and offsets checked before any work. Exact against
-NumPy on a real device."""
+"""Sources that read what they should (pipeline/io.py, pipeline/chunks.py): a generator
+that refills one buffer for every chunk, one file source shared by streams in several
+threads, an iterable with more rows than its length, raw files' shapes and offsets checked
+before any work. Exact against NumPy on a real device."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from streamkit import data, kernel, stencil_reference
 
 import conveyor as cv
 from conveyor.cli.inputs import Input, open_input
-from conveyor.pipeline import io
+from conveyor.pipeline import chunks, io
 from conveyor.pipeline import stream as stream_module
 from conveyor.pipeline.stage import copy_rows
 
@@ -79,7 +79,7 @@ def test_a_refilled_buffer_staged_inline_streams_exactly(device, halo):
 def test_rows_lent_and_not_yet_copied_outlive_the_next_chunk(monkeypatch):
     # Rows within one chunk are lent to the staging copy; asking for the next chunk (which
     # refills the buffer) must not change what that copy reads, even when it reads later.
-    monkeypatch.setattr(io, "LOAN_PATIENCE_S", 0.01, raising=False)
+    monkeypatch.setattr(chunks, "LOAN_PATIENCE_S", 0.01)
     x = np.arange(40, dtype=np.float32)
     source = cv.iterate(refilled(x, [20, 20]), length=40)
     lent = source.rows(0, 10)
@@ -96,7 +96,7 @@ def test_rows_lent_and_not_yet_copied_outlive_the_next_chunk(monkeypatch):
 def test_a_staging_copy_that_fails_before_reading_a_chunk_does_not_hang(device, monkeypatch):
     # A lent block whose copy never reads it (the copy failed first) must not keep the
     # source waiting before the next chunk: the stream fails with the copy's error.
-    monkeypatch.setattr(io, "LOAN_PATIENCE_S", 0.01, raising=False)
+    monkeypatch.setattr(chunks, "LOAN_PATIENCE_S", 0.01)
 
     class Boom(Exception):
         pass

@@ -35,12 +35,7 @@ AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="only root can chown to a
 OTHER_UID = 65534
 
 
-@pytest.fixture(autouse=True)
-def fresh_memo(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("CONVEYOR_NO_CACHE", raising=False)
-    build.clear_memo()
-    yield
-    build.clear_memo()
+pytestmark = pytest.mark.usefixtures("fresh_memo")  # tests/conftest.py
 
 
 def factor_of(device: cv.Device, options: tuple[str, ...] = ()) -> float:

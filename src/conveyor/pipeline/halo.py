@@ -29,7 +29,8 @@ import numpy as np
 from conveyor.backends.base import Device, PinnedBuffer
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
-from conveyor.pipeline.io import ArraySource, IterSource, Source
+from conveyor.pipeline.chunks import IterSource
+from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
 

@@ -11,8 +11,9 @@ A *source* hands the engine rows ``lo:hi`` of one input; a *sink* takes rows of 
 - :func:`parquet` and :func:`arrow` (in :mod:`conveyor.pipeline.tables`, importable from here)
   read numeric columns of a Parquet or Arrow IPC file one row group / record batch at a time
   (PyArrow, extra ``parquet``);
-- :func:`iterate` takes any iterable of arrays (chunks along axis 0), read once, in order
-  (a chunk may be a buffer the iterable fills again for the next one);
+- :func:`iterate` (in :mod:`conveyor.pipeline.chunks`, importable from here) takes any
+  iterable of arrays (chunks along axis 0), read once, in order (a chunk may be a buffer the
+  iterable fills again for the next one);
 - outputs (ndarrays, ``"y.npy"``, ``npy_out``, ``raw_out``) are sinks, in
   :mod:`conveyor.pipeline.sinks`: files are written into a temporary file renamed over the
   target only once the whole stream has succeeded.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ from conveyor.errors import InputError
 from conveyor.pipeline.options import _whole
 
 if TYPE_CHECKING:
+    from conveyor.pipeline.chunks import IterSource as IterSource
+    from conveyor.pipeline.chunks import iterate as iterate
     from conveyor.pipeline.tables import ChunkedSource as ChunkedSource
     from conveyor.pipeline.tables import arrow as arrow
     from conveyor.pipeline.tables import parquet as parquet
@@ -201,193 +204,6 @@ class FileRows:
         self.file.write_from(src, self.lo)
 
 
-#: Seconds an IterSource waits for the staging copies of rows it lent while none of them
-#: reads, before it copies those rows itself (a copy that never runs: its stream failed).
-LOAN_PATIENCE_S = 0.5
-
-
-class IterSource(Source):
-    """Chunks of an iterable along axis 0, read once, in order. ``length`` (total rows) is
-    required up front, because the plan is made before the first block; the first chunk gives
-    the dtype and row shape. Rows are held only while a block (with its halo) needs them.
-
-    A chunk may be memory that the iterable fills again for the next one (``f.readinto(buf)``,
-    ``yield buf[:rows]``), so no row of a chunk is read once the next chunk has been asked for.
-    A block within one chunk is lent to the staging copies as it is (a :class:`FileRows` over
-    the chunk: no copy here), and the next chunk is asked for only once they have read it. A
-    block that spans chunks is copied into an array of its own as its chunks come: only its
-    rows (what the next block needs again, its halo, is in that array too); the rest of its
-    last chunk is lent later. After the last row the iterable is asked once more and must
-    end (or yield only empty chunks): more rows than ``length`` are an InputError, as fewer
-    are.
-    """
-
-    def __init__(self, chunks: Iterable[Any], length: int) -> None:
-        rows = _whole(length)
-        if rows is None or rows < 0:
-            raise InputError(f"iterate(length={length!r}): give the total rows, a whole number, "
-                             f"0 or more")
-        self.name = f"iterable of {type(chunks).__name__}"
-        self._chunks: Iterator[Any] = iter(chunks)
-        self._length = rows
-        self._read = 0  # rows the iterable has yielded
-        self._ended = False  # it raised StopIteration
-        self._cond = threading.Condition()  # guards the loans
-        self._loans: list[_Loan] = []  # rows lent to staging copies since the last next()
-        first = self._next()
-        if first is None and rows:
-            raise InputError(f"{self.name} is empty but length={rows}: pass the real length")
-        template = first if first is not None else np.empty(0, np.float32)
-        self.dtype = template.dtype
-        self.shape = (rows, *template.shape[1:])
-        # The rows held, in order from row _first on: (input row of rows[0], rows, whether
-        # they are the iterable's memory).
-        self._held: list[tuple[int, np.ndarray, bool]] = (
-            [(0, first, True)] if first is not None else [])
-        self._first = 0
-        if not rows:
-            self._check_end()
-
-    def _next(self) -> np.ndarray | None:
-        """The next chunk, checked (None once the iterable has ended); InputError once the
-        chunks hold more than ``length`` rows."""
-        if self._ended:
-            return None
-        try:
-            chunk = next(self._chunks)
-        except StopIteration:
-            self._ended = True
-            return None
-        array = np.asarray(chunk)
-        if array.ndim == 0 or array.dtype.hasobject:
-            raise InputError(f"{self.name} yielded {array.dtype} of shape {array.shape}: yield "
-                             f"numeric arrays, cut along axis 0")
-        if hasattr(self, "shape") and (array.dtype != self.dtype
-                                       or array.shape[1:] != self.shape[1:]):
-            raise InputError(
-                f"{self.name} yielded a chunk of {array.dtype} rows {array.shape[1:]} after "
-                f"{self.dtype} rows {self.shape[1:]}: every chunk must match the first"
-            )
-        self._read += len(array)
-        if self._read > self._length:
-            raise InputError(f"{self.name} yielded at least {self._read} rows but length="
-                             f"{self._length}: pass the real length")
-        return array
-
-    def rows(self, lo: int, hi: int) -> np.ndarray | FileRows:
-        """Rows ``lo:hi``; ``lo`` must not go back before rows already let go of (those before
-        the ``lo`` of a call that asked the iterable for more)."""
-        if lo < self._first:
-            raise InputError(f"{self.name} is read once, in order: rows {lo}: are gone")
-        last = hi == self._length and not self._ended  # then the iterable is asked to end
-        if hi <= self._read and not last:  # held already
-            for start, rows, theirs in self._held:
-                if start <= lo and hi <= start + len(rows):
-                    if not theirs:
-                        return rows[lo - start : hi - start]
-                    loan = _Loan(self, rows[lo - start : hi - start], lo)
-                    with self._cond:
-                        self._loans.append(loan)
-                    return FileRows(loan, lo, hi)
-            return self._gather(lo, hi)[0]  # across chunks: a copy
-        # The iterable is asked for more: rows before lo are let go of, and rows lo:hi are
-        # copied out of its memory first (the rows still held after hi are its new chunk's).
-        out, tail = self._gather(lo, hi)
-        self._held = [(lo, out, False), *tail]
-        self._first = lo
-        if last:
-            self._check_end()
-        return out
-
-    def _gather(self, lo: int, hi: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray, bool]]]:
-        """Rows ``lo:hi`` copied into an array of their own, from the rows held, then from
-        chunks asked for until ``hi``; and the rest of the last chunk, held as it is."""
-        out = np.empty((hi - lo, *self.shape[1:]), self.dtype)
-        for start, rows, _ in self._held:
-            self._copy_part(out, lo, hi, start, rows)
-        tail: list[tuple[int, np.ndarray, bool]] = []
-        if self._read < hi:
-            # Every row still needed is in ``out`` now; the iterable may reuse the memory of
-            # its chunks once the staging copies have read what was lent out of them.
-            self._settle()
-            while self._read < hi:
-                start = self._read
-                chunk = self._next()
-                if chunk is None:
-                    raise InputError(f"{self.name} ended after {self._read} rows but length="
-                                     f"{self._length}: pass the real length")
-                self._copy_part(out, lo, hi, start, chunk)
-                if self._read > hi:
-                    tail = [(hi, chunk[hi - start :], True)]
-        return out, tail
-
-    @staticmethod
-    def _copy_part(out: np.ndarray, lo: int, hi: int, start: int, rows: np.ndarray) -> None:
-        """Copy the rows of ``rows`` (input rows from ``start``) that lie in ``lo:hi`` into
-        ``out`` (rows ``lo:hi``)."""
-        first, stop = max(start, lo), min(start + len(rows), hi)
-        if first < stop:
-            out[first - lo : stop - lo] = rows[first - start : stop - start]
-
-    def _settle(self) -> None:
-        """Before the next ``next()``: no staging copy reads a chunk's memory any more."""
-        with self._cond:
-            for loan in self._loans:
-                loan.settle()
-            self._loans = []
-
-    def _check_end(self) -> None:
-        """After the last row: the iterable must end (empty chunks aside; a chunk with rows
-        raises in _next)."""
-        self._settle()
-        while self._next() is not None:
-            pass
-
-    def close(self) -> None:
-        """The stream is over and its staging copies joined: none reads a loan any more."""
-        with self._cond:
-            self._loans = []
-
-
-class _Loan:
-    """Rows of a chunk (the iterable's memory) lent to staging copies, as the ``file`` of a
-    :class:`FileRows`: ``left`` rows are not read yet, ``reading`` copies read them now."""
-
-    __slots__ = ("cond", "rows", "first", "left", "reading", "shape", "dtype")
-
-    def __init__(self, source: IterSource, rows: np.ndarray, first: int) -> None:
-        self.cond = source._cond
-        self.rows = rows
-        self.first = first  # the input row of rows[0]
-        self.left = len(rows)
-        self.reading = 0
-        self.shape = source.shape
-        self.dtype = source.dtype
-
-    def read_into(self, dst: np.ndarray, lo: int) -> None:
-        """Copy ``len(dst)`` rows from input row ``lo`` into ``dst``."""
-        with self.cond:
-            rows = self.rows
-            self.reading += 1
-        try:
-            at = lo - self.first
-            np.copyto(dst, rows[at : at + len(dst)], casting="no")
-        finally:
-            with self.cond:
-                self.reading -= 1
-                self.left -= len(dst)
-                self.cond.notify_all()
-
-    def settle(self) -> None:
-        """With ``cond`` held: return once no copy will read the chunk itself. Copies that
-        read now are waited for; rows no copy has started on after ``LOAN_PATIENCE_S`` (it
-        failed before reading, or never ran) are copied here, for any copy still to come."""
-        while self.left > 0:
-            if not self.cond.wait(LOAN_PATIENCE_S) and not self.reading:
-                self.rows = self.rows.copy()
-                return
-
-
 def npy(path: PathLike) -> FileSource:
     """A ``.npy`` file as an input, read block by block; InputError if its size does not match
     its header, it is Fortran-ordered, or it holds Python objects."""
@@ -491,20 +307,6 @@ def _raw_dims(path: PathLike, shape: Any) -> list[int]:
     return dims
 
 
-def iterate(chunks: Iterable[Any], length: int) -> IterSource:
-    """Any iterable of arrays (chunks along axis 0, any sizes) as an input of ``length`` rows
-    in all. It is read once, in order; the first chunk is read now for the dtype.
-
-    A chunk may be a buffer the iterable fills again for the next chunk (``f.readinto(buf)``
-    then ``yield buf[:rows]``): every row of a chunk is staged or copied before the next one is
-    asked for, and a chunk is not read after that. It must not change before (another
-    thread writing it). After the last row the iterable is asked once more (as
-    ``zip(strict=True)`` does), so a generator runs to its end: it must end there, or yield
-    only empty chunks. Fewer or more rows than ``length`` are an InputError (more: when a
-    chunk runs past ``length``, or at that last ask)."""
-    return IterSource(chunks, length)
-
-
 def as_source(value: Any, index: int) -> Source:
     """Input ``index`` as a Source: a path (``.npy``), a Source, or an array."""
     if isinstance(value, Source):
@@ -549,4 +351,9 @@ def __getattr__(name: str) -> Any:
         from conveyor.pipeline import tables
 
         return getattr(tables, name)
+    # Iterable inputs live in pipeline/chunks.py; their names stay importable here.
+    if name in ("IterSource", "iterate"):
+        from conveyor.pipeline import chunks
+
+        return getattr(chunks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,9 +40,10 @@ from conveyor.errors import CompileError, InputError
 from conveyor.memory import numa
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain, Link
+from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.interrupts import start_thread
-from conveyor.pipeline.io import ArraySource, FileSource, IterSource, Source
+from conveyor.pipeline.io import ArraySource, FileSource, Source
 from conveyor.pipeline.merged import merge_reports
 from conveyor.pipeline.options import StreamOptions
 from conveyor.pipeline.plan import Plan, make_plan
