@@ -42,6 +42,12 @@ WARMUP_MIN_BYTES = 64 * 2**20
 PINNED_BUDGET_VAR = "CONVEYOR_PINNED_BUDGET"
 #: "auto" (default): pinned memory and staging threads on each GPU's NUMA node; "off".
 NUMA_VAR = "CONVEYOR_NUMA"
+#: Python's thread switch interval while a stream runs: a duration (0.5ms, the default; 100us,
+#: 0.001s) or off (pipeline/switching.py).
+SWITCH_INTERVAL_VAR = "CONVEYOR_SWITCH_INTERVAL"
+DEFAULT_SWITCH_INTERVAL = 0.0005
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|ms|us)", re.IGNORECASE | re.ASCII)
+_DURATION_PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6}  # divide: 100us is 100 µs exactly
 ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 #: PyOpenCL appends this variable's words to every build's options (outside conveyor's control):
 #: the kernel cache key must cover it, or a binary built under it is served to runs without it.
@@ -176,6 +182,22 @@ def warmup_bytes() -> int | None:
             f"{WARMUP_VAR}={value!r} is less than one {WARMUP_MIN_BYTES >> 20} MiB staging "
             f"block: use a size such as 512MiB, 'on' for the default, or 'off'")
     return size
+
+
+def switch_interval() -> float | None:
+    """``CONVEYOR_SWITCH_INTERVAL``: seconds Python may run one thread before switching while
+    a stream runs (default 0.5 ms), or None for ``off`` (Python's own interval stays)."""
+    value = _get(SWITCH_INTERVAL_VAR)
+    if value is None:
+        return DEFAULT_SWITCH_INTERVAL
+    if value.strip().lower() in ("off", "no", "false"):
+        return None
+    found = _DURATION.fullmatch(value.strip())
+    seconds = float(found.group(1)) / _DURATION_PER_SECOND[found.group(2).lower()] if found else 0.0
+    if not 1e-6 <= seconds <= 1.0:
+        raise InputError(f"{SWITCH_INTERVAL_VAR}={value!r}: give a duration from 1us to 1s, "
+                         f"such as 0.5ms or 100us, or off")
+    return seconds
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:

@@ -134,6 +134,43 @@ def test_pinned_memory_is_recognised(dev):
 
 
 @pytest.mark.gpu
+def test_own_pinned_buffers_are_known_without_the_driver_and_forgotten_when_freed(dev):
+    pinned = dev.alloc_pinned(1 << 16)
+    ptr = pinned.ptr
+    assert dev._pinned_spans[ptr] == ptr + (1 << 16)
+    assert dev._is_pinned(ptr + 4096, 8192)
+    assert not dev._is_pinned(ptr + 4096, 1 << 16)  # runs past the end: the driver decides
+    pinned.close()
+    assert ptr not in dev._pinned_spans
+    dropped = dev.alloc_pinned(1 << 16)
+    ptr = dropped.ptr
+    del dropped  # the finalizer frees it: the span must go with it
+    gc.collect()
+    assert ptr not in dev._pinned_spans
+
+
+@pytest.mark.gpu
+def test_command_events_are_recorded_again_once_dropped(dev):
+    buf = dev.alloc_device(1 << 16)
+    src, _ = _pinned(dev, np.ones(1 << 14, np.float32))
+    q = dev.create_queue()
+    kept = q.copy_in(buf, src.array)
+    for _ in range(200):  # each event dropped at once: the same few handles come back
+        q.copy_in(buf, src.array).wait()
+    spare = sum(len(s) for s in dev._events._spare)
+    assert 2 <= spare <= 8
+    later = q.copy_in(buf, src.array)
+    q.finish()
+    first, last = kept.profile_ns(), later.profile_ns()
+    assert first is not None and last is not None
+    assert first[0] <= first[1] <= last[0] <= last[1]  # kept's events were never re-recorded
+    assert kept.is_done() and later.is_done()
+    q.close()
+    src.close()
+    buf.close()
+
+
+@pytest.mark.gpu
 def test_pageable_copy_in_behind_a_user_event_does_not_block(dev):
     data = np.arange(1 << 16, dtype=np.float32)
     expected = data.copy()

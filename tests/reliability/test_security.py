@@ -80,6 +80,7 @@ BAD_VALUES = {
     "CONVEYOR_PINNED_BUDGET": ("most", config.pinned_budget, None),
     "CONVEYOR_WARMUP": ("early", config.warmup_bytes, None),
     "CONVEYOR_NUMA": ("nearest", config.numa_mode, "auto"),
+    "CONVEYOR_SWITCH_INTERVAL": ("quick", config.switch_interval, 0.0005),
 }
 
 

@@ -13,12 +13,8 @@ pinned pool (the driver's own pageable path would block the host until the strea
 pageable destination of ``copy_out`` goes through the driver, which returns only once the data
 is there, so that call blocks until the stream reaches it.
 
-CUDA has no user events. :meth:`Device.user_event` builds one: a 4-byte flag in mapped pinned
-memory, a private stream that waits for the flag (``cuStreamWaitValue32``; a one-thread spin
-kernel where stream memory operations are unsupported), and an event recorded after the wait.
-``set_complete`` writes the flag. A user event that is dropped unset opens its gate, so nothing
-waits forever. Never gate a ``copy_out`` into *pageable* memory on a user event the same thread
-sets later: that call waits on the host for its stream and would deadlock.
+Events (a command's start and end, pooled; user events built from a host flag) live in
+cuda_events.py.
 
 Arrays for Python compute callables (:meth:`Device.device_array`) speak
 ``__cuda_array_interface__`` (version 3, with the queue's stream) and DLPack, so CuPy, PyTorch
@@ -29,7 +25,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,138 +34,27 @@ import numpy as np
 from conveyor import config, hazards
 from conveyor.backends import base
 from conveyor.backends.cuda_array import DeviceArray
+from conveyor.backends.cuda_driver import (
+    _HOST_ALLOC_FLAGS,
+    _IMPORT_ERROR,
+    _check,
+    _code_name,
+    _HostMemory,
+    _wrap,
+    cc,
+    driver,
+    nvrtc,
+)
+from conveyor.backends.cuda_events import Event, EventPool, UserEvent
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.argtypes import check_sizes
 from conveyor.kernels.signature import Param, arg_converters
 from conveyor.memory import hostmem
 
-_IMPORT_ERROR: Exception | None = None
-try:
-    import cuda.core as cc
-    from cuda.bindings import driver, nvrtc
-except Exception as exc:  # cuda.core is there but cannot load (no cuda.bindings, wrong major)
-    _IMPORT_ERROR = exc
-
 _DEFAULT_BLOCK = 256
-_ERROR_NAME = re.compile(r"(?:CUDA|NVRTC)_ERROR_[A-Z0-9_]+")
-
-
-# -- errors --------------------------------------------------------------------------------------
-def _code_name(err: Any) -> str:
-    return str(getattr(err, "name", err))
-
-
-def _check(result: Any, call: str) -> Any:
-    """Unpack a cuda.bindings result tuple; BackendError unless it is CUDA_SUCCESS."""
-    err = result[0]
-    if int(err) != 0:
-        _, text = driver.cuGetErrorString(err)
-        message = text.decode() if isinstance(text, bytes) else "driver call failed"
-        raise BackendError(message, call=call, code=_code_name(err))
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
-
-
-def _wrap(exc: Exception, call: str) -> BackendError:
-    """A cuda.core exception as a BackendError with the symbolic code from its message."""
-    found = _ERROR_NAME.search(str(exc))
-    return BackendError(str(exc), call=call, code=found.group(0) if found else "")
-
-
-# -- events ----------------------------------------------------------------------------------
-_TIMED: Any = None
-_TIMED_BLOCKING: Any = None
-
-
-def _event_options() -> tuple[Any, Any]:
-    global _TIMED, _TIMED_BLOCKING
-    if _TIMED is None:
-        _TIMED = cc.EventOptions(timing_enabled=True)
-        # The end event is what the host waits on: block (yield the core) rather than spin.
-        _TIMED_BLOCKING = cc.EventOptions(timing_enabled=True, blocking_sync=True)
-    return _TIMED, _TIMED_BLOCKING
-
-
-class Event(base.Event):
-    """A command's start and end events; complete once the end event is."""
-
-    __slots__ = ("device", "start", "end", "_profile")
-
-    def __init__(self, device: Device, start: Any, end: Any) -> None:
-        self.device = device
-        self.start = start
-        self.end = end
-        self._profile: tuple[int, int] | None = None
-
-    def wait(self) -> None:
-        self.device._current()  # staging threads wait too, and the driver needs the context
-        try:
-            self.end.sync()
-        except Exception as exc:
-            raise _wrap(exc, "cuEventSynchronize") from exc
-
-    def is_done(self) -> bool:
-        try:
-            return bool(self.end.is_done)
-        except Exception:  # the command failed: it is over; wait() raises the error
-            return True
-
-    def profile_ns(self) -> tuple[int, int] | None:
-        if self._profile is None:
-            start = self.device._since_reference(self.start)
-            end = self.device._since_reference(self.end)
-            if start is None or end is None:
-                return None
-            self._profile = (start, end)
-        return self._profile
-
-
-class UserEvent(Event, base.UserEvent):
-    """A host-set gate (see the module docstring)."""
-
-    __slots__ = ("_flag", "_finalizer")
-
-    def __init__(self, device: Device) -> None:
-        device._current()
-        timed, blocking = _event_options()
-        host = _check(driver.cuMemHostAlloc(4, _HOST_ALLOC_FLAGS), "cuMemHostAlloc")
-        flag = np.asarray(_HostMemory(int(host), 4)).view(np.uint32)
-        flag[0] = 0
-        stream = device.core.create_stream(options=cc.StreamOptions(nonblocking=True))
-        state = [flag, int(host), stream, device]
-        try:
-            dptr = int(_check(driver.cuMemHostGetDevicePointer(int(host), 0),
-                              "cuMemHostGetDevicePointer"))
-            start = stream.record(options=timed)
-            device._gate(stream, dptr)
-            end = stream.record(options=blocking)
-        except BaseException:
-            _open_gate(state)
-            raise
-        super().__init__(device, start, end)
-        self._flag = flag
-        self._finalizer = weakref.finalize(self, _open_gate, state)
-
-    def set_complete(self) -> None:
-        self._flag[0] = 1
-
-
-def _open_gate(state: list[Any]) -> None:
-    """Set the flag, let the gate stream drain, free the flag. Never raises."""
-    flag, host, stream, device = state
-    try:
-        flag[0] = 1
-        device._current()
-        stream.sync()
-        stream.close()
-        driver.cuMemFreeHost(host)
-    except Exception:  # interpreter shutdown or a dead context
-        pass
 
 
 # -- memory ------------------------------------------------------------------------------------
-_HOST_ALLOC_FLAGS = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
 _REGISTER_PORTABLE = 0x01
 _REGISTER_DEVICEMAP = 0x02
 _REGISTER_READ_ONLY = 0x08
@@ -180,15 +64,6 @@ _REGISTER_MIN_BYTES = 4 * 2**20
 _MEMORYTYPE_HOST = 1  # CU_MEMORYTYPE_HOST
 
 
-class _HostMemory:
-    """Exposes ``nbytes`` at ``pointer`` to NumPy; the base of a pinned buffer's ``array``."""
-
-    def __init__(self, pointer: int, nbytes: int) -> None:
-        self.__array_interface__ = {
-            "shape": (nbytes,), "typestr": "|u1", "data": (pointer, False), "version": 3,
-        }
-
-
 def _free_device(ptr: int) -> None:
     try:
         driver.cuMemFree(ptr)
@@ -196,7 +71,8 @@ def _free_device(ptr: int) -> None:
         pass
 
 
-def _free_host(ptr: int) -> None:
+def _free_host(ptr: int, spans: dict[int, int]) -> None:
+    spans.pop(ptr, None)
     try:
         driver.cuMemFreeHost(ptr)
     except Exception:  # never raise from a finalizer
@@ -228,13 +104,15 @@ class PinnedBuffer(base.PinnedBuffer):
         self.ptr = ptr
         self.nbytes = nbytes
         self.array = np.asarray(_HostMemory(ptr, nbytes))
-        self._finalizer = weakref.finalize(self, _free_host, ptr)
+        device._pinned_spans[ptr] = ptr + nbytes
+        self._finalizer = weakref.finalize(self, _free_host, ptr, device._pinned_spans)
 
     def close(self) -> None:
         if self.ptr:
             ptr, self.ptr = self.ptr, 0
             self.array = np.empty(0, np.uint8)
             self._finalizer.detach()
+            self.device._pinned_spans.pop(ptr, None)
             self.device._current()
             _check(driver.cuMemFreeHost(ptr), "cuMemFreeHost")
 
@@ -248,13 +126,16 @@ class RegisteredPinned(PinnedBuffer):
         self.ptr = ptr
         self.nbytes = nbytes
         self.array = np.asarray(_HostMemory(ptr, nbytes))
-        self._unmapper = weakref.finalize(self, _unregister_and_unmap, ptr, nbytes)
+        device._pinned_spans[ptr] = ptr + nbytes
+        self._unmapper = weakref.finalize(self, _unregister_and_unmap, ptr, nbytes,
+                                          device._pinned_spans)
 
     def close(self) -> None:
         if self.ptr:
             ptr, self.ptr = self.ptr, 0
             self.array = np.empty(0, np.uint8)
             self._unmapper.detach()
+            self.device._pinned_spans.pop(ptr, None)
             try:
                 self.device._current()  # a forked child raises here: it still unmaps its copy
                 _check(driver.cuMemHostUnregister(ptr), "cuMemHostUnregister")
@@ -262,7 +143,8 @@ class RegisteredPinned(PinnedBuffer):
                 hostmem.unmap(ptr, self.nbytes)
 
 
-def _unregister_and_unmap(ptr: int, nbytes: int) -> None:
+def _unregister_and_unmap(ptr: int, nbytes: int, spans: dict[int, int]) -> None:
+    spans.pop(ptr, None)
     try:
         driver.cuMemHostUnregister(ptr)
         hostmem.unmap(ptr, nbytes)
@@ -428,17 +310,28 @@ class Queue(base.Queue):
         return self.stream
 
     def _begin(self, wait_for: Sequence[base.Event]) -> Any:
+        """Order the stream after ``wait_for``; record and return the command's start event."""
         if self.stream is None:
             raise BackendError("the queue is closed", call="enqueue")
         self.device._current()
         for event in wait_for:
             if not isinstance(event, Event):
                 raise InputError(f"cannot wait for {type(event).__name__} on a CUDA queue")
-            self.stream.wait(event.end)
-        return self.stream.record(options=_event_options()[0])
+            _check(driver.cuStreamWaitEvent(self._handle, event.end, 0), "cuStreamWaitEvent")
+        return self._record(False)
 
     def _end(self, start: Any) -> Event:
-        return Event(self.device, start, self.stream.record(options=_event_options()[1]))
+        return Event(self.device, start, self._record(True), self.device._events)
+
+    def _record(self, blocking: bool) -> Any:
+        pool = self.device._events
+        event = pool.take(blocking)
+        try:
+            _check(driver.cuEventRecord(event, self._handle), "cuEventRecord")
+        except BaseException:
+            pool.give(event, blocking)
+            raise
+        return event
 
     def copy_in(self, dst: base.DeviceBuffer, src: np.ndarray, *, dst_offset: int = 0,
                 wait_for: Sequence[base.Event] = ()) -> Event:
@@ -539,7 +432,7 @@ class Queue(base.Queue):
 
     def marker(self, wait_for: Sequence[base.Event] = ()) -> Event:
         start = self._begin(wait_for)
-        return Event(self.device, start, start)
+        return Event(self.device, start, start, self.device._events)
 
     def flush(self) -> None:
         """Nothing to do: CUDA submits every command as it is enqueued."""
@@ -581,6 +474,9 @@ class Device(base.Device):
         self.core = core
         self.index = index
         self.arch = str(core.arch)
+        self._events = EventPool()
+        #: conveyor's pinned buffers on this device, start address -> end (see _is_pinned).
+        self._pinned_spans: dict[int, int] = {}
         self._context = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         self._context_address = int(self._context)
         props = core.properties
@@ -601,7 +497,9 @@ class Device(base.Device):
         super().__init__(info)
         # The zero of every profile_ns timestamp on this device.
         self._reference_stream = core.create_stream(options=cc.StreamOptions(nonblocking=True))
-        self._reference = self._reference_stream.record(options=_event_options()[0])
+        self._reference = self._reference_stream.record(options=cc.EventOptions(
+            timing_enabled=True))
+
         self._reference.sync()
         self._gate_kernel: Kernel | None = None
         self._wait_value_ok = True
@@ -628,7 +526,15 @@ class Device(base.Device):
             _check(driver.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
 
     def _is_pinned(self, host: int, nbytes: int) -> bool:
-        """True when the whole host range is page-locked (allocated or registered)."""
+        """True when the whole host range is page-locked (allocated or registered).
+
+        Ranges inside conveyor's own pinned buffers (the staging rings) are known without
+        asking the driver: two driver calls fewer per copy, each of which gives up the GIL.
+        """
+        end = host + nbytes
+        for start, stop in list(self._pinned_spans.items()):  # a copy: others add and remove
+            if start <= host and end <= stop:
+                return True
         attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
         try:
             for address in (host, host + nbytes - 1):
@@ -640,7 +546,7 @@ class Device(base.Device):
         return True
 
     def _since_reference(self, event: Any) -> int | None:
-        err, ms = driver.cuEventElapsedTime(self._reference.handle, event.handle)
+        err, ms = driver.cuEventElapsedTime(self._reference.handle, event)
         if int(err) != 0:
             return None
         return int(round(ms * 1e6))
@@ -799,6 +705,7 @@ class Device(base.Device):
         self._current()
         self._reference_stream.sync()
         self._reference_stream.close()
+        self._events.close()
 
 
 def _argument_sizes(core_kernel: Any) -> list[int] | None:

@@ -19,7 +19,7 @@ import numpy as np
 from conveyor import hazards
 from conveyor.backends.base import Device, DeviceBuffer, Event, Queue
 from conveyor.closing import Closeable
-from conveyor.pipeline import paths, step
+from conveyor.pipeline import paths, step, switching
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.options import StreamOptions
 from conveyor.pipeline.paths import Path, Records, Slot
@@ -135,6 +135,12 @@ class Engine(Closeable):
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> Report:
         """Stream every block; return the report. Cleans up on success and on failure."""
+        # A shorter thread switch interval while the stream runs: its threads give up the GIL
+        # many times per block and would wait 5 ms for each return behind a busy Python thread.
+        with switching.quick_switches():
+            return self._run()
+
+    def _run(self) -> Report:
         started = time.perf_counter()
         try:
             self._build()
