@@ -172,9 +172,10 @@ def _temp(name: Any, value: Any) -> Temp:
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"temp name {name!r}: name temps with identifiers, e.g. 'flags'")
     shape: tuple[int, ...] | None = None
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple | list | int):
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(
+            value[0], tuple | list | int | np.integer):
         raw, value = value
-        raw = (raw,) if isinstance(raw, int) else tuple(raw)
+        raw = (raw,) if isinstance(raw, int | np.integer) else tuple(raw)
         if not all(isinstance(d, int | np.integer) and not isinstance(d, bool) and d >= 0
                    for d in raw):
             raise InputError(f"temp {name!r}: row shape {raw!r} must be whole numbers of 0 or "
@@ -185,7 +186,7 @@ def _temp(name: Any, value: Any) -> Temp:
                              f"row at least one, e.g. ((3,), np.float32)")
     try:
         dtype = np.dtype(value)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise InputError(f"temp {name!r}: {value!r} is no dtype: give a dtype or "
                          f"(row_shape, dtype), e.g. np.float32 or ((3,), np.float32)") from exc
     if value is None or dtype.hasobject or dtype.subdtype is not None:

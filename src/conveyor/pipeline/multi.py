@@ -257,7 +257,8 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
     module); the sinks are open, and committed by the caller."""
     from conveyor.pipeline.stream import _zero_copy
 
-    in_place = overlap.in_place_inputs(sources, sinks)
+    pairs = overlap.in_place_pairs(sources, sinks)
+    in_place = frozenset(i for i, _ in pairs)
     if in_place and plan.halo:
         # One device reads block k's halo rows after before block k + 1 writes them; another
         # device may write them first.
@@ -275,7 +276,7 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
     try:
         for index, (kernel, dev) in enumerate(zip(kernels, devices, strict=True)):
             own = replace(opts, workers=workers, progress=False, zero_copy=_zero_copy(
-                opts.zero_copy, dev, opts.halo, sources, sinks, plan, kernel))
+                opts.zero_copy, dev, opts.halo, sources, sinks, plan, kernel, pairs))
             engines.append(Engine(
                 dev, plan, kernel, sources, sinks, own,
                 reduction=_fresh(reduction),

@@ -9,6 +9,10 @@ that a block before has already overwritten: it is an InputError that says to pa
 Two outputs that share memory are refused too: which one's rows would stay there depends on
 the order of the copies, block by block.
 
+A chain run in place is exact only while every link reads the input before the output
+that is the same array is written: ``read_after_written`` names the links that read it
+later, and such a stream copies instead of using the arrays in place (zero-copy).
+
 Memory is compared with ``np.shares_memory``. Two memory maps of one file have different
 addresses, so arrays backed by a file (``np.memmap``, ``np.load(mmap_mode=)``) and file inputs
 (``cv.npy``, ``cv.raw``) are compared by file and byte range too (the mapping's file and offset
@@ -48,6 +52,13 @@ def in_place_inputs(sources: Sequence[Source], sinks: Sequence[Sink]) -> frozens
     """The inputs that are exactly an output (run in place). InputError, naming both and the
     fix, for an input that overlaps an output in any other way, and for two outputs that
     share memory (which one's rows end up there would depend on the order of the copies)."""
+    return frozenset(i for i, _ in in_place_pairs(sources, sinks))
+
+
+def in_place_pairs(sources: Sequence[Source], sinks: Sequence[Sink]
+                   ) -> frozenset[tuple[int, int]]:
+    """``(input, output)`` for every input that is exactly that output; InputError as
+    :func:`in_place_inputs` says."""
     inputs = [_region(s) for s in sources]
     outputs = [_region(s) for s in sinks]
     present = [r for r in (*inputs, *outputs) if r is not None]
@@ -67,14 +78,14 @@ def in_place_inputs(sources: Sequence[Source], sinks: Sequence[Sink]) -> frozens
                     f"overwrite rows of the other, so the result would depend on the order "
                     f"of the copies. Pass a separate array for each output"
                 )
-    in_place: set[int] = set()
+    in_place: set[tuple[int, int]] = set()
     for i, source in enumerate(inputs):
         for j, sink in enumerate(outputs):
             if source is None or sink is None:
                 continue
             relation = _relation(source, sink)
             if relation == "same":
-                in_place.add(i)
+                in_place.add((i, j))
             elif relation == "partial":
                 raise InputError(
                     f"input {i} and output {j} overlap in memory but are not the same rows "
@@ -84,6 +95,24 @@ def in_place_inputs(sources: Sequence[Source], sinks: Sequence[Sink]) -> frozens
                     f"input and output (in place) is fine"
                 )
     return frozenset(in_place)
+
+
+def read_after_written(compute: object, pairs: frozenset[tuple[int, int]]) -> list[str]:
+    """A chain's reads of an input that is also an output (``pairs``: (input, output))
+    in a link after the one that wrote that output, each named for messages. Used in place
+    (zero-copy), the input's buffer is the output's: such a link would read the new values,
+    not the input's, where NumPy's answer reads every input before any output is written."""
+    links = list(getattr(compute, "links", ()))  # a bound chain (pipeline/chainbind.py)
+    found = []
+    for i, j in sorted(pairs):
+        writer = next((k for k, b in enumerate(links)
+                       if any(r.kind == "out" and r.index == j for r in b.writes)), None)
+        if writer is None:
+            continue
+        found += [f"{b.where()} reads input in{i} after {links[writer].where()} wrote "
+                  f"output out{j}, the same array" for b in links[writer + 1:]
+                  if any(r.kind == "in" and r.index == i for r in b.reads)]
+    return found
 
 
 def _region(item: Source | Sink) -> _Region | None:

@@ -45,6 +45,9 @@ class Resident(Closeable):
         if writable and not (array.flags.c_contiguous and array.flags.writeable):
             raise InputError("resident(writable=True) copies the table back into the array: "
                              "pass a C-contiguous, writable array")
+        #: The caller's array: a copy of it is uploaded where it is not C-contiguous (a
+        #: strided view, Fortran order), made again by refresh() to see the host's changes.
+        self.source = array
         self.array = np.ascontiguousarray(array)
         self.writable = bool(writable)
         self.device: Device | None = None
@@ -137,6 +140,8 @@ class Resident(Closeable):
             if self.users:
                 raise InputError("a stream is using this resident array: refresh it after "
                                  "the stream returns")
+            if self.array is not self.source:  # a contiguous copy: copy the changes too
+                self.array = np.ascontiguousarray(self.source)
             self.evict()
 
     def close(self) -> None:

@@ -43,11 +43,9 @@ class PerBlock(Shaped):
     per_block = True
 
     def __init__(self, shape: Sequence[int] | int, dtype: Any) -> None:
-        dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
-        if not all(isinstance(d, int | np.integer) and d > 0 for d in dims):
-            raise InputError(f"per_block(shape={shape!r}): give the record's shape as positive "
-                             f"ints, e.g. per_block((4,), np.float32) or per_block(1, ...)")
-        self.shape = tuple(int(d) for d in dims)
+        self.shape = _dims(shape, f"per_block(shape={shape!r}): give the record's shape as "
+                                  f"positive ints, e.g. per_block((4,), np.float32) or "
+                                  f"per_block(1, ...)")
         self.dtype = _dtype(dtype, "per_block")
 
     def sink(self, index: int, rows: int, row_shape: tuple[int, ...]) -> ShapedSink:
@@ -62,7 +60,7 @@ class Rows(Shaped):
         self.dtype = _dtype(dtype, "rows")
         try:
             p, q = (int(v) for v in ratio)
-            valid = all(isinstance(v, int | np.integer) for v in ratio) and p > 0 and q > 0
+            valid = all(_integer(v) for v in ratio) and p > 0 and q > 0
         except (TypeError, ValueError):
             valid = False
         if not valid:
@@ -70,7 +68,9 @@ class Rows(Shaped):
                              f"rows = input rows × p / q, e.g. ratio=(1, 4)")
         common = math.gcd(p, q)
         self.ratio = (p // common, q // common)
-        self.shape = None if shape is None else tuple(int(d) for d in shape)
+        self.shape = None if shape is None else _dims(
+            shape, f"rows(shape={shape!r}): give the shape of each output row as positive "
+                   f"ints, e.g. shape=(3,) (default: input 0's row shape)")
 
     def sink(self, index: int, rows: int, row_shape: tuple[int, ...]) -> ShapedSink:
         p, q = self.ratio
@@ -117,6 +117,21 @@ def rows(dtype: Any, ratio: tuple[int, int] = (1, 1), shape: Sequence[int] | Non
          ) -> Rows:
     """An output of ``rows × p / q`` rows of input 0 (see the module)."""
     return Rows(dtype, ratio, shape)
+
+
+def _integer(value: Any) -> bool:
+    """An int or a NumPy integer, not a bool (``True`` for 1 is a mistake)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _dims(shape: Any, message: str) -> tuple[int, ...]:
+    """``shape`` (one int, or a sequence of them) as a tuple of positive ints; InputError
+    with ``message`` for anything else (a float, a string, a zero or negative size)."""
+    dims = (shape,) if _integer(shape) else shape
+    if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or not all(
+            _integer(d) and d > 0 for d in dims):
+        raise InputError(message)
+    return tuple(int(d) for d in dims)
 
 
 def _dtype(value: Any, what: str) -> np.dtype:

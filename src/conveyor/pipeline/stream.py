@@ -16,7 +16,7 @@ from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, Source, as_source
-from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs
+from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs, flag
 from conveyor.pipeline.plan import Plan, make_plan
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
@@ -161,6 +161,7 @@ def stream(
                                halo=halo, workers=workers, args=args, reduce=reduce,
                                zero_copy=zero_copy, progress=progress, strict=strict,
                                warmup=warmup, boundary=boundary, first_row=first_row)
+    keep_pinned = flag("keep_pinned", keep_pinned)  # "no" or a callback is no True
     inputs, outputs = as_inputs(inputs), as_outputs(outputs)
     if isinstance(compute, KernelFuture):
         compute = compute.result()  # load now, before any block is in flight
@@ -343,8 +344,9 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
                                with_kernel=isinstance(compute, Kernel) or element is not None)
-    in_place = overlap.in_place_inputs(
+    pairs = overlap.in_place_pairs(
         [s.inner if isinstance(s, image.ImageSource) else s for s in sources], sinks)
+    in_place = frozenset(i for i, _ in pairs)
     plan = planner(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -362,7 +364,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     if empty is not None:
         return empty
     opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks,
-                                              plan, compute))
+                                              plan, compute, pairs))
     engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
                     in_place=in_place, residents=residents)
     report = engine.run()
@@ -392,7 +394,8 @@ def inputs_written(compute: Any, inputs: int) -> list[str]:
 
 
 def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],
-               outputs: list[Sink], plan: Plan | None = None, compute: Any = None) -> bool:
+               outputs: list[Sink], plan: Plan | None = None, compute: Any = None,
+               pairs: frozenset[tuple[int, int]] = frozenset()) -> bool:
     """Whether the stream uses its arrays in place (``zero_copy=``: None decides)."""
     arrays = [s.array for s in inputs if isinstance(s, ArraySource)]
     arrays += [s.array for s in outputs if isinstance(s, ArraySink)]
@@ -402,6 +405,12 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
             f"zero_copy=True would let the kernel write your input arrays: "
             f"{'; '.join(written)} is not const. Declare it const (__global const T*), or "
             f"leave zero_copy unset (that input is then copied, as on a GPU)")
+    stale = overlap.read_after_written(compute, pairs)
+    if wanted and stale and dev.host_unified:
+        raise InputError(
+            f"zero_copy=True would let a link read an input its chain has already "
+            f"overwritten in place: {'; '.join(stale)}. Leave zero_copy unset (the input is "
+            f"then copied, and every link reads it as it was), or write into another array")
     # A callable may write the blocks it is given: never in place over read-only memory.
     read_only = compute is not None and not isinstance(compute, Kernel) and any(
         not s.array.flags.writeable for s in inputs if isinstance(s, ArraySource))
@@ -418,6 +427,7 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
         and all(a.flags.c_contiguous for a in arrays)
         and not narrow
         and not written
+        and not stale
         and not read_only
     )
     if wanted and not possible and read_only and dev.host_unified:

@@ -16,8 +16,35 @@ from conveyor.pipeline.plan import ArraySpec
 from conveyor.pipeline.reduce import BUILTIN_OPS
 
 
+def _foreign(value: Any, role: str) -> str | None:
+    """What to say of an object that is not a NumPy array but looks like one (it has a
+    ``dtype``: a cv.resident handle, a device array of PyOpenCL, CuPy or PyTorch, a NumPy
+    scalar), or None for anything else. Taken as a dtype, an output would be a new array and
+    the object never written; taken by ``np.asarray``, an input holds Python objects."""
+    if isinstance(value, np.ndarray | np.dtype | type) or not hasattr(value, "dtype"):
+        return None
+    from conveyor.pipeline.resident import Resident
+
+    kind = type(value).__name__
+    if isinstance(value, Resident):
+        return (f"is a cv.resident(...) handle: resident tables go in args= (where the kernel "
+                f"declares a pointer); pass the NumPy array itself as {role}")
+    if isinstance(value, np.generic):
+        return (f"is a NumPy scalar ({kind}): {role}s are arrays"
+                + (f"; for a new array, pass the dtype itself (np.{value.dtype.name})"
+                   if role == "output" else "; pass scalars in args="))
+    return (f"is a {type(value).__module__}.{kind}, not a NumPy array: conveyor reads and "
+            f"writes host NumPy arrays; pass one (np.empty(shape, dtype), or the dtype itself "
+            f"for a new array) and copy it to or from your {kind}"
+            if role == "output" else
+            f"is a {type(value).__module__}.{kind}, not a NumPy array: conveyor streams host "
+            f"NumPy arrays; pass one (e.g. a PyOpenCL array's .get(), CuPy's .get()), "
+            f"or a device array in args= where the kernel declares a pointer")
+
+
 def as_input(value: Any, index: int) -> np.ndarray:
     """Input ``index`` as an ndarray (memmaps stay memmaps); InputError if unusable."""
+    given = value
     if not isinstance(value, np.ndarray):
         try:
             value = np.asarray(value)
@@ -26,6 +53,9 @@ def as_input(value: Any, index: int) -> np.ndarray:
                 f"input {index} ({type(value).__name__}) is not an array: pass a NumPy array"
             ) from exc
     if value.dtype.hasobject:
+        foreign = _foreign(given, "input")
+        if foreign is not None:  # np.asarray made Python objects of a device array, a handle
+            raise InputError(f"input {index} {foreign}")
         raise InputError(
             f"input {index} has dtype {value.dtype}, which holds Python objects: "
             f"convert it to a numeric dtype first"
@@ -39,6 +69,9 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
     """Output ``index``: the caller's array (checked) or a new one for a dtype."""
     if value is None:  # np.dtype(None) is float64: never what None meant
         raise InputError(f"output {index} is None: pass an array, a dtype or a file")
+    foreign = _foreign(value, "output")
+    if foreign is not None:  # np.dtype() would read its dtype: a new array, it never written
+        raise InputError(f"output {index} {foreign}")
     if not isinstance(value, np.ndarray):
         try:
             dtype = np.dtype(value)
