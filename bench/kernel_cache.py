@@ -8,6 +8,12 @@ NVIDIA's off (``CUDA_CACHE_DISABLE=1``), and without the device's warm-up thread
 "warm, in-process" clears the in-process memo and compiles again in the same process. Prints
 one markdown table row per mode; target: warm/cold at most 5%.
 
+conveyor's own modules that a build imports (kernels/build.py, buildlock.py, cache.py, ...)
+are byte-compiled first, into a private ``PYTHONPYCACHEPREFIX``, as an installed package is:
+on the lent GPU machines the checkout's ``.pyc`` files were never written, and compiling those
+modules from source took 19 ms of a 40 ms warm build (bench/NOTES.md, session 8). One row
+shows the warm build without bytecode.
+
     .venv/bin/python bench/kernel_cache.py [--reps 5]
 """
 
@@ -22,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import conveyor
 from conveyor.kernels.portable import PRELUDE
 
 # Enough work for the compiler to matter: a few loops and math built-ins, like a real kernel.
@@ -58,12 +65,15 @@ print(json.dumps({"first": t1 - t0, "again": t2 - t1, "hits": c.hits, "misses": 
 """
 
 
-def _child(cache_dir: Path, warmup: bool = False) -> dict:
+def _child(cache_dir: Path, pycache: Path, warmup: bool = False, bytecode: bool = True) -> dict:
     # The device's warm-up thread (memory/warmup.py) imports the pipeline while the build
     # runs, and the two share the GIL: off unless asked, so the figure is the build's own.
     env = dict(os.environ, CONVEYOR_CACHE_DIR=str(cache_dir), POCL_KERNEL_CACHE="0",
-               CUDA_CACHE_DISABLE="1", CONVEYOR_WARMUP="on" if warmup else "0")
+               CUDA_CACHE_DISABLE="1", CONVEYOR_WARMUP="on" if warmup else "0",
+               PYTHONPYCACHEPREFIX=str(pycache if bytecode else cache_dir / "no-pyc"))
     env.pop("CONVEYOR_NO_CACHE", None)
+    if not bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     out = subprocess.run([sys.executable, "-c", CHILD], input=SOURCE, env=env,
                          capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -78,19 +88,25 @@ def main() -> None:
     warm_process: list[float] = []
     warm_memo: list[float] = []
     warm_beside_warmup: list[float] = []
+    warm_no_bytecode: list[float] = []
     device = ""
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-") as root:
+        pycache = Path(root) / "pycache"
+        env = dict(os.environ, PYTHONPYCACHEPREFIX=str(pycache))
+        subprocess.run([sys.executable, "-m", "compileall", "-q",
+                        str(Path(conveyor.__file__).parent)], env=env, check=True, timeout=600)
         for rep in range(reps):
             cache_dir = Path(root) / f"rep{rep}"  # a new, empty cache: a cold build
-            first = _child(cache_dir)
+            first = _child(cache_dir, pycache)
             assert first["misses"] == 1 and first["hits"] == 1, first
             cold.append(first["first"])
             warm_memo.append(first["again"])
-            second = _child(cache_dir)  # a new process over the warm cache
+            second = _child(cache_dir, pycache)  # a new process over the warm cache
             assert second["hits"] == 2 and second["misses"] == 0, second
             warm_process.append(second["first"])
-            third = _child(cache_dir, warmup=True)  # the same, the device's warm-up running
-            warm_beside_warmup.append(third["first"])
+            # The same, the device's warm-up running; then conveyor compiled from source.
+            warm_beside_warmup.append(_child(cache_dir, pycache, warmup=True)["first"])
+            warm_no_bytecode.append(_child(cache_dir, pycache, bytecode=False)["first"])
             device = first["device"]
     cold_ms = statistics.median(cold) * 1e3
     print(f"device: {device}; {reps} repetitions, medians; driver caches off\n")
@@ -99,6 +115,7 @@ def main() -> None:
     print(f"| cold (empty cache) | {cold_ms:.1f} | {min(cold) * 1e3:.1f} | 100% |")
     for label, times in (("warm, new process", warm_process),
                          ("warm, new process, beside the device's warm-up", warm_beside_warmup),
+                         ("warm, new process, conveyor without bytecode", warm_no_bytecode),
                          ("warm, in-process (memo cleared)", warm_memo)):
         median_ms = statistics.median(times) * 1e3
         print(f"| {label} | {median_ms:.2f} | {min(times) * 1e3:.2f} | "
