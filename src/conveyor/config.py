@@ -110,6 +110,10 @@ def parse_size(name: str, value: str) -> int:
     ``name`` for anything else (a bare K/M/G/T, a fraction of a byte, a negative size)."""
     match = _SIZE.fullmatch(value.strip())
     unit = match.group(3).lower() if match else ""
+    negative = _SIZE.fullmatch(value.strip()[1:]) if value.strip()[:1] == "-" else None
+    if negative is not None and negative.group(3).lower() in _SIZE_UNITS:
+        raise InputError(f"{name}={value!r} is negative: give a size such as "
+                         f"'64MiB'")
     if match is None or unit not in _SIZE_UNITS:
         raise InputError(f"{name}={value!r} is not a size: use {SIZE_FORMS}")
     whole_digits = len(match.group(1).partition(".")[0].lstrip("0"))

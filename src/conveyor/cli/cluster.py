@@ -18,7 +18,8 @@ from conveyor.errors import InputError
 
 def on_cluster(options: argparse.Namespace) -> bool:
     """True when the command should run on a Dask cluster."""
-    return bool(getattr(options, "scheduler", None) or getattr(options, "cluster", None))
+    return (getattr(options, "scheduler", None) is not None
+            or getattr(options, "cluster", None) is not None)  # --scheduler '' is an error
 
 
 def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> int:
@@ -41,6 +42,11 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
     inputs = [Input(text) for text in options.inputs]
     options.input_names = [item.text for item in inputs]
     check_options(inputs, options)
+    for item in inputs:
+        if item.kind == "table":
+            raise InputError(f"-i {item.text}: Parquet/Arrow inputs are read on one machine; "
+                             f"with --scheduler/--cluster give .npy or raw files (each worker "
+                             f"reads its own rows), or drop --scheduler/--cluster")
     sources = [open_input(item, options) for item in inputs]
     with connect(options.scheduler, options.cluster) as client:
         report = stream(spec, sources, outputs, client=client, reduce=reduce,

@@ -48,6 +48,10 @@ def run(argv: Sequence[str]) -> int:
         return 1
     except ConveyorError as exc:
         return _fail(options, exc, str(exc), 1)
+    except MemoryError:
+        # The host's memory, not the device's (that is an OutOfMemoryError, a ConveyorError).
+        return _fail(options, MemoryError(), "the host ran out of memory: use smaller inputs "
+                     "(demo, bench: a smaller --mib), or free memory", 1)
     except BrokenPipeError:
         raise  # stdout's reader went away: main() exits quietly, as after SIGPIPE
     except OSError as exc:
@@ -102,6 +106,9 @@ def _print_json_error(message: str, kind: str, code: int) -> None:
 def _os_advice(exc: OSError) -> str:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free some space or write elsewhere"
+    if exc.errno == errno.EFBIG:
+        return ("the file is larger than this process may write (see ulimit -f) or than the "
+                "file system holds: raise the limit or write elsewhere")
     return "check the path and its permissions"
 
 

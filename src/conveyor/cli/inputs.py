@@ -25,11 +25,12 @@ class Input:
         self.path = text
         self.columns: list[str] | None = None
         head, sep, tail = text.rpartition(":")
-        # FILE:COLUMN only where FILE is a table and the whole text names no file.
-        if (sep and tail and Path(head).suffix.lower() in TABLE_SUFFIXES
+        # FILE:COLUMN only where FILE is a table and the whole text names no file. "FILE:"
+        # names the table with no column (open_input asks for one).
+        if (sep and Path(head).suffix.lower() in TABLE_SUFFIXES
                 and not Path(text).exists()):
             self.path = head
-            self.columns = [c for c in tail.split(",") if c]
+            self.columns = [c for c in tail.split(",") if c] or None
 
     @property
     def kind(self) -> str:
@@ -207,8 +208,8 @@ def _convert(held: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, int | None]
 def _dtype(text: str, where: str) -> np.dtype:
     try:
         dtype = np.dtype(text)
-    except TypeError as exc:
-        raise InputError(f"{where}: {text!r} is not a NumPy dtype: use e.g. float32") from exc
+    except (TypeError, ValueError, SyntaxError):  # NumPy parses "f4,(" as Python: SyntaxError
+        raise InputError(f"{where}: {text!r} is not a NumPy dtype: use e.g. float32") from None
     if dtype.hasobject or dtype.kind not in "biuf":
         raise InputError(f"{where}: {dtype} is not a numeric dtype: use e.g. float32")
     return dtype

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,8 @@ def run_map(options: argparse.Namespace) -> int:
         if not path.strip():
             raise InputError("-o '': name the output .npy file, e.g. -o out.npy")
         if path.endswith(("/", os.sep)) or Path(path).is_dir():
-            raise InputError(f"-o {path} is a folder: name a .npy file in it, e.g. "
+            what = "is a folder" if Path(path).is_dir() else "ends with /, as a folder does"
+            raise InputError(f"-o {path} {what}: name a .npy file in it, e.g. "
                              f"{Path(path) / 'out.npy'}")
         if Path(path).suffix.lower() != ".npy":
             raise InputError(f"-o {path}: outputs are .npy files; name it {path}.npy")
@@ -143,7 +145,17 @@ def read_kernel(path: Path) -> str:
     Decoded as UTF-8 whatever the locale: the library takes sources as text and hands the
     compiler their UTF-8 bytes, so a Latin-1 byte would not reach it as written anyway."""
     try:
-        data = path.read_bytes()
+        # O_NONBLOCK: a FIFO named k.cl must not block the open until a writer comes.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            kind = os.fstat(fd).st_mode
+            if not stat.S_ISREG(kind):  # /dev/zero behind k.cl would be read until memory ran out
+                raise InputError(f"kernel file {path} is not a regular file (a "
+                                 f"{_node_kind(kind)}): name the .cl or .cu file itself")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise InputError(f"cannot read kernel file {path} ({exc.strerror}): "
                          f"check the path") from exc
@@ -153,6 +165,12 @@ def read_kernel(path: Path) -> str:
         line = data.count(b"\n", 0, exc.start) + 1
         raise InputError(f"kernel file {path} is not UTF-8: byte 0x{data[exc.start]:02x} at "
                          f"offset {exc.start} (line {line}); save it as UTF-8") from None
+
+
+def _node_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "folder"))
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def check_kernel_name(source: str, name: str, device: cv.Device | None = None) -> bool:

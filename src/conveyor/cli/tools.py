@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import warnings
 from collections.abc import Sequence
@@ -99,7 +100,22 @@ def run_demo(options: argparse.Namespace) -> int:
     refuse_one_file_twice([("--trace", options.trace), ("--plot", options.plot)])
     refuse_to_replace([("--trace", options.trace), ("--plot", options.plot)],
                       options.force)
+    _fits_host(options.mib, 4)  # x, y, out, and NumPy's expected result
     return demo.run(options.device, options.mib, options.trace, options.plot)
+
+
+def _fits_host(mib: int, arrays: int) -> None:
+    """InputError when ``arrays`` arrays of ``mib`` MiB exceed the host's memory (NumPy's
+    MemoryError, or "Maximum allowed dimension exceeded" past 2**63 elements, came out as a
+    traceback after the device was opened)."""
+    try:
+        host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf here
+        return
+    if mib >= 1 and arrays * mib * 2**20 > host:
+        raise InputError(f"--mib {mib}: {arrays} arrays of {mib} MiB need "
+                         f"{arrays * mib / 1024:.1f} GiB of host memory and this machine has "
+                         f"{host / 2**30:.1f} GiB: give a smaller --mib")
 
 
 def run_bench(options: argparse.Namespace) -> int:
@@ -112,6 +128,7 @@ def run_bench(options: argparse.Namespace) -> int:
         # NaN compares false with every spread (never "too noisy"), a negative one true.
         raise InputError(f"--max-spread {options.max_spread:g}: give a percentage, a finite "
                          f"number >= 0 (e.g. --max-spread 25)")
+    _fits_host(options.mib, 4)  # x, y and two outputs
     dev = cv.device(options.device, warm_up=False)  # nothing of it may share the timings
     print(f"device: {dev.spec} {dev.name} ({dev.kind}, {dev.backend})")
     link = link_bandwidth(dev)

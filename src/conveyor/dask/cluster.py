@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,10 @@ def connect(scheduler: str | None = None, cluster: str | None = None) -> Iterato
     GPU). InputError when Dask (or dask-cuda) is missing or both or neither are given."""
     if (scheduler is None) == (cluster is None):
         raise InputError("give one of --scheduler ADDRESS and --cluster local|local-cuda")
+    # A Ctrl-C while the client gathers leaves the client's waiting tasks to end with
+    # distributed's AllExit, which asyncio logs as "Task exception was never retrieved", a
+    # traceback each, after the command's one line. The command is no asyncio program.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
         from distributed import Client, LocalCluster
     except ImportError as exc:
@@ -28,6 +33,9 @@ def connect(scheduler: str | None = None, cluster: str | None = None) -> Iterato
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout="10s")
+        except ValueError as exc:  # no port, an unknown scheme
+            raise InputError(f"--scheduler {scheduler!r} is not a scheduler address ({exc}): "
+                             f"give one like tcp://HOST:8786") from exc
         except OSError as exc:
             raise InputError(f"--scheduler {scheduler}: no Dask scheduler answers there "
                              f"({exc}): check the address (tcp://HOST:8786)") from exc
@@ -36,7 +44,10 @@ def connect(scheduler: str | None = None, cluster: str | None = None) -> Iterato
         return
     made: Any
     if cluster == "local":
-        made = LocalCluster(processes=True, dashboard_address=":0")
+        # The command reports a failure itself, in one line: the workers' own logs of it
+        # (a task's traceback, "Compute Failed", tasks cancelled by Ctrl-C) would bury it.
+        made = LocalCluster(processes=True, dashboard_address=":0",
+                            silence_logs=logging.CRITICAL)
     elif cluster == "local-cuda":
         if importlib.util.find_spec("dask_cuda") is None:
             raise InputError("--cluster local-cuda needs dask-cuda (pip install dask-cuda) "

@@ -211,6 +211,9 @@ def npy(path: PathLike) -> FileSource:
     try:
         with open(target, "rb") as f:
             version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError(f"format version {version[0]}.{version[1]}; NumPy writes "
+                                 f"1.0 to 3.0")
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
             else:
@@ -227,6 +230,7 @@ def npy(path: PathLike) -> FileSource:
     if any(d < 0 for d in shape):
         raise InputError(f"{path} has a header with a negative shape {shape}: the file is "
                          f"damaged; write it again with np.save")
+    _check_dims(path, shape, "its header's shape")
     _check_size(target, offset, shape, dtype, "its header says")
     return FileSource(target, dtype, shape, offset)
 
@@ -265,6 +269,7 @@ def raw_source(path: PathLike, dtype: Any, shape: Sequence[int] | int | None, of
                          f"{where}: give the byte where the data starts, from 0 to "
                          f"{file_size}")
     dims = _raw_dims(path, shape)
+    _check_dims(path, dims, names[1])
     size = file_size - start
     row_bytes = math.prod(dims[1:]) * dt.itemsize
     after = f" after offset={start}" if start else ""
@@ -327,10 +332,31 @@ def as_source(value: Any, index: int) -> Source:
 
 # -- helpers ---------------------------------------------------------------------------------
 def _existing(path: PathLike) -> Path:
-    target = Path(path)
+    """``path`` as a Path; InputError, before any work, unless it is a regular file this
+    process may read (an unreadable one failed mid-stream, after the kernel was built)."""
+    from conveyor.files import path_text
+
+    target = Path(path_text(path, "an input"))
     if not target.is_file():
-        raise InputError(f"input file {path} does not exist or is not a file: check the path")
+        raise InputError(f"input file {target} does not exist or is not a file: check the "
+                         f"path")
+    try:
+        os.close(os.open(target, os.O_RDONLY))
+    except OSError as exc:
+        raise InputError(f"cannot read input file {target} ({exc.strerror}): check its "
+                         f"permissions") from None
     return target
+
+
+def _check_dims(path: PathLike, shape: Sequence[int], what: str) -> None:
+    """InputError for a dimension past 2**63 - 1: no array has one (NumPy's shapes are
+    64-bit), and a file with no bytes per row (a 0 in its shape) matched any such count."""
+    if any(d > _MAX_DIM for d in shape):
+        raise InputError(f"{path}: {what} {tuple(shape)} has a dimension past 2**63 - 1, "
+                         f"which no array has: fix the shape")
+
+
+_MAX_DIM = 2**63 - 1
 
 
 def _check_size(path: Path, offset: int, shape: Sequence[int], dtype: np.dtype,

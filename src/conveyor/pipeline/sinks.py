@@ -84,12 +84,16 @@ class FileSink(Sink):
 
     def __init__(self, path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None,
                  *, header: bool = True, durable: bool = True) -> None:
-        self.path = Path(path)
+        text = files.path_text(path, "an output")
+        if not text.strip():
+            raise InputError(f"an output got {text!r} as its path: name a file, e.g. "
+                             f"'out.npy'")
+        self.path = Path(text)
         self.name = str(path)
         self.header = header
         self.durable = durable
-        self.dtype = np.dtype(dtype) if dtype is not None else None  # type: ignore[assignment]
-        self.shape = tuple(int(s) for s in shape) if shape is not None else ()
+        self.dtype = _out_dtype(self.name, dtype)  # type: ignore[assignment]
+        self.shape = _out_shape(self.name, shape) if shape is not None else ()
         self._given_shape = shape is not None
         self.offset = 0
         self._fd: int | None = None
@@ -160,6 +164,34 @@ class FileSink(Sink):
             with contextlib.suppress(OSError):
                 self._tmp.unlink()
             self._tmp = None
+
+
+def _out_dtype(name: str, dtype: Any) -> np.dtype | None:
+    """``dtype`` of output ``name`` as a NumPy dtype (None stays None); InputError for what
+    NumPy cannot read as one (it parses "f4,(" as Python: a SyntaxError)."""
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError):
+        raise InputError(f"output {name}: dtype={dtype!r} is not a NumPy dtype: give a "
+                         f"numeric dtype, e.g. np.float32") from None
+
+
+def _out_shape(name: str, shape: Any) -> tuple[int, ...]:
+    """``shape`` of output ``name`` as ints; InputError for a fraction (``int()`` made 100.5
+    rows 100, silently) or anything that is not a sequence of numbers."""
+    from conveyor.pipeline.options import _whole
+
+    given = [shape] if _whole(shape) is not None else shape
+    try:
+        dims = [_whole(d) for d in given]
+    except TypeError:
+        dims = [None]
+    if any(d is None for d in dims):
+        raise InputError(f"output {name}: shape={shape!r} is not a shape: give whole numbers, "
+                         f"e.g. (rows, 3)")
+    return tuple(int(d) for d in dims)  # type: ignore[arg-type]
 
 
 # -- the public constructors ------------------------------------------------------------------
