@@ -10,6 +10,7 @@ from streamkit import kernel
 
 import conveyor as cv
 from conveyor.errors import InputError
+from conveyor.memory import hostmem
 from conveyor.pipeline.halo import PAD_MODES
 
 BOUNDARIES = ["nearest", "reflect", "periodic", 7.0]
@@ -69,3 +70,18 @@ def test_periodic_from_an_iterable_is_refused(device):
     with pytest.raises(InputError, match=r"periodic.*read once, in order"):
         cv.stream(kernel(device, "sten"), [cv.iterate([x], length=100)], [np.zeros_like(x)],
                   device=device, args=(1, 2), halo=2, boundary="periodic")
+
+
+def test_a_halo_beyond_host_memory_is_an_input_error_not_a_kill(device):
+    """halo=10**9 on 1000 rows had the process killed for memory (staging ring, device
+    buffers in host memory, pad rows): now an InputError before anything is allocated."""
+    host = hostmem.total()
+    if host is None:
+        pytest.skip("no MemTotal in /proc/meminfo")
+    x = np.arange(1000, dtype=np.float32)
+    k = kernel(device, "ident")
+    # Pads alone ~ 2 * halo * 12 bytes = host; a slot's buffer 8 * halo = host / 3. A GPU's
+    # planner may refuse first (its memory limit); a device in host memory reaches the check.
+    expected = "host memory" if device.host_unified else "host memory|memory limit|a block"
+    with pytest.raises(InputError, match=expected):
+        cv.stream(k, [x], [np.float32], device=device, halo=host // 24)

@@ -65,18 +65,35 @@ def round_up(nbytes: int) -> int:
     return max(-(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE, mmap.PAGESIZE)
 
 
+def available() -> int | None:
+    """The bytes of memory the host has available (``MemAvailable``), or None where
+    /proc/meminfo does not say."""
+    return _meminfo("MemAvailable:")
+
+
+def total() -> int | None:
+    """The bytes of memory the host has (``MemTotal``), or None where /proc/meminfo does not
+    say."""
+    return _meminfo("MemTotal:")
+
+
+def _meminfo(field: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def fits(nbytes: int) -> bool:
     """True when ``nbytes`` is at most the memory the host has available (MemAvailable):
     more would have the kernel reclaim or kill while faulting; the caller then lets the
     driver allocate."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return nbytes <= int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return True
+    free = available()
+    return free is None or nbytes <= free
 
 
 def map_faulted(nbytes: int) -> int:

@@ -255,7 +255,7 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
         schedule: str, residents: Sequence[resident.ResidentArgs | None]) -> Report:
     """Run a planned stream over ``devices`` with ``kernels`` (one per device; see the
     module); the sinks are open, and committed by the caller."""
-    from conveyor.pipeline.stream import _zero_copy
+    from conveyor.pipeline.stream import _zero_copy, check_host_memory
 
     pairs = overlap.in_place_pairs(sources, sinks)
     in_place = frozenset(i for i, _ in pairs)
@@ -265,6 +265,8 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
         raise InputError(f"an input that is also an output, with halo={plan.halo}, on several "
                          f"devices: a device could read halo rows that another has already "
                          f"overwritten; write into another array, or stream on one device")
+    for dev in devices:  # each device has a ring of its own
+        check_host_memory(plan, dev)
     supply = Supply(plan, len(devices), schedule)
     total_workers = opts.workers or default_workers()
     workers = max(1, total_workers // len(devices))  # the host's threads, shared fairly

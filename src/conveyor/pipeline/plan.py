@@ -191,6 +191,14 @@ class Plan:
                                             self.partial_bytes, self.temp_row_bytes)
 
 
+    def host_bytes(self, host_unified: bool) -> int:
+        """About the host memory a stream of this plan holds: its pinned staging ring (as
+        large as the device's), each input's halo pad rows (and the int64 row numbers they
+        are made from), and on a device that shares host memory the device's ring too."""
+        pads = 2 * self.halo * sum(spec.row_bytes + 8 for spec in self.inputs)
+        return self.ring_device_bytes * (2 if host_unified else 1) + pads
+
+
 class BlockSource(Protocol):
     """Where an engine takes its blocks from: ``get(k)`` is its ``k``-th block (``seq`` k), or
     None once there are no more. Called with increasing ``k`` from the engine's thread and

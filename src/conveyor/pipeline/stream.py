@@ -12,6 +12,7 @@ import numpy as np
 from conveyor import files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError
+from conveyor.memory import hostmem
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.engine import Compute, Engine
@@ -360,6 +361,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         resident_bytes=residents.nbytes if residents is not None else 0,
         max_block_rows=max_rows,
     )
+    check_host_memory(plan, dev)
     empty = open_sinks(sinks, plan, reduction, dev.spec, opts.depth)
     if empty is not None:
         return empty
@@ -371,6 +373,23 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     for sink in sinks:
         sink.commit()
     return report
+
+
+def check_host_memory(plan: Plan, dev: Device) -> None:
+    """InputError when the stream would hold more memory than the host has at all (a huge
+    halo or block): the process would otherwise be killed for memory mid-stream. Compared
+    with the host's total, not what is free now: a moment's pressure from another process
+    must not refuse a small stream (nor does the driver's own allocation need that much)."""
+    needed = plan.host_bytes(dev.host_unified)
+    host = hostmem.total()
+    if host is not None and needed > host:
+        held = "its staging ring, and its device buffers, which this device keeps in host " \
+            "memory" if dev.host_unified else "its pinned staging ring"
+        raise InputError(
+            f"this stream would hold about {needed} bytes of host memory ({held}"
+            f"{', and halo pad rows' if plan.halo else ''}), more than the host's {host}: use "
+            f"a smaller block_bytes or depth"
+            + (f", or a smaller halo (halo={plan.halo})" if plan.halo else ""))
 
 
 def inputs_written(compute: Any, inputs: int) -> list[str]:
