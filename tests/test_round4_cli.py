@@ -229,3 +229,26 @@ def test_a_worker_failure_on_the_local_cluster_is_one_line(work):
     assert len(lines) == 1 and "byte order" in lines[0], done.stderr
     assert not (tmp / "y.npy").exists()
     assert not list(tmp.glob(".y.npy.*"))
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_two_columns_of_one_name_are_refused_by_name(tmp_path, kind):
+    pyarrow = pytest.importorskip("pyarrow")
+    table = pyarrow.Table.from_arrays([pyarrow.array([1.0, 2.0]), pyarrow.array([3.0, 4.0])],
+                                      names=["x", "x"])
+    path = tmp_path / f"dup.{kind}"
+    if kind == "parquet":
+        pytest.importorskip("pyarrow.parquet").write_table(table, path)
+        opener = cv.parquet
+    else:
+        pytest.importorskip("pyarrow.feather").write_feather(table, path)
+        opener = cv.arrow
+    with pytest.raises(cv.InputError, match="2 columns named 'x'"):
+        opener(path, "x")
+
+
+def test_a_negative_block_size_is_refused_where_it_is_given():
+    from conveyor.pipeline.options import StreamOptions
+
+    with pytest.raises(cv.InputError, match="block_bytes=-1 is negative"):
+        StreamOptions.parse(block_bytes=-1)

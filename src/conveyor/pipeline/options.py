@@ -116,6 +116,9 @@ def size(name: str, value: Any) -> int | None:
     if number is None:
         raise InputError(f"{name}={value!r}{_kind(value)} is not a whole number of bytes: "
                          f"{name} takes None, {config.SIZE_FORMS}")
+    if number < 0:  # refused where it is given (a Dask graph's options reach a worker later)
+        raise InputError(f"{name}={value!r} is negative: give a number of bytes, or a size "
+                         f"such as '64MiB'")
     return config.check_size_cap(name, value, number)
 
 

@@ -141,6 +141,10 @@ def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
         if name not in schema.names:
             raise InputError(f"{path} has no column {name!r}; columns: "
                              f"{', '.join(schema.names)}")
+        if len(schema.get_all_field_indices(name)) > 1:  # schema.field() raises KeyError
+            raise InputError(f"{path} holds {schema.names.count(name)} columns named "
+                             f"{name!r}: which one is meant is ambiguous; write the table "
+                             f"with distinct column names")
         try:
             dtype = np.dtype(schema.field(name).type.to_pandas_dtype())
         except (NotImplementedError, TypeError) as exc:
