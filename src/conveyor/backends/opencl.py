@@ -215,7 +215,27 @@ class Kernel(base.Kernel):
                 cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device
             )
         )
-        self.default_local_size = min(self.work_group_size, 256)
+        self.default_local_size = _required_local_size(cl_kernel, device, name) or min(
+            self.work_group_size, 256)
+
+
+def _required_local_size(cl_kernel: cl.Kernel, device: Device, name: str) -> int | None:
+    """The work-group size the kernel declares with ``reqd_work_group_size(N, 1, 1)``, which
+    every launch must then use (None when it declares none); InputError for a 2-D or 3-D one,
+    since conveyor launches 1-D work."""
+    try:
+        required = tuple(int(v) for v in cl_kernel.get_work_group_info(
+            cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE, device.cl_device))
+    except (cl.Error, TypeError, ValueError):
+        return None
+    if not required or required[0] == 0:
+        return None
+    if any(v != 1 for v in required[1:]):
+        raise InputError(
+            f"kernel {name!r} declares reqd_work_group_size{required}, but conveyor launches "
+            f"1-D work: declare reqd_work_group_size(N, 1, 1) or remove the attribute"
+        )
+    return required[0]
 
 
 def _buffer_arg(value: Any) -> Any:
@@ -670,7 +690,7 @@ class Device(base.Device):
                 f"could not load kernel {name!r} from its binary on {self.name}: "
                 f"{_code_name(exc.code)}"
             ) from exc
-        params = from_driver(name, params, _arg_info(cl_kernel), self.name)
+        params = from_driver(name, params, _arg_info(cl_kernel, params), self.name)
         return Kernel(self, cl_kernel, name, params)
 
     def device_array(self, buf: base.DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype,
@@ -720,18 +740,24 @@ def _with_arg_info(options: Sequence[str]) -> list[str]:
     return options if ARG_INFO_OPTION in options else [*options, ARG_INFO_OPTION]
 
 
-def _arg_info(cl_kernel: cl.Kernel) -> list[DriverArg] | None:
+def _arg_info(cl_kernel: cl.Kernel, source: Sequence[Param] = ()) -> list[DriverArg] | None:
     """What the driver reports about each argument of ``cl_kernel``; None where it reports
-    nothing (KERNEL_ARG_INFO_NOT_AVAILABLE, or a driver without clGetKernelArgInfo)."""
+    nothing (KERNEL_ARG_INFO_NOT_AVAILABLE, or a driver without clGetKernelArgInfo).
+
+    ``source``: the parameters read from the source. An argument the source leaves unnamed
+    (``float,``) is not asked its name: PoCL answers that query with a segmentation fault."""
     info = cl.kernel_arg_info
     reported: list[DriverArg] = []
     try:
-        for index in range(int(cl_kernel.num_args)):
+        count = int(cl_kernel.num_args)
+        unnamed = {i for i, p in enumerate(source) if not p.name} if len(source) == count else set()
+        for index in range(count):
             address = cl_kernel.get_arg_info(index, info.ADDRESS_QUALIFIER)
             type_name = str(cl_kernel.get_arg_info(index, info.TYPE_NAME)).strip("\0 ")
             qualifier = int(cl_kernel.get_arg_info(index, info.TYPE_QUALIFIER))
             try:
-                name = str(cl_kernel.get_arg_info(index, info.NAME)).strip("\0 ")
+                name = "" if index in unnamed else str(
+                    cl_kernel.get_arg_info(index, info.NAME)).strip("\0 ")
             except cl.Error:
                 name = ""
             reported.append(DriverArg(

@@ -9,6 +9,7 @@ parameters, and values outside the parameter type's range.
 
 from __future__ import annotations
 
+import cmath
 import math
 import numbers
 from collections.abc import Callable
@@ -69,15 +70,34 @@ def cast_scalar(param: Param, value: Any) -> Any:
         value = int(value)
     if not isinstance(value, numbers.Number):
         raise _refused(param, value, f"a {type(value).__name__} is not a number")
-    if isinstance(value, complex) and dtype.kind != "c":
+    if (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)
+            and dtype.kind != "c"):  # complex, and np.clongdouble (whose .item() stays NumPy's)
         raise _refused(param, value, "a complex number has no real-valued cast")
     if dtype.kind in "iu" and isinstance(value, numbers.Real) and not isinstance(
         value, numbers.Integral
     ):
         if not math.isfinite(float(value)):
             raise _refused(param, value, "an infinite or NaN value has no integer cast")
-        value = math.trunc(value)  # the documented cast: 3.7 -> 3, -3.7 -> -3
-    return _checked(dtype.type, value, param)
+        # The documented cast: 3.7 -> 3, -3.7 -> -3. int() truncates as math.trunc does, and
+        # also takes np.longdouble (whose .item() stays a NumPy scalar with no __trunc__).
+        real: Any = value
+        value = int(real)
+    result = _checked(dtype.type, value, param)
+    if dtype.kind in "fc" and not np.isfinite(result) and _finite(value):
+        # np.longdouble(1e4000) to a double became inf with no overflow warning
+        raise _refused(param, value, f"it does not fit (out of range for {dtype})")
+    return result
+
+
+def _finite(value: Any) -> bool:
+    """Whether a number is finite, as its own type says (np.longdouble(1e4000) is, though
+    it has no float); True for what cannot tell (ints too large for a float)."""
+    if isinstance(value, np.generic):
+        return bool(np.isfinite(value))
+    try:
+        return cmath.isfinite(complex(value))
+    except (TypeError, ValueError, OverflowError):
+        return True
 
 
 def _checked(make: Callable[[Any], Any], value: Any, param: Param) -> Any:

@@ -11,6 +11,7 @@ nothing, the preprocessed source is used and a warning says so, once per process
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
 from collections.abc import Sequence
@@ -59,7 +60,13 @@ def from_driver(kernel: str, source_params: Sequence[Param],
         source = source_params[index] if matched else None
         if dtype is None and source is not None and source.base == base:
             dtype, width = source.dtype, source.width  # a typedef the source resolves
-        name = arg.name or (source.name if source is not None else f"arg{index}")
+        name = arg.name or (source.name if source is not None else "") or f"arg{index}"
+        if _WIDE.search(base):
+            raise InputError(
+                f"kernel {kernel!r} parameter {name!r} is {arg.type_name}: OpenCL C's long long "
+                f"is 128 bits wide and no NumPy type matches it, so conveyor cannot pass or "
+                f"check it: declare it long or ulong (64 bits)"
+            )
         qualifier = f"__{arg.address} " if arg.address != "private" else ""
         const = "const " if arg.is_const else ""
         text = f"{qualifier}{const}{base}{'*' if is_pointer else ''} {name}"
@@ -68,6 +75,10 @@ def from_driver(kernel: str, source_params: Sequence[Param],
                             address=arg.address, origin="driver"))
     return tuple(params)
 
+
+# OpenCL C reserves ``long long`` and clang-based compilers (PoCL, most GPU drivers) make it
+# 128 bits; a driver may spell the unsigned one ``ulong long``.
+_WIDE = re.compile(r"long long\b")
 
 POINTER_BYTES = 8
 

@@ -140,6 +140,20 @@ def reader_identity() -> str:
     return digest.hexdigest()[:16]
 
 
+def check_no_nul(source: str, options: Sequence[str]) -> None:
+    """InputError for a NUL character in ``source`` or an option: compilers take C strings,
+    so everything after it would be dropped unseen (``["-DA\\0", "-DN=2"]`` built without
+    ``N``), while the cache key and conveyor's parser still read it."""
+    for index, option in enumerate(options):
+        if "\0" in option:
+            raise InputError(f"options[{index}]={option!r} holds a NUL character, which ends "
+                             f"the compiler's options there: remove it")
+    if "\0" in source:
+        line = source.count("\n", 0, source.index("\0")) + 1
+        raise InputError(f"the kernel source holds a NUL character (line {line}), where the "
+                         f"compiler would stop reading it: remove it")
+
+
 def clear_memo() -> None:
     """Forget the kernels loaded in this process (the next compile goes to the disk cache)."""
     with _lock:
@@ -160,6 +174,7 @@ def compile_kernel(
     build log) when the source does not build.
     """
     options = tuple(options)
+    check_no_nul(source, options)
     disk = default_cache() if cache is True else cache or None
     key = cache_key(build_identity(device), options, source)
     memo_key: _MemoKey = (id(device), key, name)
@@ -203,6 +218,7 @@ class KernelFuture:
         self.source = source
         self.name = name
         self.options = options
+        check_no_nul(source, options)
         self._disk = default_cache()
         self._key = cache_key(build_identity(device), options, source)
         # A wrong name fails now, not on the compiler thread.

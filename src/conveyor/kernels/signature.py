@@ -47,6 +47,15 @@ _VECTOR = re.compile(
     r"(1|2|3|4|8|16)"
 )
 _VECTOR_ELEMENTS = {"longlong": "long long", "ulonglong": "unsigned long long"}
+# What stands before a kernel's name: ``__kernel void``, or ``void __kernel`` (C takes the
+# specifiers in either order), with ``__attribute__((...))`` before or after ``void``.
+# An attribute's parentheses are matched (two levels inside its own), never skipped over with
+# ``.*?``: a run of attributes then has one reading, not exponentially many to backtrack.
+_PARENS = r"\((?:[^()]|\([^()]*\))*\)"
+_ATTRIBUTES = rf"(?:__attribute__\s*\(\((?:[^()]|{_PARENS})*\)\)\s*)*"
+_KERNEL_WORD = r"(?:__kernel|\bkernel|__global__)"
+_KERNEL_HEAD = (rf"(?:{_KERNEL_WORD}\s+{_ATTRIBUTES}void|\bvoid\s+{_ATTRIBUTES}{_KERNEL_WORD})"
+                rf"\s+{_ATTRIBUTES}")
 _TYPEDEF = re.compile(r"\btypedef\s+([^;{}()]+?)\s+(\w+)\s*;")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
 
@@ -97,11 +106,7 @@ class Param:
 def parse_params(source: str, name: str) -> tuple[Param, ...]:
     """The parameters of kernel ``name`` in ``source``; InputError if no such kernel."""
     text = _COMMENTS.sub(" ", source)
-    pattern = re.compile(
-        r"(?:__kernel|\bkernel|__global__)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)?void\s+"
-        + re.escape(name)
-        + r"\s*\(",
-    )
+    pattern = re.compile(_KERNEL_HEAD + re.escape(name) + r"\s*\(")
     match = pattern.search(text)
     if match is None:
         found = kernel_names(source)
@@ -124,12 +129,24 @@ def typedefs(source: str) -> dict[str, str]:
     """Every ``typedef TYPE NAME;`` and ``using NAME = TYPE;`` of ``source``, NAME -> TYPE
     (pointer typedefs are left out: a parameter of one is not an element type)."""
     text = _COMMENTS.sub(" ", source)
-    found: dict[str, str] = {}
-    for target, name in _TYPEDEF.findall(text):
-        found[name] = " ".join(target.split())
-    for name, target in _USING.findall(text):
-        found[name] = " ".join(target.split())
-    return {k: v for k, v in found.items() if "*" not in v and "[" not in v}
+    # name -> (brace depth, targets at that depth): a typedef at file scope wins over one of
+    # the same name inside a function (``{ typedef int T; }`` must not retype a kernel's T).
+    found: dict[str, tuple[int, set[str]]] = {}
+    matches = [(m.start(), m.group(2), m.group(1)) for m in _TYPEDEF.finditer(text)]
+    matches += [(m.start(), m.group(1), m.group(2)) for m in _USING.finditer(text)]
+    depth, at = 0, 0
+    for start, name, target in sorted(matches):
+        depth += text.count("{", at, start) - text.count("}", at, start)
+        at = start
+        known = found.get(name)
+        if known is None or depth < known[0]:
+            found[name] = (depth, {" ".join(target.split())})
+        elif depth == known[0]:
+            known[1].add(" ".join(target.split()))
+    # Two different types for one name at one depth (scopes conveyor does not follow): the
+    # name is left unresolved rather than guessed.
+    return {k: next(iter(v)) for k, (_, v) in found.items()
+            if len(v) == 1 and "*" not in next(iter(v)) and "[" not in next(iter(v))}
 
 
 def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | None, int]:
@@ -155,8 +172,7 @@ def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | 
 def kernel_names(source: str) -> list[str]:
     """Every kernel name defined in ``source``, in order."""
     text = _COMMENTS.sub(" ", source)
-    pattern = r"(?:__kernel|\bkernel|__global__)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)?void\s+(\w+)"
-    return re.findall(pattern, text)
+    return re.findall(_KERNEL_HEAD + r"(\w+)", text)
 
 
 _ADDRESS = {
@@ -171,12 +187,24 @@ def _parse_one(text: str, names: dict[str, str]) -> Param:
     is_pointer = "*" in tokens
     name = tokens[-1] if tokens[-1] != "*" else ""
     words = [t for t in tokens[:-1] if t != "*"]
+    if name and _unnamed(words, name):
+        # ``float,`` or ``const real,``: the last word is the type, and there is no name (an
+        # OpenCL driver asked for such an argument's name crashes: backends/opencl.py).
+        words, name = [*words, name], ""
     is_const = "const" in words
     base = " ".join(w for w in words if w not in _QUALIFIERS)
     dtype, width = resolve(base, names)
     address = next((_ADDRESS[w] for w in words if w in _ADDRESS), "")
     return Param(name=name, is_pointer=is_pointer, dtype=dtype, is_const=is_const,
                  type_text=text, width=width, base=base, address=address)
+
+
+def _unnamed(words: list[str], last: str) -> bool:
+    """Whether ``last``, the final word of a parameter without ``*``, is part of its type."""
+    base = [w for w in words if w not in _QUALIFIERS]
+    if not base or last in _QUALIFIERS or last in _SCALARS or _VECTOR.fullmatch(last):
+        return True
+    return " ".join([*base, last]) in _SCALARS  # ``unsigned int``, ``long long``
 
 
 def arg_converters(
