@@ -58,6 +58,10 @@ class Kept:
         self.writable = registration.array.flags.writeable  # the device may write it
         self.holds = 0
         self.doomed = False  # released while a stream held it: closed when the last lets go
+        # One host_changed() at a time: two streams that read one kept array, started at
+        # once, mapped its buffer together on PoCL; the second unmap failed (INVALID_VALUE)
+        # and the map left open aborted the process when PyOpenCL collected it.
+        self.sync = threading.Lock()
         self.finalizer: weakref.finalize[Any, Any] | None = None
 
     def close(self) -> None:
@@ -294,11 +298,17 @@ def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()
                     read[id(kept)] = kept
     # Only what the stream reads: an output's every byte is written (and mapped back per
     # block), and on a driver that keeps its own copy this sync uploads the whole array.
-    for kept in read.values():
-        changed = getattr(kept.registration, "host_changed", None)
-        if changed is not None:
-            changed()
-    return [k is not None and not k.doomed for k in found], Holds(held)
+    holds = Holds(held)
+    try:
+        for kept in read.values():
+            changed = getattr(kept.registration, "host_changed", None)
+            if changed is not None:
+                with kept.sync:
+                    changed()
+    except BaseException:
+        holds.close()  # or the registrations stay held (never released) for ever
+        raise
+    return [k is not None and not k.doomed for k in found], holds
 
 
 @atexit.register

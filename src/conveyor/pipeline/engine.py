@@ -20,6 +20,7 @@ from conveyor import hazards
 from conveyor.backends.base import Device, DeviceBuffer, Event, Queue
 from conveyor.closing import Closeable
 from conveyor.pipeline import paths, step, switching
+from conveyor.pipeline.interrupts import deferred_sigint
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.options import StreamOptions
 from conveyor.pipeline.paths import Path, Records, Slot
@@ -168,7 +169,10 @@ class Engine(Closeable):
                 self._close_staging()
             finally:
                 try:
-                    self._release()
+                    # Whole: a Ctrl-C landing in it left the staging rings and the slots'
+                    # device buffers in use for good; it is raised once all are back.
+                    with deferred_sigint():
+                        self._release()
                 finally:
                     if self._own_progress:
                         self.progress.close()

@@ -21,6 +21,7 @@ import numpy as np
 
 from conveyor import files
 from conveyor.errors import InputError
+from conveyor.pipeline.interrupts import deferred_sigint
 from conveyor.pipeline.io import FileRows, PathLike
 
 
@@ -123,8 +124,12 @@ class FileSink(Sink):
         """Create the temporary file, with its header, at the output's full size, first
         deleting the parts of this target left by runs that were killed (with a warning)."""
         files.remove_stale_parts(self.target)
-        fd, part = files.new_part(self.target)
-        self._fd, self._tmp = fd, part
+        # Whole, or Ctrl-C between mkstemp and the rename leaves a .new file that no later
+        # run removes (stale parts are .part), and a part made but not yet held here
+        # outlives abort(); the interrupt is raised once both are ours (interrupts.py).
+        with deferred_sigint():
+            self._fd, self._tmp = files.new_part(self.target)
+        fd = self._fd
         if self.header:
             with os.fdopen(os.dup(fd), "wb") as f:
                 header = {"descr": np.lib.format.dtype_to_descr(self.dtype),
@@ -151,7 +156,14 @@ class FileSink(Sink):
         replaces."""
         assert self._fd is not None and self._tmp is not None
         fd, self._fd = self._fd, None
-        files.commit_part(fd, self._tmp, self.target, self.durable)
+        # commit_part closes the fd it gets before the rename: given a duplicate, the part's
+        # lock (on ``fd``) is held through the rename, or another stream of this target,
+        # cleaning up first, took the part for a dead run's and deleted it (FileNotFoundError
+        # after all the work).
+        try:
+            files.commit_part(os.dup(fd), self._tmp, self.target, self.durable)
+        finally:
+            os.close(fd)
         self._tmp = None
 
     def abort(self) -> None:

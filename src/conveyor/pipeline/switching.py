@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from conveyor import config
+from conveyor.pipeline.interrupts import deferred_sigint
 
 _lock = threading.Lock()
 _running = 0  # streams inside quick_switches()
@@ -32,19 +33,25 @@ def quick_switches() -> Iterator[None]:
     """Run the body with the switch interval lowered (see the module docstring)."""
     global _running, _saved, _ours
     wanted = config.switch_interval()
-    with _lock:
-        if _running == 0 and wanted is not None:
-            current = sys.getswitchinterval()
-            if current > wanted:
-                sys.setswitchinterval(wanted)
-                _saved, _ours = current, sys.getswitchinterval()
-        _running += 1
+    counted = False
+    # Each half whole (a Ctrl-C after the interval was lowered but before it was counted left
+    # it lowered for good, and no later stream restored it); the interrupt comes after.
     try:
+        with deferred_sigint():
+            with _lock:
+                if _running == 0 and wanted is not None:
+                    current = sys.getswitchinterval()
+                    if current > wanted:
+                        sys.setswitchinterval(wanted)
+                        _saved, _ours = current, sys.getswitchinterval()
+                _running += 1
+                counted = True
         yield
     finally:
-        with _lock:
-            _running -= 1
-            if _running == 0 and _saved is not None:
-                if sys.getswitchinterval() == _ours:
-                    sys.setswitchinterval(_saved)
-                _saved = _ours = None
+        if counted:
+            with deferred_sigint(), _lock:
+                _running -= 1
+                if _running == 0 and _saved is not None:
+                    if sys.getswitchinterval() == _ours:
+                        sys.setswitchinterval(_saved)
+                    _saved = _ours = None
