@@ -259,16 +259,18 @@ def remove_stale_parts(target: Path) -> list[Path]:
 
 def commit_part(fd: int, part: Path, target: Path, durable: bool = True) -> None:
     """Make ``part`` (open as ``fd``, which this closes) the file ``target``: fsync (when
-    ``durable``), the mode of the file it replaces, rename."""
+    ``durable``), the mode of the file it replaces, rename. ``fd`` (its lock) is closed only
+    after the rename: another writer of ``target``, removing the parts of dead runs first,
+    took an unlocked part for one and deleted it (FileNotFoundError after all the work)."""
     try:
         if durable:
             os.fsync(fd)
         os.fchmod(fd, target_mode(target))
+        # Checked when the sink was made; again in case a node took the file's place since.
+        output_target(target, f"output {target}")
+        os.replace(part, target)
     finally:
         os.close(fd)
-    # Checked when the sink was made; checked again in case a node took the file's place since.
-    output_target(target, f"output {target}")
-    os.replace(part, target)
 
 
 def target_mode(target: Path) -> int:

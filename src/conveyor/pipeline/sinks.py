@@ -156,14 +156,7 @@ class FileSink(Sink):
         replaces."""
         assert self._fd is not None and self._tmp is not None
         fd, self._fd = self._fd, None
-        # commit_part closes the fd it gets before the rename: given a duplicate, the part's
-        # lock (on ``fd``) is held through the rename, or another stream of this target,
-        # cleaning up first, took the part for a dead run's and deleted it (FileNotFoundError
-        # after all the work).
-        try:
-            files.commit_part(os.dup(fd), self._tmp, self.target, self.durable)
-        finally:
-            os.close(fd)
+        files.commit_part(fd, self._tmp, self.target, self.durable)  # locked through the rename
         self._tmp = None
 
     def abort(self) -> None:
