@@ -174,6 +174,12 @@ class Registration(base.Registration):
         self.page_locked = False
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self._queue = queue
+        # Maps of this buffer never overlap: a stream writing the kept array (a map and unmap
+        # per block, on its own queue) and one starting to read it (host_changed) mapped it
+        # at once, the second unmap failed (INVALID_VALUE) and PoCL aborted the process.
+        # Under ``lock`` each map waits for the unmap before it (``last_unmap``).
+        self.lock = threading.Lock()
+        self.last_unmap: cl.Event | None = None
 
     def host_changed(self) -> None:
         """Tell the driver the host may have written the array since it last looked (a map
@@ -182,9 +188,14 @@ class Registration(base.Registration):
         if self.cl_buffer is None or self._queue is None or _forked:
             return
         flags = cl.map_flags.WRITE_INVALIDATE_REGION
-        mapped, _ = cl.enqueue_map_buffer(self._queue, self.cl_buffer, flags, 0,
-                                          (self.array.nbytes,), np.uint8, is_blocking=True)
-        mapped.base.release(self._queue).wait()
+        with self.lock:
+            before = [self.last_unmap] if self.last_unmap is not None else None
+            mapped, _ = cl.enqueue_map_buffer(self._queue, self.cl_buffer, flags, 0,
+                                              (self.array.nbytes,), np.uint8,
+                                              wait_for=before, is_blocking=True)
+            unmapped = mapped.base.release(self._queue)
+            unmapped.wait()
+            self.last_unmap = unmapped
 
     def close(self) -> None:
         if self.cl_buffer is not None:
@@ -311,15 +322,21 @@ class Queue(base.Queue):
         if not dst.nbytes:
             return self.marker(wait_for)
         start = int(dst.__array_interface__["data"][0]) - kept.address
-        buf = kept.registration.cl_buffer
+        registration = kept.registration
+        buf = registration.cl_buffer
         try:
             copied = cl.enqueue_copy(self._q, buf, _cl_buf(src), byte_count=dst.nbytes,
                                      src_offset=src_offset, dst_offset=start,
                                      wait_for=_events(wait_for))
-            mapped, _ = cl.enqueue_map_buffer(self._q, buf, cl.map_flags.READ, start,
-                                              (dst.nbytes,), np.uint8, wait_for=[copied],
-                                              is_blocking=False)
-            return Event(mapped.base.release(self._q))
+            with registration.lock:  # no other map of this buffer overlaps (Registration)
+                before = [copied] + ([registration.last_unmap]
+                                     if registration.last_unmap is not None else [])
+                mapped, _ = cl.enqueue_map_buffer(self._q, buf, cl.map_flags.READ, start,
+                                                  (dst.nbytes,), np.uint8, wait_for=before,
+                                                  is_blocking=False)
+                unmapped = mapped.base.release(self._q)
+                registration.last_unmap = unmapped
+            return Event(unmapped)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
 
