@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import warnings
 from collections.abc import Sequence
@@ -108,9 +107,10 @@ def _fits_host(mib: int, arrays: int) -> None:
     """InputError when ``arrays`` arrays of ``mib`` MiB exceed the host's memory (NumPy's
     MemoryError, or "Maximum allowed dimension exceeded" past 2**63 elements, came out as a
     traceback after the device was opened)."""
-    try:
-        host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf here
+    from conveyor.memory import hostmem
+
+    host = hostmem.total()  # the same measure as a stream's own check (pipeline/stream.py)
+    if host is None:
         return
     if mib >= 1 and arrays * mib * 2**20 > host:
         raise InputError(f"--mib {mib}: {arrays} arrays of {mib} MiB need "
