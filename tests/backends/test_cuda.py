@@ -14,7 +14,7 @@ import pytest
 
 import conveyor as cv
 from conveyor.backends import cuda as cuda_backend
-from conveyor.backends import cuda_array
+from conveyor.backends import cuda_array, cuda_events
 from conveyor.errors import CompileError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import parse_params
 
@@ -155,10 +155,15 @@ def test_command_events_are_recorded_again_once_dropped(dev):
     src, _ = _pinned(dev, np.ones(1 << 14, np.float32))
     q = dev.create_queue()
     kept = q.copy_in(buf, src.array)
+    before = sum(len(s) for s in dev._events._spare)  # earlier tests' streams left some
+    handles = set()
     for _ in range(200):  # each event dropped at once: the same few handles come back
-        q.copy_in(buf, src.array).wait()
-    spare = sum(len(s) for s in dev._events._spare)
-    assert 2 <= spare <= 8
+        event = q.copy_in(buf, src.array)
+        event.wait()
+        handles.add((int(event.start), int(event.end)))
+        del event
+    assert len(handles) <= 4
+    assert sum(len(s) for s in dev._events._spare) <= max(before, 2)
     later = q.copy_in(buf, src.array)
     q.finish()
     first, last = kept.profile_ns(), later.profile_ns()
@@ -168,6 +173,64 @@ def test_command_events_are_recorded_again_once_dropped(dev):
     q.close()
     src.close()
     buf.close()
+
+
+@pytest.mark.gpu
+def test_the_spare_events_are_bounded(dev):
+    """A trace keeps every block's Event until the stream ends: thousands at once. The pool
+    keeps a bounded number of them after, and destroys the rest."""
+    buf = dev.alloc_device(1 << 12)
+    src, _ = _pinned(dev, np.ones(1 << 10, np.float32))
+    q = dev.create_queue()
+    events = [q.copy_in(buf, src.array) for _ in range(1500)]
+    q.finish()
+    del events
+    gc.collect()
+    assert all(len(s) <= cuda_events._MAX_SPARE for s in dev._events._spare)
+    q.copy_in(buf, src.array).wait()  # the pool still serves
+    q.close()
+    src.close()
+    buf.close()
+
+
+@pytest.mark.gpu
+def test_a_command_that_fails_to_enqueue_gives_its_start_event_back(dev):
+    """A launch the driver refuses (2048 threads per block) after its start event was
+    recorded: that event went to no Event, so it was never returned to the pool."""
+    k = _kernel(dev, AXPY, "axpy")
+    bufs = [dev.alloc_device(1024 * 4) for _ in range(3)]
+    q = dev.create_queue()
+    q.launch(k, 1024, [bufs[0], bufs[1], bufs[2], 1, 0, 1024]).wait()  # spares exist now
+    gc.collect()
+    before = [len(s) for s in dev._events._spare]
+    assert before[0] >= 1
+    for _ in range(5):
+        with pytest.raises(cv.BackendError, match="cuLaunchKernel"):
+            q.launch(k, 4096, [bufs[0], bufs[1], bufs[2], 1, 0, 4096], local_size=2048)
+    assert [len(s) for s in dev._events._spare] == before
+    q.launch(k, 1024, [bufs[0], bufs[1], bufs[2], 1, 0, 1024]).wait()  # the queue still works
+    q.close()
+    for buf in bufs:
+        buf.close()
+
+
+def test_an_event_given_back_while_the_pool_closes_is_destroyed_not_kept():
+    """give() checked ``closed``, close() drained the spares, then give() appended: an event
+    kept for ever. Here the race is forced: close() runs between give's check and its
+    append (a list that closes the pool when appended to). No driver call is needed to see
+    it; the events are stand-ins that destroying ignores (cuEventDestroy fails quietly)."""
+    pool = cuda_events.EventPool()
+
+    class Closing(list):
+        def append(self, item):
+            pool.close()  # as another thread's close() would, just before this append lands
+            super().append(item)
+
+    pool._spare = (Closing(), [])
+    pool.give(object(), False)
+    assert pool._spare == ([], [])
+    pool.give(object(), True)
+    assert pool._spare == ([], [])
 
 
 @pytest.mark.gpu

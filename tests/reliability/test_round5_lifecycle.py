@@ -100,7 +100,9 @@ def test_two_streams_reading_one_kept_array_never_sync_it_together(device):
     assert cv.keep_pinned(a, device=device)
     try:
         kept = keep.find(device, a)
-        real = kept.registration.host_changed
+        real = getattr(kept.registration, "host_changed", None)
+        if real is None:
+            pytest.skip("this backend page-locks the array itself: a stream never syncs it")
         inside, trying, other_inside = [0], threading.Event(), threading.Event()
         outputs = [np.zeros_like(a), np.zeros_like(a)]
         errors: list[BaseException] = []
@@ -135,7 +137,7 @@ def test_two_streams_reading_one_kept_array_never_sync_it_together(device):
         second.join(30)
         assert not second.is_alive()
         assert errors == [] and not other_inside.is_set()
-        want = cv.stream(kernel(device, "add"), [a, b], [np.float32], device=device).outputs[0]
+        want = a + b + (np.arange(a.size) % 7).astype(np.float32)  # what "add" computes
         for c in outputs:
             np.testing.assert_array_equal(c, want)
     finally:

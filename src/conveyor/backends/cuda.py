@@ -23,10 +23,11 @@ and Numba take them without a copy.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -323,6 +324,17 @@ class Queue(base.Queue):
     def _end(self, start: Any) -> Event:
         return Event(self.device, start, self._record(True), self.device._events)
 
+    @contextlib.contextmanager
+    def _command(self, wait_for: Sequence[base.Event]) -> Iterator[Any]:
+        """``_begin`` a command; its start event goes back to the pool if the body (the
+        command and its ``_end``) raises, since no Event will ever own it."""
+        start = self._begin(wait_for)
+        try:
+            yield start
+        except BaseException:
+            self.device._events.give(start, False)
+            raise
+
     def _record(self, blocking: bool) -> Any:
         pool = self.device._events
         event = pool.take(blocking)
@@ -339,13 +351,13 @@ class Queue(base.Queue):
         dptr = _device_pointer(dst, dst_offset, src.nbytes, "copy_in")
         staging = self._stage(src, host)
         try:
-            start = self._begin(wait_for)
-            if staging is not None:
-                host = staging.ptr
-            if src.nbytes:
-                _check(driver.cuMemcpyHtoDAsync(dptr, host, src.nbytes, self._handle),
-                       "cuMemcpyHtoDAsync")
-            event = self._end(start)
+            with self._command(wait_for) as start:
+                if staging is not None:
+                    host = staging.ptr
+                if src.nbytes:
+                    _check(driver.cuMemcpyHtoDAsync(dptr, host, src.nbytes, self._handle),
+                           "cuMemcpyHtoDAsync")
+                event = self._end(start)
         except BaseException:
             if staging is not None:
                 self.device.pinned_pool.release(staging)
@@ -381,11 +393,11 @@ class Queue(base.Queue):
         if (dst.nbytes and hazards.armed(self.device)
                 and not self.device._is_pinned(host, dst.nbytes)):
             hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
-        start = self._begin(wait_for)
-        if dst.nbytes:
-            _check(driver.cuMemcpyDtoHAsync(host, dptr, dst.nbytes, self._handle),
-                   "cuMemcpyDtoHAsync")
-        return self._end(start)
+        with self._command(wait_for) as start:
+            if dst.nbytes:
+                _check(driver.cuMemcpyDtoHAsync(host, dptr, dst.nbytes, self._handle),
+                       "cuMemcpyDtoHAsync")
+            return self._end(start)
 
     def copy_from_device(self, dst: base.DeviceBuffer, src: Any, nbytes: int, *,
                          wait_for: Sequence[base.Event] = ()) -> Event:
@@ -395,11 +407,11 @@ class Queue(base.Queue):
                              f"array with __cuda_array_interface__ (CuPy, PyTorch, Numba)")
         source = int(interface["data"][0])
         dptr = _device_pointer(dst, 0, nbytes, "copy_from_device")
-        start = self._begin(wait_for)
-        if nbytes and source != dptr:  # the callable may return the output it was given
-            _check(driver.cuMemcpyDtoDAsync(dptr, source, nbytes, self._handle),
-                   "cuMemcpyDtoDAsync")
-        return self._end(start)
+        with self._command(wait_for) as start:
+            if nbytes and source != dptr:  # the callable may return the output it was given
+                _check(driver.cuMemcpyDtoDAsync(dptr, source, nbytes, self._handle),
+                       "cuMemcpyDtoDAsync")
+            return self._end(start)
 
     def launch(self, kernel: base.Kernel, global_size: int, args: Sequence[Any], *,
                local_size: int | None = None, wait_for: Sequence[base.Event] = ()) -> Event:
@@ -407,22 +419,22 @@ class Queue(base.Queue):
         values = kernel.convert_args(args)
         block = local_size or min(_DEFAULT_BLOCK, kernel.max_block)
         grid = max(-(-global_size // block), 1)
-        start = self._begin(wait_for)
-        try:
-            cc.launch(self.stream, cc.LaunchConfig(grid=grid, block=block),
-                      kernel.core_kernel, *values)
-        except Exception as exc:
-            raise _wrap(exc, f"cuLaunchKernel({kernel.name})") from exc
-        return self._end(start)
+        with self._command(wait_for) as start:
+            try:
+                cc.launch(self.stream, cc.LaunchConfig(grid=grid, block=block),
+                          kernel.core_kernel, *values)
+            except Exception as exc:
+                raise _wrap(exc, f"cuLaunchKernel({kernel.name})") from exc
+            return self._end(start)
 
     def fill(self, dst: base.DeviceBuffer, byte: int, nbytes: int, *, offset: int = 0,
              wait_for: Sequence[base.Event] = ()) -> Event:
         dptr = _device_pointer(dst, offset, nbytes, "fill")
-        start = self._begin(wait_for)
-        if nbytes:
-            _check(driver.cuMemsetD8Async(dptr, byte & 0xFF, nbytes, self._handle),
-                   "cuMemsetD8Async")
-        return self._end(start)
+        with self._command(wait_for) as start:
+            if nbytes:
+                _check(driver.cuMemsetD8Async(dptr, byte & 0xFF, nbytes, self._handle),
+                       "cuMemsetD8Async")
+            return self._end(start)
 
     def copy_to_image(self, dst: base.DeviceImage, src: np.ndarray, rows: int, *,
                       wait_for: Sequence[base.Event] = ()) -> Event:

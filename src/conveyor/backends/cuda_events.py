@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 _TIMED_FLAGS = 0x0  # CU_EVENT_DEFAULT: timing on; the host spins when it waits
 _BLOCKING_FLAGS = 0x1  # CU_EVENT_BLOCKING_SYNC: the host sleeps when it waits
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
+# Spare events kept per kind. A trace holds every block's Event until the stream ends, so the
+# number alive at once can reach thousands; keeping them all after would hold driver handles
+# for the rest of the process. A few hundred covers every queue's commands in flight.
+_MAX_SPARE = 256
 
 
 class EventPool:
@@ -59,17 +63,27 @@ class EventPool:
 
     def give(self, event: Any, blocking: bool) -> None:
         """Take ``event`` back (no Event refers to it any more). Never raises."""
-        if self.closed:
+        spare = self._spare[blocking]
+        if self.closed or len(spare) >= _MAX_SPARE:
             _destroy(event)
-        else:
-            self._spare[blocking].append(event)
+            return
+        spare.append(event)
+        if self.closed:  # close() ran between the check and the append: its drain missed it
+            self._drain()
 
     def close(self) -> None:
         """Destroy the spare events; events given back later are destroyed at once."""
         self.closed = True
+        self._drain()
+
+    def _drain(self) -> None:
         for spare in self._spare:
-            while spare:
-                _destroy(spare.pop())
+            while True:
+                try:
+                    event = spare.pop()  # atomic: two drains never destroy one event twice
+                except IndexError:
+                    break
+                _destroy(event)
 
 
 def _destroy(event: Any) -> None:

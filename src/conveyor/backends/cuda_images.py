@@ -169,10 +169,10 @@ def copy_to_image(queue: cuda.Queue, dst: base.DeviceImage, src: np.ndarray, row
     copy.dstArray = driver.CUarray(dst.handle)
     copy.WidthInBytes = row_bytes
     copy.Height = rows
-    start = queue._begin(wait_for)
-    if rows:
-        cuda._check(driver.cuMemcpy2DAsync(copy, queue._handle), "cuMemcpy2DAsync")
-    return queue._end(start)
+    with queue._command(wait_for) as start:
+        if rows:
+            cuda._check(driver.cuMemcpy2DAsync(copy, queue._handle), "cuMemcpy2DAsync")
+        return queue._end(start)
 
 
 def texture_arg(value: Any) -> Any:

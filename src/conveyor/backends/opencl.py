@@ -166,7 +166,17 @@ class SvmBuffer(base.PinnedBuffer):
 
 
 class Registration(base.Registration):
-    """An array wrapped in a ``USE_HOST_PTR`` buffer (see the module docstring)."""
+    """An array wrapped in a ``USE_HOST_PTR`` buffer (see the module docstring).
+
+    A kept array's buffer (cv.keep_pinned) is used by many queues at once: streams copying
+    from it, a stream copying into it (then mapping each block back), new streams telling the
+    driver the host changed it (a map that invalidates). OpenCL leaves a map that overlaps any
+    other command on the buffer undefined: PoCL aborted the process, NVIDIA's driver crashed
+    in one of its own threads (one run in about 25). So every command on the buffer goes
+    through :meth:`copy` or :meth:`map_back`, under ``lock``: a copy waits for the last map's
+    unmap, and a map waits for every copy enqueued since the map before it. Copies still run
+    together; only maps are ordered.
+    """
 
     def __init__(self, array: np.ndarray, cl_buffer: cl.Buffer,
                  queue: cl.CommandQueue | None = None) -> None:
@@ -174,12 +184,39 @@ class Registration(base.Registration):
         self.page_locked = False
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self._queue = queue
-        # Maps of this buffer never overlap: a stream writing the kept array (a map and unmap
-        # per block, on its own queue) and one starting to read it (host_changed) mapped it
-        # at once, the second unmap failed (INVALID_VALUE) and PoCL aborted the process.
-        # Under ``lock`` each map waits for the unmap before it (``last_unmap``).
         self.lock = threading.Lock()
         self.last_unmap: cl.Event | None = None
+        self._copies: list[cl.Event] = []  # enqueued since the last map (maybe done)
+
+    def copy(self, enqueue: Callable[[list[cl.Event]], cl.Event]) -> cl.Event:
+        """``enqueue(wait_for)`` a command that reads or writes this buffer, after the last
+        map's unmap; a later map waits for it."""
+        with self.lock:
+            event = enqueue([self.last_unmap] if self.last_unmap is not None else [])
+            if len(self._copies) >= 64:  # a long stream of reads and no map: drop the done
+                self._copies = [e for e in self._copies if not _complete(e)]
+            self._copies.append(event)
+        return event
+
+    def map_back(self, queue: cl.CommandQueue, flags: int, start: int, nbytes: int,
+                 wait_for: Sequence[cl.Event] = (),
+                 copy: Callable[[list[cl.Event]], cl.Event] | None = None) -> cl.Event:
+        """Map ``nbytes`` from ``start`` with ``flags`` on ``queue`` and unmap them, after every
+        command on the buffer before it (and after ``copy``, enqueued first under the same lock
+        when given: no map of another thread comes between the two). Returns the unmap's
+        event; never blocks."""
+        with self.lock:
+            last = [self.last_unmap] if self.last_unmap is not None else []
+            before = list(wait_for) + self._copies + last
+            if copy is not None:
+                before.append(copy(last))
+            mapped, _ = cl.enqueue_map_buffer(queue, self.cl_buffer, flags, start, (nbytes,),
+                                              np.uint8, wait_for=before or None,
+                                              is_blocking=False)
+            unmapped = mapped.base.release(queue)
+            self.last_unmap = unmapped
+            self._copies = []
+        return unmapped
 
     def host_changed(self) -> None:
         """Tell the driver the host may have written the array since it last looked (a map
@@ -187,15 +224,10 @@ class Registration(base.Registration):
         (memory/keep.py)."""
         if self.cl_buffer is None or self._queue is None or _forked:
             return
-        flags = cl.map_flags.WRITE_INVALIDATE_REGION
-        with self.lock:
-            before = [self.last_unmap] if self.last_unmap is not None else None
-            mapped, _ = cl.enqueue_map_buffer(self._queue, self.cl_buffer, flags, 0,
-                                              (self.array.nbytes,), np.uint8,
-                                              wait_for=before, is_blocking=True)
-            unmapped = mapped.base.release(self._queue)
-            unmapped.wait()
-            self.last_unmap = unmapped
+        # Waited for outside the lock: the copies it follows may wait on gates that a thread
+        # opens only after it has enqueued its own command on this buffer.
+        self.map_back(self._queue, cl.map_flags.WRITE_INVALIDATE_REGION, 0,
+                      self.array.nbytes).wait()
 
     def close(self) -> None:
         if self.cl_buffer is not None:
@@ -306,10 +338,12 @@ class Queue(base.Queue):
     def _copy_registered(self, dst: base.DeviceBuffer, src: np.ndarray, kept: Any,
                          dst_offset: int, wait_for: Sequence[base.Event]) -> Event:
         start = int(src.__array_interface__["data"][0]) - kept.address
+        registration = kept.registration
         try:
-            ev = cl.enqueue_copy(self._q, _cl_buf(dst), kept.registration.cl_buffer,
-                                 byte_count=src.nbytes, src_offset=start,
-                                 dst_offset=dst_offset, wait_for=_events(wait_for))
+            ev = registration.copy(lambda before: cl.enqueue_copy(
+                self._q, _cl_buf(dst), registration.cl_buffer, byte_count=src.nbytes,
+                src_offset=start, dst_offset=dst_offset,
+                wait_for=(_events(wait_for) or []) + before or None))
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
@@ -325,17 +359,11 @@ class Queue(base.Queue):
         registration = kept.registration
         buf = registration.cl_buffer
         try:
-            copied = cl.enqueue_copy(self._q, buf, _cl_buf(src), byte_count=dst.nbytes,
-                                     src_offset=src_offset, dst_offset=start,
-                                     wait_for=_events(wait_for))
-            with registration.lock:  # no other map of this buffer overlaps (Registration)
-                before = [copied] + ([registration.last_unmap]
-                                     if registration.last_unmap is not None else [])
-                mapped, _ = cl.enqueue_map_buffer(self._q, buf, cl.map_flags.READ, start,
-                                                  (dst.nbytes,), np.uint8, wait_for=before,
-                                                  is_blocking=False)
-                unmapped = mapped.base.release(self._q)
-                registration.last_unmap = unmapped
+            unmapped = registration.map_back(
+                self._q, cl.map_flags.READ, start, dst.nbytes,
+                copy=lambda before: cl.enqueue_copy(
+                    self._q, buf, _cl_buf(src), byte_count=dst.nbytes, src_offset=src_offset,
+                    dst_offset=start, wait_for=(_events(wait_for) or []) + before or None))
             return Event(unmapped)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
@@ -486,6 +514,14 @@ def _cl_buf(buf: base.DeviceBuffer) -> cl.Buffer:
         raise BackendError("the buffer was freed or is not an OpenCL buffer", call="enqueue",
                            code="INVALID_MEM_OBJECT")
     return cl_buffer
+
+
+def _complete(event: cl.Event) -> bool:
+    """Whether ``event``'s command is over (complete, or failed: a negative status)."""
+    try:
+        return int(event.command_execution_status) <= _COMPLETE
+    except cl.Error:  # a released event
+        return True
 
 
 def _events(events: Sequence[base.Event]) -> list[cl.Event] | None:
