@@ -78,6 +78,16 @@ def test_callable_sum_of_nothing_is_numpys_zero(device):
     assert report.result == 0 and report.result.dtype == np.sum(x).dtype
 
 
+def test_a_function_fold_of_nothing_is_none(device):
+    """reduce=f has no identity: over no elements the result is None (README), and f and the
+    callable are never called."""
+    calls = []
+    report = cv.stream(lambda *a, **k: calls.append("block") or 1.0,
+                       [np.zeros(0, np.float32)],
+                       reduce=lambda a, b: calls.append("fold") or a + b, device=device)
+    assert report.result is None and calls == []
+
+
 @OPS
 @pytest.mark.parametrize("shape", [(0,), (0, 3), (5, 0)], ids=["0", "0x3", "5x0"])
 def test_min_max_of_nothing_refused_before_any_work(device, op, shape):

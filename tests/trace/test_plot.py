@@ -28,6 +28,19 @@ def test_plot_of_an_empty_timeline_still_draws(tmp_path):
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 
+def test_plot_of_a_stream_that_ran_no_block_draws_without_a_warning(tmp_path):
+    """A timeline with no lane at all (zero-length inputs): matplotlib warned that the y
+    limits were singular."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    path = tmp_path / "none.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Timeline([]).plot(path)
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
 def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     # A None entry in sys.modules makes the import fail, as on a machine without it.
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):

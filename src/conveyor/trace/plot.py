@@ -52,7 +52,10 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
             axes.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, alpha=alpha,
                              edgecolor="none")
     axes.set_yticks(range(len(lanes)), labels=lanes)
-    axes.set_ylim(len(lanes) - 0.5, -0.5)  # journey order, top to bottom
+    axes.set_ylim(max(len(lanes), 1) - 0.5, -0.5)  # journey order, top to bottom
+    if not lanes:  # a stream of zero-length inputs ran no block: say so, not an empty grid
+        axes.text(0.5, 0.5, "no blocks: the inputs are empty", transform=axes.transAxes,
+                  ha="center", va="center")
     axes.set_xlim(0, span_ms or max(timeline.wall_ns / 1e6, 1e-3))
     axes.set_xlabel("ms since the stream's first block")
     axes.grid(axis="x", linewidth=0.3)
