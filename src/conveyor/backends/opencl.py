@@ -23,10 +23,10 @@ import numpy as np
 import pyopencl as cl
 
 from conveyor import hazards
-from conveyor.backends import base
-from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
-from conveyor.kernels.argtypes import DriverArg, from_driver
-from conveyor.kernels.signature import Param, arg_converters
+from conveyor.backends import base, opencl_kernels
+from conveyor.backends.opencl_kernels import ARG_INFO_OPTION, Kernel, _version_number
+from conveyor.errors import BackendError, InputError, OutOfMemoryError
+from conveyor.kernels.signature import Param
 from conveyor.memory import keep
 
 _COMPLETE = cl.command_execution_status.COMPLETE
@@ -234,51 +234,6 @@ class Registration(base.Registration):
             if not _forked:
                 self.cl_buffer.release()
             self.cl_buffer = None
-
-
-class Kernel(base.Kernel):
-    """A ``cl.Kernel`` and the converters for its arguments."""
-
-    def __init__(self, device: Device, cl_kernel: cl.Kernel, name: str,
-                 params: Sequence[Param]) -> None:
-        self.device = device
-        self.cl_kernel = cl_kernel
-        self.name = name
-        self.params = tuple(params)
-        self.lock = threading.Lock()  # set_args + enqueue must not interleave across threads
-        from conveyor.backends.opencl_images import OPAQUE_ARGS
-
-        self.converters: list[Callable[[Any], Any]] = [
-            OPAQUE_ARGS.get(param.base.split(" ")[-1], convert)  # "read_only image2d_t" too
-            for param, convert in zip(self.params, arg_converters(self.params, _buffer_arg),
-                                      strict=True)
-        ]
-        self.work_group_size = int(
-            cl_kernel.get_work_group_info(
-                cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device
-            )
-        )
-        self.default_local_size = _required_local_size(cl_kernel, device, name) or min(
-            self.work_group_size, 256)
-
-
-def _required_local_size(cl_kernel: cl.Kernel, device: Device, name: str) -> int | None:
-    """The work-group size the kernel declares with ``reqd_work_group_size(N, 1, 1)``, which
-    every launch must then use (None when it declares none); InputError for a 2-D or 3-D one,
-    since conveyor launches 1-D work."""
-    try:
-        required = tuple(int(v) for v in cl_kernel.get_work_group_info(
-            cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE, device.cl_device))
-    except (cl.Error, TypeError, ValueError):
-        return None
-    if not required or required[0] == 0:
-        return None
-    if any(v != 1 for v in required[1:]):
-        raise InputError(
-            f"kernel {name!r} declares reqd_work_group_size{required}, but conveyor launches "
-            f"1-D work: declare reqd_work_group_size(N, 1, 1) or remove the attribute"
-        )
-    return required[0]
 
 
 def _buffer_arg(value: Any) -> Any:
@@ -715,36 +670,12 @@ class Device(base.Device):
 
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:
         _check_not_forked()
-        # cache_dir=False below: PyOpenCL's own build cache stores pickles on some platforms;
-        # conveyor keeps its own cache, which holds no pickle.
-        program = cl.Program(self.context, source)
-        try:
-            program.build(options=_with_arg_info(options), devices=[self.cl_device],
-                          cache_dir=False)
-        except cl.RuntimeError as exc:
-            log = _build_log(program, self.cl_device) or str(exc)
-            raise CompileError(f"OpenCL build failed on {self.name}", log=log,
-                               source=source) from exc
-        except cl.Error as exc:
-            raise _backend_error(exc, "clBuildProgram") from exc
-        binaries = program.get_info(cl.program_info.BINARIES)
-        return bytes(binaries[0])
+        return opencl_kernels.build_binary(self, source, options)
 
     def load_kernel(self, binary: bytes, name: str, options: Sequence[str],
                     params: Sequence[Param]) -> Kernel:
         _check_not_forked()
-        try:
-            program = cl.Program(self.context, [self.cl_device], [binary])
-            program.build(options=_with_arg_info(options), devices=[self.cl_device],
-                          cache_dir=False)
-            cl_kernel = cl.Kernel(program, name)
-        except cl.Error as exc:
-            raise CompileError(
-                f"could not load kernel {name!r} from its binary on {self.name}: "
-                f"{_code_name(exc.code)}"
-            ) from exc
-        params = from_driver(name, params, _arg_info(cl_kernel, params), self.name)
-        return Kernel(self, cl_kernel, name, params)
+        return opencl_kernels.load_kernel(self, binary, name, options, params)
 
     def device_array(self, buf: base.DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype,
                      queue: base.Queue) -> Any:
@@ -775,68 +706,6 @@ class Device(base.Device):
     def _release(self) -> None:
         if not _forked:  # finish() would hang in a forked child
             self._host_queue.finish()
-
-
-ARG_INFO_OPTION = "-cl-kernel-arg-info"
-_ADDRESS_NAMES = {
-    cl.kernel_arg_address_qualifier.GLOBAL: "global",
-    cl.kernel_arg_address_qualifier.LOCAL: "local",
-    cl.kernel_arg_address_qualifier.CONSTANT: "constant",
-    cl.kernel_arg_address_qualifier.PRIVATE: "private",
-}
-
-
-def _with_arg_info(options: Sequence[str]) -> list[str]:
-    """The build options with ``-cl-kernel-arg-info``, so the driver can report each kernel
-    argument's type (conveyor checks arrays and casts scalars against it)."""
-    options = list(options)
-    return options if ARG_INFO_OPTION in options else [*options, ARG_INFO_OPTION]
-
-
-def _arg_info(cl_kernel: cl.Kernel, source: Sequence[Param] = ()) -> list[DriverArg] | None:
-    """What the driver reports about each argument of ``cl_kernel``; None where it reports
-    nothing (KERNEL_ARG_INFO_NOT_AVAILABLE, or a driver without clGetKernelArgInfo).
-
-    ``source``: the parameters read from the source. An argument the source leaves unnamed
-    (``float,``) is not asked its name: PoCL answers that query with a segmentation fault."""
-    info = cl.kernel_arg_info
-    reported: list[DriverArg] = []
-    try:
-        count = int(cl_kernel.num_args)
-        unnamed = {i for i, p in enumerate(source) if not p.name} if len(source) == count else set()
-        for index in range(count):
-            address = cl_kernel.get_arg_info(index, info.ADDRESS_QUALIFIER)
-            type_name = str(cl_kernel.get_arg_info(index, info.TYPE_NAME)).strip("\0 ")
-            qualifier = int(cl_kernel.get_arg_info(index, info.TYPE_QUALIFIER))
-            try:
-                name = "" if index in unnamed else str(
-                    cl_kernel.get_arg_info(index, info.NAME)).strip("\0 ")
-            except cl.Error:
-                name = ""
-            reported.append(DriverArg(
-                name=name, address=_ADDRESS_NAMES.get(address, "private"),
-                type_name=type_name,
-                is_const=bool(qualifier & cl.kernel_arg_type_qualifier.CONST),
-            ))
-    except (cl.Error, cl.LogicError, AttributeError):
-        return None
-    return reported
-
-
-def _version_number(text: str) -> str:
-    """"OpenCL C 1.2 pocl" -> "120", as ``__OPENCL_VERSION__`` spells a version."""
-    for word in str(text).split():
-        major, dot, minor = word.partition(".")
-        if dot and major.isdigit() and minor[:1].isdigit():
-            return str(int(major) * 100 + int(minor[:1]) * 10)
-    return "120"
-
-
-def _build_log(program: cl.Program, device: cl.Device) -> str:
-    try:
-        return str(program.get_build_info(device, cl.program_build_info.LOG)).strip()
-    except cl.Error:
-        return ""
 
 
 # PoCL (and other drivers) keep threads and state that do not survive fork(): a child forked

@@ -1,0 +1,168 @@
+"""Kernels of the OpenCL backend: building a program, loading a kernel from its binary, and
+what the driver reports about each argument (``-cl-kernel-arg-info``), which conveyor checks
+against the parameters it read from the source (kernels/argtypes.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyopencl as cl
+
+from conveyor.backends import base
+from conveyor.errors import CompileError, InputError
+from conveyor.kernels.argtypes import DriverArg, from_driver
+from conveyor.kernels.signature import Param, arg_converters
+
+if TYPE_CHECKING:
+    from conveyor.backends.opencl import Device
+
+
+class Kernel(base.Kernel):
+    """A ``cl.Kernel`` and the converters for its arguments."""
+
+    def __init__(self, device: Device, cl_kernel: cl.Kernel, name: str,
+                 params: Sequence[Param]) -> None:
+        self.device = device
+        self.cl_kernel = cl_kernel
+        self.name = name
+        self.params = tuple(params)
+        self.lock = threading.Lock()  # set_args + enqueue must not interleave across threads
+        from conveyor.backends.opencl import _buffer_arg  # the buffer types live there
+        from conveyor.backends.opencl_images import OPAQUE_ARGS
+
+        self.converters: list[Callable[[Any], Any]] = [
+            OPAQUE_ARGS.get(param.base.split(" ")[-1], convert)  # "read_only image2d_t" too
+            for param, convert in zip(self.params, arg_converters(self.params, _buffer_arg),
+                                      strict=True)
+        ]
+        self.work_group_size = int(
+            cl_kernel.get_work_group_info(
+                cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device
+            )
+        )
+        self.default_local_size = _required_local_size(cl_kernel, device, name) or min(
+            self.work_group_size, 256)
+
+
+def _required_local_size(cl_kernel: cl.Kernel, device: Device, name: str) -> int | None:
+    """The work-group size the kernel declares with ``reqd_work_group_size(N, 1, 1)``, which
+    every launch must then use (None when it declares none); InputError for a 2-D or 3-D one,
+    since conveyor launches 1-D work."""
+    try:
+        required = tuple(int(v) for v in cl_kernel.get_work_group_info(
+            cl.kernel_work_group_info.COMPILE_WORK_GROUP_SIZE, device.cl_device))
+    except (cl.Error, TypeError, ValueError):
+        return None
+    if not required or required[0] == 0:
+        return None
+    if any(v != 1 for v in required[1:]):
+        raise InputError(
+            f"kernel {name!r} declares reqd_work_group_size{required}, but conveyor launches "
+            f"1-D work: declare reqd_work_group_size(N, 1, 1) or remove the attribute"
+        )
+    return required[0]
+
+
+def build_binary(device: Device, source: str, options: Sequence[str]) -> bytes:
+    """Build ``source`` for ``device`` with ``options`` (and the argument-info option);
+    the program binary. CompileError with the driver's log."""
+    from conveyor.backends.opencl import _backend_error
+
+    # cache_dir=False below: PyOpenCL's own build cache stores pickles on some platforms;
+    # conveyor keeps its own cache, which holds no pickle.
+    program = cl.Program(device.context, source)
+    try:
+        program.build(options=_with_arg_info(options), devices=[device.cl_device],
+                      cache_dir=False)
+    except cl.RuntimeError as exc:
+        log = _build_log(program, device.cl_device) or str(exc)
+        raise CompileError(f"OpenCL build failed on {device.name}", log=log,
+                           source=source) from exc
+    except cl.Error as exc:
+        raise _backend_error(exc, "clBuildProgram") from exc
+    binaries = program.get_info(cl.program_info.BINARIES)
+    return bytes(binaries[0])
+
+
+def load_kernel(device: Device, binary: bytes, name: str, options: Sequence[str],
+                params: Sequence[Param]) -> Kernel:
+    """Kernel ``name`` of ``binary`` on ``device``, its parameters checked against what
+    the driver reports."""
+    from conveyor.backends.opencl import _code_name
+
+    try:
+        program = cl.Program(device.context, [device.cl_device], [binary])
+        program.build(options=_with_arg_info(options), devices=[device.cl_device],
+                      cache_dir=False)
+        cl_kernel = cl.Kernel(program, name)
+    except cl.Error as exc:
+        raise CompileError(
+            f"could not load kernel {name!r} from its binary on {device.name}: "
+            f"{_code_name(exc.code)}"
+        ) from exc
+    params = from_driver(name, params, _arg_info(cl_kernel, params), device.name)
+    return Kernel(device, cl_kernel, name, params)
+
+
+ARG_INFO_OPTION = "-cl-kernel-arg-info"
+_ADDRESS_NAMES = {
+    cl.kernel_arg_address_qualifier.GLOBAL: "global",
+    cl.kernel_arg_address_qualifier.LOCAL: "local",
+    cl.kernel_arg_address_qualifier.CONSTANT: "constant",
+    cl.kernel_arg_address_qualifier.PRIVATE: "private",
+}
+
+
+def _with_arg_info(options: Sequence[str]) -> list[str]:
+    """The build options with ``-cl-kernel-arg-info``, so the driver can report each kernel
+    argument's type (conveyor checks arrays and casts scalars against it)."""
+    options = list(options)
+    return options if ARG_INFO_OPTION in options else [*options, ARG_INFO_OPTION]
+
+
+def _arg_info(cl_kernel: cl.Kernel, source: Sequence[Param] = ()) -> list[DriverArg] | None:
+    """What the driver reports about each argument of ``cl_kernel``; None where it reports
+    nothing (KERNEL_ARG_INFO_NOT_AVAILABLE, or a driver without clGetKernelArgInfo).
+
+    ``source``: the parameters read from the source. An argument the source leaves unnamed
+    (``float,``) is not asked its name: PoCL answers that query with a segmentation fault."""
+    info = cl.kernel_arg_info
+    reported: list[DriverArg] = []
+    try:
+        count = int(cl_kernel.num_args)
+        unnamed = {i for i, p in enumerate(source) if not p.name} if len(source) == count else set()
+        for index in range(count):
+            address = cl_kernel.get_arg_info(index, info.ADDRESS_QUALIFIER)
+            type_name = str(cl_kernel.get_arg_info(index, info.TYPE_NAME)).strip("\0 ")
+            qualifier = int(cl_kernel.get_arg_info(index, info.TYPE_QUALIFIER))
+            try:
+                name = "" if index in unnamed else str(
+                    cl_kernel.get_arg_info(index, info.NAME)).strip("\0 ")
+            except cl.Error:
+                name = ""
+            reported.append(DriverArg(
+                name=name, address=_ADDRESS_NAMES.get(address, "private"),
+                type_name=type_name,
+                is_const=bool(qualifier & cl.kernel_arg_type_qualifier.CONST),
+            ))
+    except (cl.Error, cl.LogicError, AttributeError):
+        return None
+    return reported
+
+
+def _version_number(text: str) -> str:
+    """"OpenCL C 1.2 pocl" -> "120", as ``__OPENCL_VERSION__`` spells a version."""
+    for word in str(text).split():
+        major, dot, minor = word.partition(".")
+        if dot and major.isdigit() and minor[:1].isdigit():
+            return str(int(major) * 100 + int(minor[:1]) * 10)
+    return "120"
+
+
+def _build_log(program: cl.Program, device: cl.Device) -> str:
+    try:
+        return str(program.get_build_info(device, cl.program_build_info.LOG)).strip()
+    except cl.Error:
+        return ""
