@@ -89,3 +89,15 @@ def test_a_bad_pool_keep_is_refused_when_a_device_is_asked_for(monkeypatch):
     monkeypatch.setenv("CONVEYOR_POOL_KEEP", "lots")
     with pytest.raises(cv.InputError, match="CONVEYOR_POOL_KEEP='lots' is not a size"):
         cv.device(OPENCL[0].spec)
+
+
+@pytest.mark.parametrize("spec", [0, 1.5, b"opencl:0:0", ["opencl:0:0"]],
+                         ids=["int", "float", "bytes", "list"])
+def test_a_spec_that_is_not_a_string_says_what_to_pass(spec):
+    """cv.device(0) was AttributeError: 'int' object has no attribute 'strip'."""
+    with pytest.raises(cv.InputError, match=r"pass a spec string like 'cuda:0'"):
+        cv.device(spec)
+
+
+def test_a_device_passed_to_device_is_returned_as_it_is(device):
+    assert cv.device(device, warm_up=False) is device

@@ -49,3 +49,11 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(cv.InputError, match=r"pip install conveyor\[plot\]"):
         timeline.plot(tmp_path / "run.png")
     assert not (tmp_path / "run.png").exists()
+
+
+def test_a_format_matplotlib_cannot_write_is_refused_before_drawing(tmp_path):
+    """'.xyz' was matplotlib's ValueError from inside the part-file write."""
+    pytest.importorskip("matplotlib")
+    with pytest.raises(cv.InputError, match=r"cannot write '\.xyz' files: .*\.png"):
+        Timeline([Span("compute", 0, 0, 10)]).plot(tmp_path / "run.xyz")
+    assert list(tmp_path.iterdir()) == []

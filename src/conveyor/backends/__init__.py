@@ -81,16 +81,24 @@ def _rank(dev: Device) -> tuple[int, int]:
     return (kind_rank, backend_rank)
 
 
-def device(spec: str | None = None, *, warm_up: bool = True) -> Device:
+def device(spec: str | Device | None = None, *, warm_up: bool = True) -> Device:
     """The device ``spec`` names; by default ``CONVEYOR_DEVICE``, else the best one:
     a CUDA GPU, else an OpenCL GPU, else a CPU device (PoCL).
 
     A GPU starts getting ready for a first stream on a thread (``Device.warm_up``,
     memory/warmup.py) while the caller goes on, unless ``warm_up`` is False (what conveyor's
     own calls pass: ``cv.stream(device=None)`` streams at once, leaving the warm-up nothing to
-    overlap). Raises InputError for a spec that matches nothing, naming the devices that exist.
+    overlap). Raises InputError for a spec that matches nothing, naming the devices that exist,
+    and for anything but a string, a Device (returned as it is) or None.
     """
-    chosen = _device(spec)
+    if isinstance(spec, Device):  # already a device: as cv.stream(device=...) takes one
+        chosen = spec
+    elif spec is not None and not isinstance(spec, str):
+        raise InputError(f"cv.device({spec!r}): pass a spec string like 'cuda:0', "
+                         f"'opencl:0:0' or 'gpu', or None for the default (cv.devices() "
+                         f"lists them)")
+    else:
+        chosen = _device(spec)
     if warm_up:
         chosen.warm_up()
     return chosen

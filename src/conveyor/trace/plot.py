@@ -39,6 +39,14 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
     the stream's start (``span_ms`` fixes the axis length, to compare charts), the overlap
     figure in the title. InputError without matplotlib."""
     figure_cls, canvas_cls = _matplotlib()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if not suffix:  # as matplotlib's savefig does: a PNG, named with its suffix
+        path, suffix = f"{os.fspath(path)}.png", "png"
+    formats = canvas_cls.get_supported_filetypes()
+    if suffix not in formats:  # before drawing, and not as matplotlib's ValueError
+        raise InputError(f"timeline.plot({os.fspath(path)!r}): matplotlib cannot write "
+                         f"'.{suffix}' files: name a file ending in one of "
+                         f"{', '.join('.' + f for f in sorted(formats))}")
     lanes = timeline.lanes
     figure = figure_cls(figsize=(11, 0.55 * max(len(lanes), 1) + 1.4), dpi=120)
     canvas_cls(figure)
@@ -66,8 +74,5 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
     figure.tight_layout()
     # Into a part file renamed over the target, as every conveyor output: a failed draw leaves
     # no half file, and a symlink another user planted in /tmp is refused (files.resolve).
-    suffix = Path(path).suffix.lstrip(".").lower()
-    if not suffix:  # as matplotlib's savefig does: a PNG, named with its suffix
-        path, suffix = f"{os.fspath(path)}.png", "png"
     files.atomic_write(path, lambda handle: figure.savefig(handle, format=suffix),
                        durable=False, binary=True)
