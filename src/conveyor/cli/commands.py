@@ -7,6 +7,7 @@ import argparse
 import errno
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,8 @@ def run(argv: Sequence[str]) -> int:
         print(options.usage_help(), file=sys.stderr, end="")
         return 2
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_line(options)
     try:
         return _runner(options.command)(options)
     except InputError as exc:
@@ -57,6 +60,7 @@ def run(argv: Sequence[str]) -> int:
     except OSError as exc:
         return _fail(options, exc, f"{exc}: {_os_advice(exc)}", 1)
     finally:
+        warnings.showwarning = shown
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -73,6 +77,23 @@ def _runner(command: str) -> Runner:
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # the same clean-up as Ctrl-C: no partial output stays
+
+
+def _warning_line(options: argparse.Namespace) -> Callable[..., None]:
+    """``warnings.showwarning`` for the command: a warning is said as the command's errors
+    are, ``conveyor map: warning: ...`` on stderr, not as Python shows it (the library's file
+    and line, then a line of its source: "stream.py:218: RuntimeWarning: conveyor: removed
+    ... report = _run(compute, ...)")."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        text = str(message).removeprefix("conveyor: ")
+        try:
+            _say(options, f"warning: {text}")
+        except OSError:
+            pass  # stderr is gone: as Python's own showwarning, say nothing
+
+    return show
 
 
 def _say(options: argparse.Namespace, message: str) -> None:

@@ -37,3 +37,20 @@ def refuse_one_file_twice(named: Sequence[tuple[str, str | None]]) -> None:
             if same_file(first, second):
                 raise InputError(f"{first_option} {first} and {second_option} {second} are "
                                  f"one file: name a different file for each")
+
+
+def refuse_writing_what_is_read(written: Sequence[tuple[str, str | None]],
+                                read: Sequence[tuple[str, str]]) -> None:
+    """InputError if a file the command writes (``written``: (option, path) pairs) is one it
+    reads (``read``: (what, path) pairs, e.g. ("kernel file", "k.cl"), ("-i", "x.raw")).
+    ``--trace k.cl --force`` replaced the kernel's source with the trace, and ``--plot x.raw``
+    a raw input with the picture, exit 0. (An output may be an input of the stream: the
+    library reads the old file to the end; callers leave those pairs out.)"""
+    for option, path in written:
+        if path is None:
+            continue
+        for what, source in read:
+            if os.path.exists(source) and same_file(path, source):
+                raise InputError(f"{option} {path} is the same file as {what} {source}, which "
+                                 f"the command reads: writing it would replace it; name "
+                                 f"another file")

@@ -23,7 +23,11 @@ import numpy as np
 import conveyor as cv
 from conveyor.backends import select
 from conveyor.cli import cluster, words
-from conveyor.cli.files import refuse_one_file_twice, refuse_to_replace
+from conveyor.cli.files import (
+    refuse_one_file_twice,
+    refuse_to_replace,
+    refuse_writing_what_is_read,
+)
 from conveyor.cli.inputs import Input, apply_casts, check_options, open_input
 from conveyor.errors import CompileError, InputError
 
@@ -35,8 +39,9 @@ def run_map(options: argparse.Namespace) -> int:
     for path in options.outputs:
         if not path.strip():
             raise InputError("-o '': name the output .npy file, e.g. -o out.npy")
-        if path.endswith(("/", os.sep)) or Path(path).is_dir():
-            what = "is a folder" if Path(path).is_dir() else "ends with /, as a folder does"
+        # os.path.isdir: Path.is_dir raised OSError for a name too long (exit 1, no advice).
+        if path.endswith(("/", os.sep)) or os.path.isdir(path):
+            what = "is a folder" if os.path.isdir(path) else "ends with /, as a folder does"
             raise InputError(f"-o {path} {what}: name a .npy file in it, e.g. "
                              f"{Path(path) / 'out.npy'}")
         if Path(path).suffix.lower() != ".npy":
@@ -45,6 +50,9 @@ def run_map(options: argparse.Namespace) -> int:
         raise InputError("--plot needs matplotlib: pip install 'conveyor[plot]'")
     refuse_one_file_twice([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
                            ("--plot", options.plot)])
+    read = _files_read(options)  # before --force is advised: it would not help
+    refuse_writing_what_is_read([("--trace", options.trace), ("--plot", options.plot)], read)
+    refuse_writing_what_is_read([("-o", p) for p in options.outputs], read[:1])  # in place: ok
     refuse_to_replace([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
                        ("--plot", options.plot)], options.force)
     if cluster.on_cluster(options):
@@ -68,6 +76,7 @@ def run_map(options: argparse.Namespace) -> int:
 
 def run_reduce(options: argparse.Namespace) -> int:
     """``conveyor reduce``: fold the kernel's per-element values; print the result."""
+    refuse_writing_what_is_read([("--trace", options.trace)], _files_read(options))
     refuse_to_replace([("--trace", options.trace)], options.force)
     if cluster.on_cluster(options):
         return cluster.run(options, [], options.op)
@@ -82,6 +91,12 @@ def run_reduce(options: argparse.Namespace) -> int:
             print(f"trace written to {options.trace}")
         print(f"{options.op} = {_plain(report.result)}")
     return 0
+
+
+def _files_read(options: argparse.Namespace) -> list[tuple[str, str]]:
+    """The files the command reads, as (what, path): the kernel file first, then each -i."""
+    return [("kernel file", options.kernel_file),
+            *(("-i", Input(text).path) for text in options.inputs)]
 
 
 def _stream(options: argparse.Namespace, outputs: list[Any],

@@ -11,6 +11,7 @@ killed run is removed by the next run of the same target (:mod:`conveyor.files`)
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 from collections.abc import Sequence
@@ -101,6 +102,17 @@ class FileSink(Sink):
         self._tmp: Path | None = None
         # The file replaced at commit: a symlink's target (written through), never a node.
         self.target = files.output_target(self.path, f"output {self.name}")
+
+    def for_stream(self) -> FileSink:
+        """This output as one stream writes it: a copy with its own temporary file, shape and
+        dtype. A ``cv.npy_out`` object describes a file; streams that share one (at once, in
+        threads, or one after another with other kernels) each write their own part, as two
+        runs of one target do, and the last to finish replaces the file. They shared its open
+        part: two at once failed with an AssertionError and a FileNotFoundError, leaving a
+        locked part and its descriptor behind; a later stream kept the first one's dtype."""
+        fresh = copy.copy(self)
+        fresh._fd = fresh._tmp = None
+        return fresh
 
     def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Fill in the shape and dtype the stream decides; InputError if they disagree."""
@@ -196,6 +208,9 @@ def _out_shape(name: str, shape: Any) -> tuple[int, ...]:
     if any(d is None for d in dims):
         raise InputError(f"output {name}: shape={shape!r} is not a shape: give whole numbers, "
                          f"e.g. (rows, 3)")
+    if not dims:  # a stream's outputs have rows (it crashed with an IndexError)
+        raise InputError(f"output {name}: shape={shape!r} has no axis: give the rows first, "
+                         f"e.g. (rows,) or (rows, 3), or leave shape=None for input 0's rows")
     return tuple(int(d) for d in dims)  # type: ignore[arg-type]
 
 
@@ -235,6 +250,7 @@ def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
                              f"cv.raw_out() for a raw binary file{_dtype_hint(value)}")
         value = npy_out(value)
     if isinstance(value, FileSink):
+        value = value.for_stream()  # the caller's object is never opened: see for_stream
         value.resolve(rows, row_shape, dtype)
         return value
     if isinstance(value, Sink):

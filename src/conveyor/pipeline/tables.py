@@ -68,7 +68,7 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
         file = pq.ParquetFile(target)
     except Exception as exc:
         raise InputError(f"{path} is not a Parquet file ({exc})") from exc
-    names = [columns] if isinstance(columns, str) else list(columns)
+    names = _column_names(str(path), columns)
     schema = file.schema_arrow
     dtype = _column_dtype(str(path), schema, names)
     meta = file.metadata
@@ -107,7 +107,7 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
         reader = pa.open_file(pyarrow.OSFile(str(target)))
     except Exception as exc:
         raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
-    names = [columns] if isinstance(columns, str) else list(columns)
+    names = _column_names(str(path), columns)
     dtype = _column_dtype(str(path), reader.schema, names)
     for name in names:
         for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
@@ -133,6 +133,26 @@ def _pyarrow(module: str) -> Any:
     except ImportError as exc:
         raise InputError("Parquet and Arrow files need PyArrow: pip install "
                          "'conveyor[parquet]'") from exc
+
+
+def _column_names(path: str, columns: Any) -> list[str]:
+    """``columns`` (a name, or a sequence of names) as a list; InputError for anything else:
+    None or a number was a raw TypeError, bytes were taken as numbers, and an empty list was
+    said to hold "columns of different types"."""
+    if isinstance(columns, str):
+        return [columns]
+    names = None
+    if not isinstance(columns, bytes | bytearray):
+        try:
+            names = list(columns)
+        except TypeError:
+            pass
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise InputError(f"{path}: columns={columns!r}: name a column (a str) or give a list "
+                         f"of names, e.g. 'x' or ['x', 'y']")
+    if not names:
+        raise InputError(f"{path}: columns=[] names no column: give at least one, e.g. ['x']")
+    return names
 
 
 def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
