@@ -369,7 +369,10 @@ def test_pinned_arrays_are_direct_only_where_the_backend_shares_them(pair):
     if pair[0].backend == "opencl":
         from conveyor.backends.opencl import _pinned_elsewhere
 
-        assert not _pinned_elsewhere(x, pair[0]) and _pinned_elsewhere(x, pair[1])
+        # Directly only where the other device copies this context's pinned memory (same
+        # platform): the two PoCLs of the CI machine are two platforms, and they stage it.
+        assert not _pinned_elsewhere(x, pair[0])
+        assert _pinned_elsewhere(x, pair[1]) == pair[1].copies_pinned_of(pair[0])
         assert not _pinned_elsewhere(np.zeros(10, np.float32), pair[1])
     del x
 

@@ -81,6 +81,13 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
     else:
         raise InputError(f"device={device!r}: pass a spec string like 'opencl:0:0' or 'cuda' "
                          f"(each worker opens its own device)")
+    if spec is not None and ("," in spec or spec.strip().lower() == "all"
+                             or spec.strip().lower().endswith(":all")):
+        # Each worker opens one device (cv.device): every chunk failed on the workers with
+        # "no device matches 'opencl:all'", a spec cv.stream takes.
+        raise InputError(f"device={spec!r} names several devices, and each Dask worker "
+                         f"streams on one: give one spec (e.g. 'opencl:0:0', 'cuda'), and "
+                         f"one worker per device for several (dask-cuda's LocalCUDACluster)")
     what: KernelSpec | Callable[..., Any]
     if isinstance(compute, KernelSpec):
         what = compute
@@ -106,7 +113,26 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
     kept = {"depth": parsed.depth, "block_bytes": parsed.block_bytes,
             "memory_limit": parsed.memory_limit, "workers": parsed.workers,
             **{k: v for k, v in options.items() if k in ("strict", "zero_copy")}}
-    return Job(what, spec, parsed.args, kept)
+    return Job(what, spec, _tables(parsed.args), kept)
+
+
+def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` as they travel to workers: a cv.resident handle (a device buffer and locks of
+    this process, which Dask failed to pickle: "Could not serialize object") becomes its
+    table, as its device holds it, which each chunk's stream uploads; a writable one is
+    refused (it is copied back into this process's array)."""
+    values = list(args)
+    for index, value in enumerate(values):
+        if type(value).__name__ != "Resident":  # not imported: the client loads no engine
+            continue
+        if value.writable:
+            raise InputError(f"args[{index}] is cv.resident(writable=True), which is copied "
+                             f"back into this process's array after a stream: Dask workers "
+                             f"cannot; stream it with cv.stream, or pass a read-only table")
+        if value.closed:
+            raise InputError("this resident array was closed: make a new cv.resident(...)")
+        values[index] = value.host_copy()
+    return tuple(values)
 
 
 _lock = threading.Lock()

@@ -156,7 +156,11 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
     key = _key(array, device)
     with _lock:
         found = _kept.get(key)
-        if found is not None and not found.doomed:
+        if found is not None:
+            # Released while a stream held it (doomed), then kept again: keep that
+            # registration. A second one under the same key was dropped from the table when
+            # the stream let go of the first, and never closed.
+            found.doomed = False
             _kept.move_to_end(key)
             return True
         if array.nbytes > budget() or not _fit(array.nbytes):
@@ -270,9 +274,11 @@ class Holds(Closeable):
         with _lock:
             for kept in held:
                 kept.holds -= 1
-                if kept.doomed and not kept.holds:
-                    _kept.pop(kept.key, None)
+                if kept.doomed and not kept.holds and _kept.get(kept.key) is kept:
+                    del _kept[kept.key]
                     kept.close()
+            if held:
+                _fit(0)  # a budget lowered while the stream held them is kept from now on
 
 
 def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()

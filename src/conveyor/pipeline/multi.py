@@ -120,10 +120,48 @@ class _OneReader(Source):
             return self.source.rows(lo, hi)
 
 
-def _args_for(args: Sequence[Any], device: Device, devices: Sequence[Device]) -> list[Any]:
-    """``args`` for the engine on ``device``: a cv.resident handle bound to another device
-    becomes its array (uploaded to this one as a copy made for the stream); a writable one is
-    refused (each device would write its own copy)."""
+class _Homes:
+    """The cv.resident handles of a stream over several devices. Each stays on its own device
+    (an unbound one is bound to the first device), held there for the whole stream (not
+    evicted, not refreshed) where that device streams; every other device gets a copy of the
+    table as that device holds it. So every block sees one table: a read-only table changed
+    on the host without refresh() was the old table on its device and the new one on the
+    others (a mix of both answers)."""
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        self.devices = devices
+        self._copies: dict[int, tuple[Device, np.ndarray]] = {}
+        self._held: list[resident.Resident] = []
+
+    def arg(self, handle: resident.Resident, device: Device) -> Any:
+        """What the engine on ``device`` passes for ``handle``: the handle on its own device,
+        elsewhere its table (uploaded as a copy made for the stream)."""
+        if id(handle) not in self._copies:
+            home = handle.home(self.devices[0])  # InputError once closed
+            table = handle.array if handle.buffer is None else None  # uploaded from it now
+            if any(home is dev for dev in self.devices):
+                queue = home.create_queue()
+                try:
+                    handle.use(home, queue)  # bound, uploaded, held: one table all stream
+                    self._held.append(handle)
+                    queue.finish()
+                finally:
+                    queue.close()
+            self._copies[id(handle)] = (home, handle.host_copy() if table is None else table)
+        home, table = self._copies[id(handle)]
+        return handle if home is device else table
+
+    def release(self) -> None:
+        """The stream is over: let go of the handles held."""
+        held, self._held = self._held, []
+        for handle in held:
+            handle.done()
+
+
+def _args_for(args: Sequence[Any], device: Device, homes: _Homes) -> list[Any]:
+    """``args`` for the engine on ``device``: a cv.resident handle of another device becomes
+    its table (``_Homes``; uploaded to this one as a copy made for the stream); a writable one
+    is refused (each device would write its own copy)."""
     values = list(args)
     for index, value in enumerate(values):
         if isinstance(value, resident.Resident):
@@ -131,19 +169,17 @@ def _args_for(args: Sequence[Any], device: Device, devices: Sequence[Device]) ->
                 raise InputError(f"args[{index}] is cv.resident(writable=True): with several "
                                  f"devices each would write its own copy; stream on one "
                                  f"device, or pass a read-only table")
-            home = value.device if value.device is not None else devices[0]
-            if home is not device:
-                values[index] = value.array
+            values[index] = homes.arg(value, device)
     return values
 
 
 def _residents(kernel: Compute, device: Device, first: int, args: tuple[Any, ...],
-               devices: Sequence[Device]) -> resident.ResidentArgs | None:
+               homes: _Homes) -> resident.ResidentArgs | None:
     """The resident arrays of ``args`` for the engine on ``device``: a cv.resident handle
     bound to another device is uploaded to this one as a copy made for the stream."""
     if not isinstance(kernel, Kernel):
         return None
-    bound = resident.bind(kernel, first, _args_for(args, device, devices))
+    bound = resident.bind(kernel, first, _args_for(args, device, homes))
     if bound.device_arrays:
         raise InputError("a device array in args= lives on one device: with several devices "
                          "pass a NumPy array or cv.resident(array), uploaded to each")
@@ -153,13 +189,23 @@ def _residents(kernel: Compute, device: Device, first: int, args: tuple[Any, ...
 def stream_several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
                    devices: list[Device], opts: StreamOptions, schedule: str) -> Report:
     """``cv.stream`` over several devices: check, plan once for all, run, commit the sinks."""
+    homes = _Homes(devices)
+    try:
+        return _several(compute, sources, sinks, devices, opts, schedule, homes)
+    finally:
+        homes.release()
+
+
+def _several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
+             devices: list[Device], opts: StreamOptions, schedule: str, homes: _Homes
+             ) -> Report:
     reduce, element = opts.reduce, None
     if image.indices(sources):
         raise InputError("image inputs (cv.image) stream on one device: each device has its "
                          "own image formats and limits; pass one device")
     sources = _check_sources(sources)
     if isinstance(compute, Chain):
-        return _chain_several(compute, sources, sinks, devices, opts, schedule)
+        return _chain_several(compute, sources, sinks, devices, opts, schedule, homes)
     kernels = [kernel_for(compute, dev) for dev in devices]
     first_kernel = kernels[0]
     if isinstance(first_kernel, Kernel):
@@ -178,17 +224,18 @@ def stream_several(compute: Compute | Chain, sources: list[Source], sinks: list[
                                int(np.prod(first.shape, dtype=np.int64)),
                                with_kernel=isinstance(first_kernel, Kernel))
     buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
-    residents = [_residents(k, d, buffers, opts.args, devices)
+    residents = [_residents(k, d, buffers, opts.args, homes)
                  for k, d in zip(kernels, devices, strict=True)]
     return _plan_and_run(kernels, sources, sinks, devices, opts, schedule, reduction,
                          residents, make_plan)
 
 
 def _chain_several(chain: Chain, sources: list[Source], sinks: list[Sink],
-                   devices: list[Device], opts: StreamOptions, schedule: str) -> Report:
+                   devices: list[Device], opts: StreamOptions, schedule: str, homes: _Homes
+                   ) -> Report:
     """A chain over several devices: its kernel links built and its checks made for each
     device, its temps counted in the one plan."""
-    bound = [_chain_for(chain, dev, devices).bind(dev, sources, sinks, opts.args, opts.reduce)
+    bound = [_chain_for(chain, dev, homes).bind(dev, sources, sinks, opts.args, opts.reduce)
              for dev in devices]
     first = sources[0]
     reduction = Reduction.make(opts.reduce, bound[0].element, first.dtype,
@@ -198,14 +245,14 @@ def _chain_several(chain: Chain, sources: list[Source], sinks: list[Sink],
                          [b.residents for b in bound], bound[0].make_plan)
 
 
-def _chain_for(chain: Chain, device: Device, devices: Sequence[Device]) -> Chain:
+def _chain_for(chain: Chain, device: Device, homes: _Homes) -> Chain:
     """``chain`` with its kernel links built for ``device`` (kernel_for) and their resident
     args for it (as for a single kernel's args: see ``_args_for``)."""
     links: list[Any] = []
     for item in chain.links:
         if isinstance(item, Link):
             links.append(replace(item, compute=kernel_for(item.compute, device),
-                                 args=tuple(_args_for(item.args, device, devices))))
+                                 args=tuple(_args_for(item.args, device, homes))))
         else:
             links.append(kernel_for(item, device))
     made = copy.copy(chain)

@@ -122,6 +122,29 @@ class Resident(Closeable):
             if self.writable and self.buffer is not None:
                 queue.copy_out(self.array.reshape(-1).view(np.uint8), self.buffer).wait()
 
+    def home(self, default: Device) -> Device:
+        """The device the table lives on; ``default`` when it was bound to none yet (bound
+        now, so that streams started at once agree on it). InputError once closed."""
+        with self._lock:
+            self._bind(self.device if self.device is not None else default)
+            assert self.device is not None
+            return self.device
+
+    def host_copy(self) -> np.ndarray:
+        """The table as its device holds it, read back (a read-only table changed on the host
+        since its upload, without refresh(), still has its old values there, and a stream on
+        its device sees those); the host array where it is on no device."""
+        with self._lock:
+            if self.buffer is None or self.device is None:
+                return self.array
+            host = np.empty_like(self.array)
+            queue = self.device.create_queue()
+            try:
+                queue.copy_out(host.reshape(-1).view(np.uint8), self.buffer).wait()
+            finally:
+                queue.close()
+            return host
+
     def evict(self) -> bool:
         """Give the device copy back to the pool if no stream uses it (the pool's
         out-of-memory ladder calls this); a later stream uploads the table again."""
