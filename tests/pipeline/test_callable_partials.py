@@ -52,3 +52,16 @@ def test_any_other_partial_still_folds_with_a_function(device):
     report = cv.stream(sum_and_count, [x], device=device, block_bytes=BLOCK,
                        reduce=lambda p, q: (p[0] + q[0], p[1] + q[1]))
     assert report.result == (float(x.sum()), N)
+
+
+def test_a_dict_partial_is_folded_by_a_custom_reduce(device):
+    """A dict has a ``get`` method, which was taken for a device array's: TypeError."""
+    x = np.arange(N, dtype=np.float32)
+
+    def moments(a, *, queue, offset, n):
+        values = to_host(a, queue).astype(np.float64)
+        return {"sum": float(values.sum()), "count": int(values.size)}
+
+    report = cv.stream(moments, [x], device=device, block_bytes=BLOCK,
+                       reduce=lambda p, q: {k: p[k] + q[k] for k in p})
+    assert report.result == {"sum": float(x.astype(np.float64).sum()), "count": N}

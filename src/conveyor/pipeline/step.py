@@ -251,9 +251,13 @@ def partial_of(result: Any, block: Block) -> Any:
 
 
 def _to_host(value: Any) -> Any:
-    """A callable's partial as a host value (syncs on the device array if it is one)."""
-    if hasattr(value, "get"):
-        return value.get()
-    if hasattr(value, "cpu"):
-        return value.cpu().numpy()
+    """A callable's partial as a host value (syncs on the device array if it is one: CuPy and
+    PyOpenCL arrays have ``get()``, PyTorch tensors ``cpu()``). Anything else is the value
+    itself: a dict (which has a ``get`` too) or a tuple is the partial a custom ``reduce=f``
+    folds."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        if callable(getattr(value, "get", None)) and not isinstance(value, np.ndarray):
+            return value.get()
+        if callable(getattr(value, "cpu", None)):
+            return value.cpu().numpy()
     return value
