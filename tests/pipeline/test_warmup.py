@@ -373,3 +373,18 @@ def test_conveyors_own_calls_start_no_warm_up(fresh, monkeypatch):
     backends.device(dev.spec)
     backends.select(f"{dev.spec},{dev.spec}")
     assert started == [dev, dev, dev]
+
+
+def test_a_device_used_after_close_frees_its_pools_again_on_the_next_close(fresh):
+    """cv.device(spec) returns the one Device object, so streams after close() run on it and
+    its pools hold memory again; a second close() did nothing and that memory stayed held."""
+    x = np.arange(50_000, dtype=np.float32)
+    for _ in range(2):
+        fresh.close()
+        out = cv.stream(kernel(fresh, "scale"), [x], [np.float32], args=(2.0,), device=fresh,
+                        block_bytes=16_384, zero_copy=False).outputs[0]
+        np.testing.assert_array_equal(out, x * 2)
+        assert fresh.memory_pool.stats().held_bytes > 0
+        fresh.close()
+        assert fresh.memory_pool.stats().held_bytes == 0
+        assert fresh.pinned_pool.stats().held_bytes == 0

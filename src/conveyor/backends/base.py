@@ -551,14 +551,17 @@ class Device(Closeable, ABC):
             warm.wait(timeout)
 
     def close(self) -> None:
-        """Free the pools' held memory and the backend's objects. Safe to call twice."""
+        """Free the pools' held memory and the backend's objects. Safe to call twice.
+
+        The device stays usable: ``cv.device(spec)`` returns this same object, so a stream
+        after ``close()`` runs, and its pools hold memory again; a later ``close()`` frees that
+        too (it did nothing once the device had been closed, and the memory stayed held)."""
         with self._lock:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
             pools = [p for p in (self._memory_pool, self._pinned_pool) if p is not None]
             warmup = self._warmup
-        if warmup is not None:
+        if warmup is not None and first:
             warmup.stop()  # before the pools close: it may be adding to one
             if self._pinned_pool is not None and self._pinned_pool not in pools:
                 pools.append(self._pinned_pool)  # made by the warm-up after the list above
@@ -567,7 +570,8 @@ class Device(Closeable, ABC):
         keep.release_device(self)  # arrays kept page-locked on it (cv.keep_pinned)
         for pool in pools:
             pool.close()
-        self._release()
+        if first:
+            self._release()
 
 
 def _build_options(source: Any, name: Any, options: Any) -> tuple[str, ...]:
