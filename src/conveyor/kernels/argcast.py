@@ -10,6 +10,7 @@ parameters, and values outside the parameter type's range.
 from __future__ import annotations
 
 import cmath
+import decimal
 import math
 import numbers
 from collections.abc import Callable
@@ -94,6 +95,8 @@ def _finite(value: Any) -> bool:
     it has no float); True for what cannot tell (ints too large for a float)."""
     if isinstance(value, np.generic):
         return bool(np.isfinite(value))
+    if isinstance(value, decimal.Decimal):  # complex() of Decimal('1e400') is inf
+        return value.is_finite()
     try:
         return cmath.isfinite(complex(value))
     except (TypeError, ValueError, OverflowError):

@@ -158,7 +158,22 @@ def _boundary(value: Any) -> str | int | float:
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
         number = value.item() if isinstance(value, np.generic) else value
-        return int(number) if isinstance(number, numbers.Integral) else float(number)
+        if isinstance(number, numbers.Integral):
+            return int(number)
+        try:
+            with np.errstate(over="ignore"):
+                constant = float(number)
+        except OverflowError:  # a Fraction past float64's range
+            constant = math.inf
+        if math.isinf(constant) and bool(np.isfinite(number) if isinstance(number, np.generic)
+                                          else not isinstance(number, float)):
+            # np.longdouble('1e4000') became inf, a Fraction raised: a finite number past
+            # every float type the pad rows are made in
+            top = float(np.finfo(np.float64).max)
+            raise InputError(f"boundary={value!r} lies past float64's range (finite values "
+                             f"within ±{top!r}), so the pad rows cannot hold it: pass a "
+                             f"constant in that range (or float('inf'))")
+        return constant
     raise InputError(f"boundary={value!r}{_kind(value)}: boundary takes 'nearest' (repeat the "
                      f"edge row), 'reflect' (mirror, edge row included), 'periodic' (wrap "
                      f"around) or a number (a constant)")

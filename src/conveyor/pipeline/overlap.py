@@ -97,6 +97,23 @@ def in_place_pairs(sources: Sequence[Source], sinks: Sequence[Sink]
     return frozenset(in_place)
 
 
+def check_tables(tables: Sequence[tuple[str, np.ndarray]], sinks: Sequence[Sink]) -> None:
+    """InputError for a writable resident table (``(name, host array)``: copied back into
+    its array after the stream; one entry per handle) that shares memory with an output
+    array, or with another writable table: the copy-back would silently replace what the
+    stream (or the other table) wrote there."""
+    outputs = [(f"output {j}", s.array) for j, s in enumerate(sinks)
+               if isinstance(s, ArraySink) and s.array.nbytes]
+    for t, (name, table) in enumerate(tables):
+        for other, array in outputs + list(tables[t + 1:]):
+            if np.shares_memory(table, array):
+                raise InputError(
+                    f"{name} is a cv.resident(..., writable=True) table that shares memory "
+                    f"with {other}: the table is copied back into its array after the "
+                    f"stream, over what the stream wrote there. Pass a separate array for "
+                    f"each")
+
+
 def read_after_written(compute: object, pairs: frozenset[tuple[int, int]]) -> list[str]:
     """A chain's reads of an input that is also an output (``pairs``: (input, output))
     in a link after the one that wrote that output, each named for messages. Used in place

@@ -104,7 +104,15 @@ class ShapedSink(ArraySink):
     def allocate(self, blocks: int) -> None:
         """Per-block outputs: the array of ``blocks`` records."""
         if self.per_block:
-            self.array = np.empty((blocks, *self.shape[1:]), self.dtype)
+            try:
+                self.array = np.empty((blocks, *self.shape[1:]), self.dtype)
+            except (ValueError, MemoryError) as exc:  # cv.iterate(length=2**62)
+                nbytes = blocks * math.prod(self.shape[1:]) * self.dtype.itemsize
+                raise InputError(
+                    f"{self.name} (per_block) would hold {blocks} records of "
+                    f"{self.shape[1:]} {self.dtype} ({nbytes} bytes), one per block: more "
+                    f"than this host can allocate ({exc}): check input 0's length, or use "
+                    f"a larger block_bytes (fewer blocks)") from None
             self.shape = tuple(int(s) for s in self.array.shape)
 
 

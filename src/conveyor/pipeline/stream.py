@@ -202,6 +202,7 @@ def stream(
             for i, o in enumerate(outputs or ())
         ]
         _check_files(sources, sinks, compute)
+        validate.check_widths(sources, sinks)
         if trace is not None:
             _check_trace(trace, sources, sinks)
         if len(devs) > 1:
@@ -341,6 +342,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
             f"compute must be a Kernel (device.compile) or a callable, "
             f"got {type(compute).__name__}"
         )
+    overlap.check_tables(_writable_tables(residents), sinks)
     first = sources[0]
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
@@ -373,6 +375,20 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     for sink in sinks:
         sink.commit()
     return report
+
+
+def _writable_tables(residents: Any) -> list[tuple[str, np.ndarray]]:
+    """(name, host array) of each writable resident table of a kernel's or a chain's args:
+    the arrays a stream copies back into after it."""
+    groups = [("", residents)] if isinstance(residents, resident.ResidentArgs) else [
+        (f"{b.where()}: ", b.residents) for b in getattr(residents, "links", ())
+        if b.residents is not None]
+    found: dict[int, tuple[str, np.ndarray]] = {}  # one per handle (args=(t, t) is one)
+    for where, args in groups:
+        for i, handle in args.handles.items():
+            if handle.writable:
+                found.setdefault(id(handle), (f"{where}args[{i}]", handle.array))
+    return list(found.values())
 
 
 def check_host_memory(plan: Plan, dev: Device) -> None:

@@ -3,6 +3,7 @@ that says what to change."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,12 @@ def _foreign(value: Any, role: str) -> str | None:
 def as_input(value: Any, index: int) -> np.ndarray:
     """Input ``index`` as an ndarray (memmaps stay memmaps); InputError if unusable."""
     given = value
+    if isinstance(value, bytes):  # np.asarray(b"...") is one 0-d string, not its bytes
+        raise InputError(f"input {index} is bytes, which NumPy reads as one string, not an "
+                         f"array: pass np.frombuffer(data, dtype) for its bytes as numbers "
+                         f"(or a path as str for a file)")
+    _check_mask(value, f"input {index}", "pass a.filled(value) (e.g. a.filled(0) for a sum) "
+                                          "or a.data")
     if not isinstance(value, np.ndarray):
         try:
             value = np.asarray(value)
@@ -65,6 +72,18 @@ def as_input(value: Any, index: int) -> np.ndarray:
     return value
 
 
+def _check_mask(value: Any, what: str, fix: str) -> None:
+    """InputError for a masked array with masked elements: conveyor streams the values under
+    the mask as well (np.ma would leave them out of a sum), and an output's mask would hide
+    what the stream wrote there."""
+    if isinstance(value, np.ma.MaskedArray) and np.ma.getmask(value) is not np.ma.nomask \
+            and bool(np.ma.getmask(value).any()):
+        raise InputError(
+            f"{what} is a masked array with {int(np.ma.count_masked(value))} masked elements: "
+            f"conveyor streams every value, the masked ones too (np.ma leaves them out), and "
+            f"does not touch a mask: {fix}, and mask the result yourself")
+
+
 def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> np.ndarray:
     """Output ``index``: the caller's array (checked) or a new one for a dtype."""
     if value is None:  # np.dtype(None) is float64: never what None meant
@@ -83,7 +102,15 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
             raise InputError(f"output {index} asks for dtype {dtype}: use a numeric dtype")
         from conveyor.memory import prefault
 
-        return prefault.empty((rows, *row_shape), dtype)  # huge pages asked for
+        try:
+            return prefault.empty((rows, *row_shape), dtype)  # huge pages asked for
+        except (ValueError, MemoryError) as exc:  # cv.iterate(length=2**62): NumPy's words
+            nbytes = rows * math.prod(row_shape) * dtype.itemsize
+            raise InputError(
+                f"output {index} asks for a new {dtype} array of {rows} rows of {row_shape} "
+                f"({nbytes} bytes), like input 0: more than this host can allocate ({exc}): "
+                f"check input 0's length, or pass a file output (cv.npy_out(path))") from None
+    _check_mask(value, f"output {index}", "pass a plain array (np.empty(shape, dtype))")
     if value.dtype.hasobject:
         raise InputError(f"output {index} has dtype {value.dtype}: use a numeric dtype")
     if value.ndim == 0:
@@ -96,6 +123,29 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
             f"into your view afterwards"
         )
     return value
+
+
+def check_widths(sources: Sequence[Any], sinks: Sequence[Any]) -> None:
+    """InputError for an input or output (with ``shape`` and ``dtype``) that has no bytes in
+    a row (shape ``(n, 0)``, or a dtype of no size: ``np.void``, ``np.dtype([])``) beside
+    arrays that have some: its ring and device buffers would be 0 bytes, which no driver
+    allocates. A stream in which every array is so has nothing to move, and runs no block."""
+    ends = [("input", i, e) for i, e in enumerate(sources)]
+    ends += [("output", i, e) for i, e in enumerate(sinks)]
+    widths = [(kind, i, e, math.prod(e.shape[1:]) * e.dtype.itemsize)
+              for kind, i, e in ends if e.dtype is not None and len(e.shape) >= 1]
+    if not sources or not sources[0].shape[0] or not any(w for *_, w in widths):
+        return
+    for kind, index, end, width in widths:
+        if not width:
+            why = (f"dtype {end.dtype} has no size" if not end.dtype.itemsize
+                   else f"its rows {tuple(end.shape[1:])} hold no elements")
+            what = f"{kind} {index}"
+            what += f" ({end.name})" if end.name != what else ""
+            raise InputError(
+                f"{what} has shape {tuple(end.shape)} of {end.dtype}: "
+                f"{why}, so a block of it has 0 bytes to copy: drop it from {kind}s=, or "
+                f"give it at least one element of a numeric dtype per row")
 
 
 def spec(array: Any) -> ArraySpec:
