@@ -216,3 +216,56 @@ def test_the_command_never_writes_a_file_it_reads(work, capsys, case):
     assert "which the command reads: writing it would replace it" in err, err
     assert {p: p.read_bytes() for p in (kernel, raw)} == before
     assert not (tmp / "y.npy").exists() and _parts(tmp) == []
+
+
+# -- a file source rewritten between streams ------------------------------------------------
+def _twice(device):
+    return device.compile(TWICE, "twice")
+
+
+def test_a_source_file_rewritten_between_streams_is_never_read_with_its_old_header(
+        device, tmp_path):
+    path = tmp_path / "s.npy"
+    x = np.arange(1000, dtype=np.float32)
+    np.save(path, x)
+    source = cv.npy(path)
+    out = cv.stream(_twice(device), [source], [np.float32], device=device).outputs[0]
+    np.testing.assert_array_equal(out, 2 * x)
+    np.save(path, np.arange(2000, dtype=np.float16))  # the same byte size, another dtype
+    with pytest.raises(InputError, match="changed since this input was made .*header"):
+        cv.stream(_twice(device), [source], [np.float32], device=device)
+    np.save(path, np.arange(500, dtype=np.float32))  # another size
+    with pytest.raises(InputError, match="changed since this input was made"):
+        cv.stream(_twice(device), [source], [np.float32], device=device)
+    np.save(path, x + 1)  # new values, the same header: read as the file is now
+    out = cv.stream(_twice(device), [source], [np.float32], device=device).outputs[0]
+    np.testing.assert_array_equal(out, 2 * (x + 1))
+    raw = cv.raw(path, np.uint8)
+    with open(path, "ab") as f:
+        f.write(b"more")
+    with pytest.raises(InputError, match="changed since .*size"):
+        cv.stream(lambda a, **k: a, [raw], [np.uint8], device=device)
+
+
+def test_an_input_path_too_long_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="input file .*: check the path"):
+        cv.npy(tmp_path / ("x" * 300 + ".npy"))
+
+
+def test_an_npy_header_shape_numpy_cannot_make_is_refused_at_once(tmp_path):
+    path = tmp_path / "huge.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f4", "fortran_order": False, "shape": (2**62, 0)})
+    with pytest.raises(InputError, match="spans more than 2\\*\\*63 - 1 bytes"):
+        cv.npy(path)
+
+
+def test_a_file_output_larger_than_any_file_is_refused_before_its_part(device, tmp_path):
+    def chunk():
+        yield np.zeros(10, np.float32)
+
+    with pytest.raises(InputError, match="more than any file holds"):
+        cv.stream(lambda a, **k: a, [cv.iterate(chunk(), length=2**62)],
+                  [cv.npy_out(tmp_path / "big.npy")], device=device)
+    assert os.listdir(tmp_path) == []

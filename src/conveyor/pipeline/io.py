@@ -97,13 +97,19 @@ class FileSource(Source):
     number had been reused by another ``open``.
     """
 
-    def __init__(self, path: PathLike, dtype: Any, shape: Sequence[int], offset: int) -> None:
+    def __init__(self, path: PathLike, dtype: Any, shape: Sequence[int], offset: int,
+                 header: bytes = b"") -> None:
         self.path = Path(path)
         self.name = str(path)
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(s) for s in shape)
         self.offset = offset
         self.row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        # What the shape and dtype were read from: the file's size and its first bytes (a
+        # .npy's header). Each stream opens the file again by path; one rewritten meanwhile
+        # (np.save of another dtype, a shorter file) was read with the old header: garbage.
+        self._size = os.stat(self.path).st_size
+        self._header = header
         self._fd: int | None = None
         self._readers = 0  # reads that hold _fd now
         self._closing = False  # close() was called while reads held _fd
@@ -133,10 +139,27 @@ class FileSource(Source):
         """The open file, held by one read until :meth:`_let_go` (opened if it is not)."""
         with self._lock:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    self._check_unchanged(fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
                 self._closing = False
             self._readers += 1
             return self._fd
+
+    def _check_unchanged(self, fd: int) -> None:
+        """InputError unless the file just opened has the size and first bytes it had when
+        this source read its shape and dtype."""
+        size = os.fstat(fd).st_size
+        header = os.pread(fd, len(self._header), 0) if self._header else b""
+        if size != self._size or header != self._header:
+            what = "its header" if header != self._header else f"its size ({size} bytes)"
+            raise InputError(f"{self.name} changed since this input was made from it ({what} "
+                             f"differs): make the input again (cv.npy / cv.raw, or pass the "
+                             f"path) to read the file as it is now")
 
     def _let_go(self) -> None:
         with self._lock:
@@ -219,6 +242,8 @@ def npy(path: PathLike) -> FileSource:
             else:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             offset = f.tell()
+            f.seek(0)
+            header = f.read(offset)
     except (ValueError, OSError, SyntaxError) as exc:
         raise InputError(f"{path} is not a .npy file ({exc}): write it with np.save") from exc
     if dtype.hasobject:
@@ -230,9 +255,9 @@ def npy(path: PathLike) -> FileSource:
     if any(d < 0 for d in shape):
         raise InputError(f"{path} has a header with a negative shape {shape}: the file is "
                          f"damaged; write it again with np.save")
-    _check_dims(path, shape, "its header's shape")
+    _check_dims(path, shape, "its header's shape", dtype)
     _check_size(target, offset, shape, dtype, "its header says")
-    return FileSource(target, dtype, shape, offset)
+    return FileSource(target, dtype, shape, offset, header)
 
 
 def raw(path: PathLike, dtype: Any, shape: Sequence[int] | int | None = None,
@@ -269,7 +294,7 @@ def raw_source(path: PathLike, dtype: Any, shape: Sequence[int] | int | None, of
                          f"{where}: give the byte where the data starts, from 0 to "
                          f"{file_size}")
     dims = _raw_dims(path, shape)
-    _check_dims(path, dims, names[1])
+    _check_dims(path, dims, names[1], dt)
     size = file_size - start
     row_bytes = math.prod(dims[1:]) * dt.itemsize
     after = f" after offset={start}" if start else ""
@@ -337,7 +362,11 @@ def _existing(path: PathLike) -> Path:
     from conveyor.files import path_text
 
     target = Path(path_text(path, "an input"))
-    if not target.is_file():
+    try:
+        is_file = target.is_file()
+    except OSError as exc:  # a name too long for the file system
+        raise InputError(f"input file {target}: {exc.strerror}: check the path") from None
+    if not is_file:
         raise InputError(f"input file {target} does not exist or is not a file: check the "
                          f"path")
     try:
@@ -348,12 +377,19 @@ def _existing(path: PathLike) -> Path:
     return target
 
 
-def _check_dims(path: PathLike, shape: Sequence[int], what: str) -> None:
+def _check_dims(path: PathLike, shape: Sequence[int], what: str,
+                dtype: np.dtype | None = None) -> None:
     """InputError for a dimension past 2**63 - 1: no array has one (NumPy's shapes are
-    64-bit), and a file with no bytes per row (a 0 in its shape) matched any such count."""
+    64-bit), and a file with no bytes per row (a 0 in its shape) matched any such count.
+    With ``dtype``, also for a shape whose non-zero dimensions' bytes pass 2**63 - 1, which
+    NumPy refuses even for an empty array ("array is too big", from deep in the stream)."""
     if any(d > _MAX_DIM for d in shape):
         raise InputError(f"{path}: {what} {tuple(shape)} has a dimension past 2**63 - 1, "
                          f"which no array has: fix the shape")
+    if dtype is not None and math.prod(d for d in shape if d) * dtype.itemsize > _MAX_DIM:
+        raise InputError(f"{path}: {what} {tuple(shape)} of {dtype} spans more than 2**63 - 1 "
+                         f"bytes without its zero dimensions, which NumPy cannot shape: fix "
+                         f"the shape")
 
 
 _MAX_DIM = 2**63 - 1

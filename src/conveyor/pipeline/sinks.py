@@ -122,6 +122,11 @@ class FileSink(Sink):
             raise InputError(f"output {self.name} has dtype {self.dtype}: use a numeric dtype")
         if not self._given_shape:
             self.shape = (rows, *row_shape)
+        nbytes = math.prod(self.shape) * self.dtype.itemsize
+        if nbytes > _MAX_FILE_BYTES:  # an OverflowError from ftruncate, after the part was made
+            raise InputError(f"output {self.name} would be {self.shape} of {self.dtype}, "
+                             f"{nbytes} bytes: more than any file holds (2**63 - 1 bytes); "
+                             f"check input 0's length")
 
     @property
     def result(self) -> str:
@@ -193,6 +198,9 @@ def _out_dtype(name: str, dtype: Any) -> np.dtype | None:
     except (TypeError, ValueError, SyntaxError):
         raise InputError(f"output {name}: dtype={dtype!r} is not a NumPy dtype: give a "
                          f"numeric dtype, e.g. np.float32") from None
+
+
+_MAX_FILE_BYTES = 2**63 - 1 - (1 << 20)  # off_t, less room for the header
 
 
 def _out_shape(name: str, shape: Any) -> tuple[int, ...]:
