@@ -65,3 +65,14 @@ def test_a_dict_partial_is_folded_by_a_custom_reduce(device):
     report = cv.stream(moments, [x], device=device, block_bytes=BLOCK,
                        reduce=lambda p, q: {k: p[k] + q[k] for k in p})
     assert report.result == {"sum": float(x.astype(np.float64).sum()), "count": N}
+
+
+def test_a_partial_sum_cannot_fold_says_what_to_return(device):
+    """reduce="sum" over dict partials was a raw TypeError from np.add."""
+    x = np.arange(N, dtype=np.float32)
+
+    def as_dict(a, *, queue, offset, n):
+        return {"sum": float(to_host(a, queue).sum())}
+
+    with pytest.raises(cv.InputError, match=r"reduce='sum' cannot fold .*\(dict: .*reduce=f"):
+        cv.stream(as_dict, [x], reduce="sum", device=device, block_bytes=BLOCK)

@@ -278,3 +278,10 @@ def test_closing_the_device_waits_for_the_streams_that_hold_a_registration(devic
     assert keep.hold(device, [a])[0] == [False]  # no new stream takes it
     holds.close()
     assert keep.kept_bytes() == 0
+
+
+@pytest.mark.parametrize("wrong", [5, [1.0, 2.0], "x"], ids=["int", "list", "str"])
+def test_release_pinned_of_something_that_is_no_array_says_what_to_pass(wrong):
+    """release_pinned(5) matched nothing and returned 0, as if the release had worked."""
+    with pytest.raises(cv.InputError, match="takes the NumPy array given to keep_pinned"):
+        cv.release_pinned(wrong)

@@ -219,6 +219,9 @@ def release_pinned(array: np.ndarray | None = None, *,
     """Release the registration of ``array`` (on ``device``, a Device or a spec string, else
     on every device), or of every kept array when ``array`` is None; returns the bytes
     released. One a running stream uses is released when the stream ends."""
+    if array is not None and not isinstance(array, np.ndarray):  # it matched nothing: 0
+        raise InputError(f"release_pinned() takes the NumPy array given to keep_pinned(), or "
+                         f"None for every kept array; got {type(array).__name__}")
     if device is not None:
         device = _device(device)
     with _lock:

@@ -137,7 +137,16 @@ def combine(
     present = [p for p in partials if p is not None]
     if not present:
         return empty_sum(element, kernel=kernel) if op == "sum" else None
-    return functools.reduce(combiner(op), present)
+    if not isinstance(op, str):
+        return functools.reduce(combiner(op), present)
+    try:
+        return functools.reduce(combiner(op), present)
+    except TypeError as exc:  # dict partials, say: np.add has no loop for them
+        kinds = sorted({type(p).__name__ for p in present})
+        raise InputError(
+            f"reduce={op!r} cannot fold the callable's partials ({', '.join(kinds)}: {exc}): "
+            f"return a number or a numeric array, or pass reduce=f, a function that folds "
+            f"two partials") from exc
 
 
 def empty_sum(element: np.dtype | None, *, kernel: bool) -> Any:
