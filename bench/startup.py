@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+import conveyor as cv
+
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = """
 __kernel void affine(__global const float *x, __global float *y, ulong offset, ulong n) {
@@ -66,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(folder)
         x = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
         np.save(work / "x.npy", x)
-        (work / "affine.cl").write_text(KERNEL)
-        command = [py, "-m", "conveyor.cli", "map", str(work / "affine.cl"), "--kernel",
+        # The CLI tells the language by the extension: .cu for a CUDA device.
+        kernel = work / ("affine.cu" if (o.device or "").startswith("cuda") else "affine.cl")
+        kernel.write_text(cv.portable(KERNEL))
+        command = [py, "-m", "conveyor.cli", "map", str(kernel), "--kernel",
                    "affine", "-i", str(work / "x.npy"), "-o", str(work / "y.npy"), "--force",
                    "-q", *(["--device", o.device] if o.device else [])]
         subprocess.run(command, env=env, check=True)  # the kernel into the disk cache

@@ -34,6 +34,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
 from reliakit import assert_clean, kernel, next_stream_right  # noqa: E402
+from streamkit import store, to_host  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.kernels.portable import portable  # noqa: E402
@@ -130,10 +131,13 @@ def test_a_new_output_larger_than_any_host_is_an_input_error(device):
     def total(x, y, *, queue, offset, n):
         return None
 
+    # 4 KiB blocks: 2**50 records, more than any host's address space (with the default
+    # blocks a GPU's 64 MiB, the records fit in a host that overcommits memory).
     with pytest.raises(cv.InputError, match=r"output 0 \(per_block\) would hold \d+ records"
                                             r".*more than this host"):
         cv.stream(total, [cv.iterate(iter([x]), length=2**62)],
-                  [cv.per_block(1, np.float32)], device=device, warmup=False)
+                  [cv.per_block(1, np.float32)], device=device, warmup=False,
+                  block_bytes=4096)
     assert_clean(device)
     next_stream_right(device)
 
@@ -167,7 +171,7 @@ def test_scalars_past_a_float_range_are_refused_and_inf_nan_pass(device):
         np.testing.assert_array_equal(out, x[1:] * np.float32(factor))
 
     def edge(x, y, *, queue, offset, n):  # y = the block's rows shifted up by the halo
-        y.set(x.get()[: y.shape[0]])
+        store(y, to_host(x, queue)[: y.shape[0]], queue)
 
     b = np.ones(10, np.float64)
     for boundary in (np.longdouble("1e4000"), np.longdouble("-1e4000"), Fraction(10**400)):

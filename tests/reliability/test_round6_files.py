@@ -39,9 +39,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import conveyor as cv
-from conveyor.cli import main
-from conveyor.errors import InputError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
+from streamkit import store, to_host  # noqa: E402
+
+import conveyor as cv  # noqa: E402
+from conveyor.cli import main  # noqa: E402
+from conveyor.errors import InputError  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -68,7 +71,7 @@ def _open_fds() -> int:
 
 # -- one cv.npy_out object, several streams -------------------------------------------------
 def test_one_npy_out_object_written_by_two_streams_at_once(device, tmp_path):
-    twice = device.compile(TWICE, "twice")
+    twice = device.compile(cv.portable(TWICE), "twice")
     target = tmp_path / "shared.npy"
     out = cv.npy_out(target)
     xa = np.arange(4000, dtype=np.float32)
@@ -79,7 +82,7 @@ def test_one_npy_out_object_written_by_two_streams_at_once(device, tmp_path):
     def slow_twice(x, y, *, queue, offset, n):
         # Stream A's first block waits (its part is open) while stream B runs to the end.
         second_done.wait(timeout=60)
-        return x * 2
+        store(y, to_host(x, queue) * 2, queue)
 
     def stream_a():
         try:
@@ -114,9 +117,9 @@ def test_one_npy_out_object_reused_with_a_kernel_of_another_type(device, tmp_pat
     target = tmp_path / "y.npy"
     out = cv.npy_out(target)
     x = np.arange(100, dtype=np.float32) + 0.5
-    cv.stream(device.compile(TWICE, "twice"), [x], [out], device=device)
+    cv.stream(device.compile(cv.portable(TWICE), "twice"), [x], [out], device=device)
     assert np.load(target).dtype == np.float32
-    cv.stream(device.compile(TRUNC, "trunc_"), [x[:60]], [out], device=device)
+    cv.stream(device.compile(cv.portable(TRUNC), "trunc_"), [x[:60]], [out], device=device)
     written = np.load(target)
     assert written.dtype == np.int32 and written.shape == (60,)
     np.testing.assert_array_equal(written, x[:60].astype(np.int32))
@@ -125,7 +128,7 @@ def test_one_npy_out_object_reused_with_a_kernel_of_another_type(device, tmp_pat
 def test_an_output_shape_with_no_axis_is_an_input_error(device, tmp_path):
     x = np.arange(100, dtype=np.float32)
     with pytest.raises(InputError, match=r"shape=\(\) has no axis: give the rows first"):
-        cv.stream(device.compile(TWICE, "twice"), [x], [cv.npy_out(tmp_path / "y.npy",
+        cv.stream(device.compile(cv.portable(TWICE), "twice"), [x], [cv.npy_out(tmp_path / "y.npy",
                                                                     shape=())],
                   device=device)
     assert os.listdir(tmp_path) == []
@@ -220,7 +223,7 @@ def test_the_command_never_writes_a_file_it_reads(work, capsys, case):
 
 # -- a file source rewritten between streams ------------------------------------------------
 def _twice(device):
-    return device.compile(TWICE, "twice")
+    return device.compile(cv.portable(TWICE), "twice")
 
 
 def test_a_source_file_rewritten_between_streams_is_never_read_with_its_old_header(

@@ -41,6 +41,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
 from reliakit import in_use, stage_threads  # noqa: E402
+from streamkit import store, to_host  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conftest import DEVICES  # noqa: E402
@@ -199,7 +200,7 @@ def _held_stream(device: cv.Device, a: np.ndarray, during) -> np.ndarray:
         calls[0] += 1
         if calls[0] == 3:  # the warm-up call, then two blocks
             during()
-        return x * 2
+        store(y, to_host(x, queue) * 2, queue)
 
     y = np.zeros_like(a)
     cv.stream(double, [a], [y], device=device, block_bytes=4000, zero_copy=False)

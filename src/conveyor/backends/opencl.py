@@ -133,11 +133,13 @@ class DeviceBuffer(base.DeviceBuffer):
 class PinnedBuffer(base.PinnedBuffer):
     """An ``ALLOC_HOST_PTR`` buffer, mapped for its whole life; ``array`` is the mapping."""
 
-    def __init__(self, cl_buffer: cl.Buffer, array: np.ndarray, queue: cl.CommandQueue) -> None:
+    def __init__(self, cl_buffer: cl.Buffer, array: np.ndarray, queue: cl.CommandQueue,
+                 host_lock: threading.Lock | None = None) -> None:
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self.array = array
         self.nbytes = array.nbytes
         self._queue = queue
+        self._host_lock = host_lock or threading.Lock()
 
     def close(self) -> None:
         if self.cl_buffer is None:
@@ -146,8 +148,11 @@ class PinnedBuffer(base.PinnedBuffer):
         self.array = np.empty(0, np.uint8)
         if not _forked:  # a forked child must not call the driver (the wait would hang)
             if isinstance(mapping, cl.MemoryMap):
-                mapping.release(self._queue).wait()
-            self.cl_buffer.release()
+                with self._host_lock:  # the device's host queue: see Device._host_lock
+                    unmapped = mapping.release(self._queue)
+                unmapped.wait()
+            with self._host_lock:
+                self.cl_buffer.release()
         self.cl_buffer = None
 
 
@@ -179,11 +184,13 @@ class Registration(base.Registration):
     """
 
     def __init__(self, array: np.ndarray, cl_buffer: cl.Buffer,
-                 queue: cl.CommandQueue | None = None) -> None:
+                 queue: cl.CommandQueue | None = None,
+                 host_lock: threading.Lock | None = None) -> None:
         self.array = array
         self.page_locked = False
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self._queue = queue
+        self._host_lock = host_lock or threading.Lock()  # guards _queue (Device._host_lock)
         self.lock = threading.Lock()
         self.last_unmap: cl.Event | None = None
         self._copies: list[cl.Event] = []  # enqueued since the last map (maybe done)
@@ -226,8 +233,10 @@ class Registration(base.Registration):
             return
         # Waited for outside the lock: the copies it follows may wait on gates that a thread
         # opens only after it has enqueued its own command on this buffer.
-        self.map_back(self._queue, cl.map_flags.WRITE_INVALIDATE_REGION, 0,
-                      self.array.nbytes).wait()
+        with self._host_lock:
+            unmapped = self.map_back(self._queue, cl.map_flags.WRITE_INVALIDATE_REGION, 0,
+                                     self.array.nbytes)
+        unmapped.wait()
 
     def close(self) -> None:
         if self.cl_buffer is not None:
@@ -526,6 +535,11 @@ class Device(base.Device):
         try:
             self.context = cl.Context([cl_device])
             self._host_queue = cl.CommandQueue(self.context, cl_device)
+            # One thread at a time enqueues on the host queue and makes or frees buffers of
+            # the context through it (the waits happen outside): NVIDIA's OpenCL crashed in
+            # one of its own threads (one run in about 20) while streams' threads mapped
+            # new pinned blocks, migrated new device blocks and synced kept arrays at once.
+            self._host_lock = threading.Lock()
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateContext") from exc
 
@@ -582,11 +596,12 @@ class Device(base.Device):
                 f"({self.max_alloc_bytes} bytes): use smaller blocks"
             )
         try:
-            buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
-            # Make it resident now, so out-of-memory shows here and not at first use.
-            cl.enqueue_migrate_mem_objects(
-                self._host_queue, [buf], cl.mem_migration_flags.CONTENT_UNDEFINED
-            ).wait()
+            with self._host_lock:
+                buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+                # Make it resident now, so out-of-memory shows here and not at first use.
+                migrated = cl.enqueue_migrate_mem_objects(
+                    self._host_queue, [buf], cl.mem_migration_flags.CONTENT_UNDEFINED)
+            migrated.wait()
         except cl.Error as exc:
             if exc.code in _OOM_CODES:
                 raise OutOfMemoryError(nbytes, 0, None, where="device") from exc
@@ -597,16 +612,18 @@ class Device(base.Device):
         _check_not_forked()
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
         try:
-            buf = cl.Buffer(self.context, flags, nbytes)
-            array, _ = cl.enqueue_map_buffer(
-                self._host_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                (nbytes,), np.uint8, is_blocking=True,
-            )
+            with self._host_lock:
+                buf = cl.Buffer(self.context, flags, nbytes)
+                array, mapped = cl.enqueue_map_buffer(
+                    self._host_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                    (nbytes,), np.uint8, is_blocking=False,
+                )
+            mapped.wait()
         except cl.Error as exc:
             if exc.code in _OOM_CODES:
                 raise OutOfMemoryError(nbytes, 0, None, where="pinned host") from exc
             raise _backend_error(exc, "clEnqueueMapBuffer") from exc
-        return PinnedBuffer(buf, array, self._host_queue)
+        return PinnedBuffer(buf, array, self._host_queue, self._host_lock)
 
     def alloc_svm(self, nbytes: int) -> SvmBuffer:
         """Fine-grained SVM host memory; BackendError where the device has none."""
@@ -637,10 +654,11 @@ class Device(base.Device):
         access = cl.mem_flags.READ_WRITE if array.flags.writeable else cl.mem_flags.READ_ONLY
         flags = access | cl.mem_flags.USE_HOST_PTR
         try:
-            buf = cl.Buffer(self.context, flags, hostbuf=array)
+            with self._host_lock:
+                buf = cl.Buffer(self.context, flags, hostbuf=array)
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateBuffer(USE_HOST_PTR)") from exc
-        return Registration(array, buf, self._host_queue)
+        return Registration(array, buf, self._host_queue, self._host_lock)
 
     def user_event(self) -> UserEvent:
         _check_not_forked()

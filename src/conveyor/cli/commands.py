@@ -88,6 +88,8 @@ def _warning_line(options: argparse.Namespace) -> Callable[..., None]:
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
         text = str(message).removeprefix("conveyor: ")
+        if text.startswith("Non-empty compiler output encountered"):
+            return  # PyOpenCL's note that a build that worked printed something (NVIDIA's)
         try:
             _say(options, f"warning: {text}")
         except OSError:
