@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,9 @@ def ceiling_path(cache_dir: Path | None = None) -> Path | None:
 def _number(entry: dict[str, Any], keys: tuple[str, ...]) -> float | None:
     for key in keys:
         value = entry.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        # json reads Infinity, NaN and 1e999 (inf): no measured figure, so no ceiling.
+        if (isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+                and math.isfinite(value)):
             return float(value)
     return None
 
@@ -95,7 +98,9 @@ def save_link_ceiling(spec: str, name: str, figures: dict[str, float],
     devices = document.get("devices") if isinstance(document, dict) else None
     if not isinstance(devices, dict):
         devices = {}
-    entry: dict[str, Any] = {key: float(value) for key, value in figures.items()}
+    # Infinity or NaN (a copy timed at zero) would make the file no standard JSON.
+    entry: dict[str, Any] = {key: float(value) for key, value in figures.items()
+                             if math.isfinite(value)}
     entry["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     devices[device_key(spec, name)] = entry
     document = {"format": FORMAT, "devices": devices}

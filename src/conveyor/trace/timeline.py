@@ -208,17 +208,25 @@ class Timeline:
 
         1 means every copy was hidden under some kernel; 0 means copies and kernels took turns.
         None when there was no copy (zero-copy streams) or no compute span (no device timing).
+        On a stream over several devices each device's copies count against its own kernels
+        only (a copy on one device is not hidden by a kernel on another), summed over the
+        devices that have compute spans.
         """
-        compute = _merge((s.start_ns, s.end_ns) for s in self.lane("compute"))
-        copies = [
-            interval
-            for lane in COPY_LANES
-            for interval in _merge((s.start_ns, s.end_ns) for s in self.lane(lane))
-        ]
-        total = sum(end - start for start, end in copies)
-        if total == 0 or not compute:
+        hidden = total = 0
+        for device in {s.device for s in self.spans}:
+            spans = [s for s in self.spans if s.device == device]
+            compute = _merge((s.start_ns, s.end_ns) for s in spans if s.lane == "compute")
+            if not compute:
+                continue
+            copies = [
+                interval
+                for lane in COPY_LANES
+                for interval in _merge((s.start_ns, s.end_ns) for s in spans if s.lane == lane)
+            ]
+            total += sum(end - start for start, end in copies)
+            hidden += sum(_covered(start, end, compute) for start, end in copies)
+        if total == 0:
             return None
-        hidden = sum(_covered(start, end, compute) for start, end in copies)
         return hidden / total
 
     @property
