@@ -259,13 +259,15 @@ def _bad_cases(device):
                               r"each image input takes two"),
         "a chain": (cv.chain([copy, copy], temps=[np.float32]), [cv.image(f32)], {},
                     r"read by a single kernel, not by a chain"),
+        "zero_copy=True": (copy, [cv.image(f32)], {"args": (1, 0), "zero_copy": True},
+                           r"zero_copy=True with an image input .*never used in place"),
     }
 
 
 @pytest.mark.parametrize("case", ["float64 (no format)", "3 channels",
                                   "address without its boundary", "constant boundary",
                                   "repeat, not normalized", "a callable", "a buffer kernel",
-                                  "a parameter short", "a chain"])
+                                  "a parameter short", "a chain", "zero_copy=True"])
 def test_bad_inputs_are_input_errors_before_any_work(image_device, monkeypatch, case):
     compute, inputs, options, message = _bad_cases(image_device)[case]
     watch = _Watch(monkeypatch, image_device)

@@ -414,6 +414,8 @@ def inputs_written(compute: Any, inputs: int) -> list[str]:
     Used in place (zero-copy), such an input would be changed under the caller, or crash the
     process where its memory is read-only (a read-only memmap, NumPy over ``bytes``)."""
     def writable(param: Any) -> bool:
+        if "image" in param.base or "sampler" in param.base:  # an image input's pair
+            return False
         return bool(param.is_pointer and not (param.is_const or param.address == "constant"))
 
     found = []
@@ -432,6 +434,15 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
                outputs: list[Sink], plan: Plan | None = None, compute: Any = None,
                pairs: frozenset[tuple[int, int]] = frozenset()) -> bool:
     """Whether the stream uses its arrays in place (``zero_copy=``: None decides)."""
+    from conveyor.pipeline.image import ImageSource
+
+    if wanted and any(isinstance(s, ImageSource) for s in inputs):
+        # It was refused as "parameter 'img' is not const: declare it const", which an
+        # image2d_t cannot be.
+        raise InputError("zero_copy=True with an image input (cv.image): an image is copied "
+                         "into the device's image memory, never used in place; leave "
+                         "zero_copy unset (the other arrays are then used in place where the "
+                         "device allows)")
     arrays = [s.array for s in inputs if isinstance(s, ArraySource)]
     arrays += [s.array for s in outputs if isinstance(s, ArraySink)]
     written = inputs_written(compute, len(inputs))
