@@ -134,12 +134,12 @@ class PinnedBuffer(base.PinnedBuffer):
     """An ``ALLOC_HOST_PTR`` buffer, mapped for its whole life; ``array`` is the mapping."""
 
     def __init__(self, cl_buffer: cl.Buffer, array: np.ndarray, queue: cl.CommandQueue,
-                 host_lock: threading.Lock | None = None) -> None:
+                 host_lock: Any = None) -> None:
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self.array = array
         self.nbytes = array.nbytes
         self._queue = queue
-        self._host_lock = host_lock or threading.Lock()
+        self._host_lock = host_lock or threading.RLock()
 
     def close(self) -> None:
         if self.cl_buffer is None:
@@ -176,8 +176,8 @@ class Registration(base.Registration):
     A kept array's buffer (cv.keep_pinned) is used by many queues at once: streams copying
     from it, a stream copying into it (then mapping each block back), new streams telling the
     driver the host changed it (a map that invalidates). OpenCL leaves a map that overlaps any
-    other command on the buffer undefined: PoCL aborted the process, NVIDIA's driver crashed
-    in one of its own threads (one run in about 25). So every command on the buffer goes
+    other command on the buffer undefined (PoCL aborted the process). So every command on the
+    buffer goes
     through :meth:`copy` or :meth:`map_back`, under ``lock``: a copy waits for the last map's
     unmap, and a map waits for every copy enqueued since the map before it. Copies still run
     together; only maps are ordered.
@@ -185,12 +185,12 @@ class Registration(base.Registration):
 
     def __init__(self, array: np.ndarray, cl_buffer: cl.Buffer,
                  queue: cl.CommandQueue | None = None,
-                 host_lock: threading.Lock | None = None) -> None:
+                 host_lock: Any = None) -> None:
         self.array = array
         self.page_locked = False
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self._queue = queue
-        self._host_lock = host_lock or threading.Lock()  # guards _queue (Device._host_lock)
+        self._host_lock = host_lock or threading.RLock()  # guards _queue (Device._host_lock)
         self.lock = threading.Lock()
         self.last_unmap: cl.Event | None = None
         self._copies: list[cl.Event] = []  # enqueued since the last map (maybe done)
@@ -539,7 +539,9 @@ class Device(base.Device):
             # the context through it (the waits happen outside): NVIDIA's OpenCL crashed in
             # one of its own threads (one run in about 20) while streams' threads mapped
             # new pinned blocks, migrated new device blocks and synced kept arrays at once.
-            self._host_lock = threading.Lock()
+            # Reentrant: a pinned block's finalizer (its unmap) may run in a garbage
+            # collection inside the lock, on the same thread.
+            self._host_lock = threading.RLock()
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateContext") from exc
 
