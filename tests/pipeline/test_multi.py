@@ -94,7 +94,8 @@ def test_map_is_exact_on_two_devices(pair, schedule, zero_copy):
     np.testing.assert_array_equal(c, add_reference(a, b))
     assert [r.blocks for r in report.devices] != [] and sum(
         r.blocks for r in report.devices) == report.blocks
-    assert all(r.blocks > 0 for r in report.devices)
+    if schedule == "static":  # dynamic: a device that starts late may get no run
+        assert all(r.blocks > 0 for r in report.devices)
     assert sum(r.bytes_in for r in report.devices) == report.bytes_in == a.nbytes * 2
     assert 0.0 <= report.imbalance <= 1.0
     if schedule == "static":  # one contiguous half each
@@ -389,7 +390,8 @@ def test_arrays_pinned_for_one_device_stream_direct_on_both(pair, schedule):
     report = cv.stream(_add(pair[0]), [a, b], [c], device=list(pair), block_bytes=4000,
                        schedule=schedule, zero_copy=False)
     np.testing.assert_array_equal(c, add_reference(a, b))
-    assert all(r.blocks > 0 for r in report.devices)
+    if schedule == "static":  # dynamic: a device that starts late may get no run
+        assert all(r.blocks > 0 for r in report.devices)
     if all(dev.copies_pinned_of(pair[0]) for dev in pair):
         lanes = {s.lane for s in report.timeline.spans}
         assert "copy-in" in lanes and not lanes & {"stage-in", "stage-out"}, lanes
@@ -487,7 +489,8 @@ def test_a_chain_runs_on_two_devices_exact_and_its_sum_equals_one_devices(pair, 
                        schedule=schedule)
     t = np.float32(0.5) * x + np.arange(x.size, dtype=np.float32)
     np.testing.assert_array_equal(y, t * t)
-    assert all(r.blocks > 0 for r in report.devices)
+    if schedule == "static":  # dynamic: a device that starts late may get no run
+        assert all(r.blocks > 0 for r in report.devices)
     summed = cv.chain(cv.link(scale, reads="in0", writes="t", args=(0.5,)),
                       cv.link(square, reads="t", writes="reduce"), temps={"t": np.float32})
     one = cv.stream(summed, [x], reduce="sum", device=first, block_bytes=4000).result

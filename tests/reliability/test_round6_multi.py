@@ -124,7 +124,8 @@ def test_a_table_changed_without_refresh_is_one_table_on_every_device(pair, sche
         y = np.zeros(len(x), np.float32)
         report = cv.stream(k, [x], [y], device=list(pair), args=(handle, len(table), 2.0),
                            block_bytes=4000, schedule=schedule)
-        assert all(r.blocks > 0 for r in report.devices)
+        if schedule == "static":  # dynamic: a device that starts late may get no run
+            assert all(r.blocks > 0 for r in report.devices)
         # Before: the blocks of the second device used the new table (a mix of both).
         np.testing.assert_array_equal(y, one)
         assert handle.users == 0
