@@ -43,10 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
 from streamkit import store, to_host  # noqa: E402
 
 import conveyor as cv  # noqa: E402
+import test_round4_cli  # noqa: E402
 from conveyor.cli import main  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+_command = test_round4_cli._command
+work = test_round4_cli.work  # the CLI tests' fixture: a kernel file and an input
 
 TWICE = """__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
     ulong i = get_global_id(0);
@@ -149,22 +153,6 @@ def test_columns_that_name_no_column_are_input_errors(tmp_path, columns):
 
 
 # -- the command line --------------------------------------------------------------------------
-def _command() -> list[str]:
-    script = Path(sys.executable).with_name("conveyor")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "conveyor.cli"]
-
-
-@pytest.fixture
-def work(tmp_path):
-    """A kernel file and a float32 .npy input; the device is PoCL's first (OpenCL)."""
-    opencl = [d for d in cv.devices() if d.backend == "opencl"]
-    if not opencl:
-        pytest.skip("no OpenCL device")
-    (tmp_path / "k.cl").write_text(TWICE)
-    np.save(tmp_path / "x.npy", np.arange(100, dtype=np.float32))
-    return tmp_path, opencl[0].spec
-
-
 def test_a_warning_of_the_command_is_one_line(work):
     tmp, spec = work
     stale = tmp / ".y.npy.abcdefgh.part"  # a dead run's part: removed with a warning

@@ -42,9 +42,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
 from reliakit import in_use, stage_threads  # noqa: E402
 from streamkit import store, to_host  # noqa: E402
+from test_multi import _second_context, two_devices  # noqa: E402
 
 import conveyor as cv  # noqa: E402
-from conftest import DEVICES  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
 from conveyor.memory import keep  # noqa: E402
 from conveyor.pipeline import resident as resident_module  # noqa: E402
@@ -58,30 +58,15 @@ __kernel void lookup(__global const uint *x, __global float *y, __global const f
 """)
 
 
-def _second_context(dev: cv.Device) -> cv.Device:
-    from conveyor.backends import opencl
-
-    platform, index = (int(part) for part in dev.spec.split(":")[1:])
-    return opencl.Device(dev.cl_device, platform, index)  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="module")
 def pair():
     """Two devices of one backend under test, else an OpenCL device and a second context on
-    it (as tests/pipeline/test_multi.py)."""
-    made = None
-    for backend in ("cuda", "opencl"):
-        of_backend = [d for d in DEVICES if d.backend == backend]
-        if len(of_backend) >= 2:
-            yield of_backend[0], of_backend[1]
-            return
-    opencl = [d for d in DEVICES if d.backend == "opencl"]
-    if not opencl:
-        pytest.skip("no two devices of one backend, and no OpenCL device for a second context")
-    made = _second_context(opencl[0])
-    yield opencl[0], made
-    gc.collect()
-    made.close()
+    it (tests/pipeline/test_multi.py's ``two_devices``)."""
+    first, second, made = two_devices()
+    yield first, second
+    if made is not None:
+        gc.collect()
+        made.close()
 
 
 @pytest.fixture(autouse=True)

@@ -137,11 +137,11 @@ def combine(
     present = [p for p in partials if p is not None]
     if not present:
         return empty_sum(element, kernel=kernel) if op == "sum" else None
-    if not isinstance(op, str):
-        return functools.reduce(combiner(op), present)
     try:
         return functools.reduce(combiner(op), present)
     except TypeError as exc:  # dict partials, say: np.add has no loop for them
+        if not isinstance(op, str):  # the caller's own function: its error as it is
+            raise
         kinds = sorted({type(p).__name__ for p in present})
         raise InputError(
             f"reduce={op!r} cannot fold the callable's partials ({', '.join(kinds)}: {exc}): "

@@ -434,9 +434,7 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
                outputs: list[Sink], plan: Plan | None = None, compute: Any = None,
                pairs: frozenset[tuple[int, int]] = frozenset()) -> bool:
     """Whether the stream uses its arrays in place (``zero_copy=``: None decides)."""
-    from conveyor.pipeline.image import ImageSource
-
-    if wanted and any(isinstance(s, ImageSource) for s in inputs):
+    if wanted and image.indices(inputs):
         # It was refused as "parameter 'img' is not const: declare it const", which an
         # image2d_t cannot be.
         raise InputError("zero_copy=True with an image input (cv.image): an image is copied "
