@@ -176,7 +176,8 @@ def _issue17(o: argparse.Namespace, suite: dict[str, Any], systems: list[System]
     fig = suite["ceilings"]
     for spec, dev_fig in fig["devices"].items():
         suite["host_bound"].setdefault(wl.name, {})[spec] = iterative.host_bound(
-            wl, dev_fig["pinned_h2d"], fig.get("host_memcpy_to_pinned"))
+            wl, dev_fig["pinned_h2d"], fig.get("host_memcpy_to_pinned"),
+            fig.get("host_memcpy_beside_link"))
     for system in systems:
         if not isinstance(system, Conveyor):
             continue

@@ -11,6 +11,7 @@ from pageable into pinned memory (``parallel_copy_gbps`` of bench/host_ceilings.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +100,42 @@ def measure(devices: list[cv.Device], nbytes: int, repeats: int = 3) -> dict[str
             out["host_memcpy_to_pinned"] = parallel_copy_gbps(dst, src, THREADS, repeats)
             print(f"host memcpy pageable -> pinned, {THREADS} threads: "
                   f"{out['host_memcpy_to_pinned']:.1f} GB/s", flush=True)
+            if devices[0].kind == "gpu":
+                out["host_memcpy_beside_link"] = memcpy_beside_link(devices[0], dst, src,
+                                                                    repeats)
+                print(f"host memcpy pageable -> pinned while the link copies both ways: "
+                      f"{out['host_memcpy_beside_link']:.1f} GB/s", flush=True)
     return out
+
+
+def memcpy_beside_link(dev: cv.Device, dst: np.ndarray, src: np.ndarray, repeats: int,
+                       block: int = 256 * 2**20) -> float:
+    """The host's parallel memcpy (as ``host_memcpy_to_pinned``) while another thread keeps
+    the link busy with pinned copies both ways: what staging threads can copy while the
+    device's DMA reads and writes host memory too, as it does in a stream."""
+    stop = threading.Event()
+    pin_in, pin_out = dev.alloc_pinned(block), dev.alloc_pinned(block)
+    buf_a, buf_b = dev.alloc_device(block), dev.alloc_device(block)
+    q1, q2 = dev.create_queue(), dev.create_queue()
+    pin_in.array.fill(1)
+
+    def link() -> None:
+        while not stop.is_set():
+            e1 = q1.copy_in(buf_a, pin_in.array)
+            e2 = q2.copy_out(pin_out.array, buf_b)
+            e1.wait()
+            e2.wait()
+
+    busy = threading.Thread(target=link, name="link-busy", daemon=True)
+    busy.start()
+    try:
+        time.sleep(0.05)
+        return parallel_copy_gbps(dst, src, THREADS, repeats)
+    finally:
+        stop.set()
+        busy.join()
+        for obj in (q1, q2, buf_a, buf_b, pin_in, pin_out):
+            obj.close()
 
 
 def kernel_alone(dev: cv.Device, wl: Workload, block_elems: int, repeats: int = 2

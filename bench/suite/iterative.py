@@ -27,13 +27,18 @@ def staged_per_input(wl: Workload) -> float:
     return (wl.in_bytes + wl.out_bytes) / wl.in_bytes
 
 
-def host_bound(wl: Workload, h2d: float, memcpy: float | None) -> dict[str, Any]:
-    """``min(link, host copy rate ÷ bytes staged per input byte)`` in input GB/s."""
+def host_bound(wl: Workload, link: float, memcpy: float | None,
+               memcpy_beside_link: float | None = None) -> dict[str, Any]:
+    """``min(link, host copy rate ÷ bytes staged per input byte)`` in input GB/s (``link``:
+    the pinned H2D ceiling); with ``memcpy_beside_link``, the same bound from the host copy
+    rate measured while pinned copies keep the link busy both ways, as a stream's DMA does."""
     per = staged_per_input(wl)
     host = None if memcpy is None else memcpy / per
-    bound = h2d if host is None else min(h2d, host)
-    return {"staged_per_input_byte": per, "host_gbps": host, "link_gbps": h2d,
-            "bound_gbps": bound}
+    beside = None if memcpy_beside_link is None else memcpy_beside_link / per
+    return {"staged_per_input_byte": per, "host_gbps": host, "link_gbps": link,
+            "bound_gbps": link if host is None else min(link, host),
+            "host_beside_link_gbps": beside,
+            "bound_beside_link_gbps": None if beside is None else min(link, beside)}
 
 
 def first_call(spec: str, workload: str, gib: float, flops: int = 2000, timeout: float = 900,
