@@ -38,11 +38,22 @@ def main(argv: list[str] | None = None) -> int:
     from conveyor.cli.files import refuse_to_replace
 
     try:
+        options.plot = plot_file(options.plot)
         refuse_to_replace([("--trace", options.trace), ("--plot", options.plot)],
                           options.force)
     except cv.InputError as exc:
         parser.error(str(exc))
     return run(options.device, options.mib, options.trace, options.plot)
+
+
+def plot_file(plot: str | None) -> str | None:
+    """The file ``--plot`` writes (``x`` writes ``x.png``), its format checked before the
+    demo runs; as given without matplotlib (the demo then says it draws no timeline)."""
+    if not plot or importlib.util.find_spec("matplotlib") is None:
+        return plot
+    from conveyor.trace.plot import plot_target
+
+    return plot_target(plot)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

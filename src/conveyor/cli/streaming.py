@@ -48,6 +48,10 @@ def run_map(options: argparse.Namespace) -> int:
             raise InputError(f"-o {path}: outputs are .npy files; name it {path}.npy")
     if options.plot and importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib: pip install 'conveyor[plot]'")
+    if options.plot:  # the file it writes (x -> x.png), and a format matplotlib writes
+        from conveyor.trace.plot import plot_target
+
+        options.plot = plot_target(options.plot)
     refuse_one_file_twice([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
                            ("--plot", options.plot)])
     read = _files_read(options)  # before --force is advised: it would not help

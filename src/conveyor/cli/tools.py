@@ -96,6 +96,7 @@ def run_demo(options: argparse.Namespace) -> int:
     """``conveyor demo``: see :mod:`conveyor.demo`."""
     from conveyor import demo
 
+    options.plot = demo.plot_file(options.plot)
     refuse_one_file_twice([("--trace", options.trace), ("--plot", options.plot)])
     refuse_to_replace([("--trace", options.trace), ("--plot", options.plot)],
                       options.force)

@@ -84,12 +84,29 @@ def flag(name: str, value: Any) -> bool:
     raise InputError(f"{name}={value!r}: {name} takes True or False")
 
 
+#: The range of ``first_row`` (and of every element offset a stream passes): a signed 64-bit
+#: integer, which a kernel's ``ulong offset`` reads in two's complement (pipeline/step.py).
+FIRST_ROW_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
 def _first_row(value: Any) -> int:
-    """``first_row`` as an int (any whole number, negative too); InputError otherwise."""
+    """``first_row`` as an int: an int or a NumPy integer, negative too, within a signed
+    64-bit integer; InputError otherwise (bools and floats included: a row index is no
+    count, and ``2.5`` or ``True`` is a mistake). Whether the offsets of every row fit is
+    checked with the rows (pipeline/step.py: check_offsets)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise InputError(f"first_row={value!r}: first_row takes an int, the row of the whole "
-                         f"array that the inputs' row 0 is")
-    return int(value)
+        kind = "" if value is None else _kind(value)
+        raise InputError(f"first_row={value!r}{kind}: first_row takes an int (or a "
+                         f"NumPy integer), the row of the whole array that the inputs' row 0 "
+                         f"is")
+    row = int(value)
+    low, high = FIRST_ROW_RANGE
+    if not low <= row <= high:
+        raise InputError(f"first_row={row} lies outside a signed 64-bit integer ({low} to "
+                         f"{high}): a kernel's ulong offset would wrap around and repeat the "
+                         f"offsets of other rows. Pass the row of the whole array that the "
+                         f"inputs' row 0 is, within that range")
+    return row
 
 
 def count(name: str, value: Any, minimum: int, must: str, accepted: str) -> int:

@@ -116,17 +116,24 @@ class Report:
     def overlap(self) -> float | None:
         """The share of copy time that ran while the compute lane was busy, in [0, 1]:
         ``(|CI ∩ C| + |CO ∩ C|) / (|CI| + |CO|)`` over the time covered by the copy-in (CI),
-        copy-out (CO) and compute (C) lanes. None without copies or device timing, and for a
-        zero-copy stream (its data is not copied; a reduction's partials are, and show in the
-        copy-out lane)."""
+        copy-out (CO) and compute (C) lanes: :attr:`Timeline.overlap` of :attr:`timeline`.
+        None without copies or device timing, and for a zero-copy stream (its data is not
+        copied; a reduction's partials are, and show in the copy-out lane).
+
+        On several devices it is the same figure, each device's copies against its own
+        kernels, pooled by copy time (a device that copied for longer weighs more, not one
+        that moved more bytes), over the devices that copied their data: a zero-copy
+        device's spans are left out, as on one device. With every device copying it equals
+        ``report.timeline.overlap``."""
         if self.zero_copy:
             return None
-        if self.devices:  # each device's own: a copy on one overlaps no kernel on another
-            found = [(r.overlap, r.bytes_in + r.bytes_out) for r in self.devices]
-            weighed = [(o, w) for o, w in found if o is not None]
-            total = sum(w for _, w in weighed)
-            return sum(o * w for o, w in weighed) / total if total else None
-        return self.timeline.overlap
+        timeline = self.timeline
+        if self.devices and len(timeline.devices) == len(self.devices):
+            copying = {tag for tag, report in zip(timeline.devices, self.devices, strict=True)
+                       if not report.zero_copy}
+            if len(copying) < len(self.devices):
+                return Timeline([s for s in timeline.spans if s.device in copying]).overlap
+        return timeline.overlap
 
     @property
     def busy_seconds(self) -> dict[str, float]:

@@ -25,11 +25,40 @@ Compute = Kernel | Callable[..., Any] | BoundChain
 WARMUP_ROWS = 64
 
 
+#: Every element offset a stream passes (``offset``, and ``offset + n`` at the end of its last
+#: block) lies in [-2**63, 2**63]: a signed 64-bit integer, so a kernel's ``ulong offset``
+#: (a negative first_row wraps, pipeline/options.py) is each row's index in two's complement
+#: and no offset is repeated, and a callable's int fits the int64 of CuPy, PyTorch or Numba.
+OFFSET_LIMIT = 1 << 63
+
+
+def check_offsets(first_row: int, rows: int, row_items: int) -> None:
+    """InputError when the element offsets of a stream of ``rows`` rows (``row_items``
+    elements each) starting at row ``first_row`` of the whole array leave a signed 64-bit
+    integer: past it a kernel's ``ulong offset`` wraps around and gives rows the offsets of
+    other rows, silently. The message gives the first_row values that fit."""
+    first, end = first_row * row_items, (first_row + rows) * row_items
+    if -OFFSET_LIMIT <= first and end <= OFFSET_LIMIT:
+        return
+    lowest = -(OFFSET_LIMIT // row_items)  # row_items > 0 here: with 0, every offset is 0
+    highest = OFFSET_LIMIT // row_items - rows
+    per_row = f" of {row_items} elements" if row_items != 1 else ""
+    fits = (f"pass a first_row from {lowest} to {highest}" if lowest <= highest else
+            f"no first_row fits {rows} rows{per_row}: stream fewer rows at a time")
+    raise InputError(
+        f"first_row={first_row} with {rows} rows{per_row}: the element offsets would run from "
+        f"{first} to {end}, past a signed 64-bit integer (-2**63 to 2**63), where a kernel's "
+        f"ulong offset wraps around and gives rows the offsets of other rows; {fits}")
+
+
 class Step:
-    """Enqueues one block's compute; returns the event that ends it."""
+    """Enqueues one block's compute; returns the event that ends it. InputError (from
+    :func:`check_offsets`) when ``first_row`` puts any row's offset outside a signed 64-bit
+    integer."""
 
     def __init__(self, plan: Plan, args: Sequence[Any], records: Records,
                  first_row: int = 0) -> None:
+        check_offsets(first_row, plan.rows, plan.inputs[0].row_items)
         self.plan = plan
         # Row of the whole array that row 0 of these inputs is (cv.stream's first_row): the
         # offsets a step passes count from there (conveyor.dask streams one chunk at a time).

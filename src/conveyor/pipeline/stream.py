@@ -23,6 +23,7 @@ from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.shaped import Shaped, ShapedSink
 from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
+from conveyor.pipeline.step import check_offsets
 
 
 def stream(
@@ -132,6 +133,7 @@ def stream(
     worker's row range of a file: ``conveyor.dask``) sees the offsets of the whole array. It
     may be negative for margin rows before the whole array's start that the caller discards
     (a kernel's ``ulong offset`` then wraps, and ``offset + i`` is still the row's index).
+    Every element offset must fit a signed 64-bit integer (InputError otherwise).
 
     ``device`` is a Device or a spec string (``"cuda:1"``); several devices stream at once
     given as a list (``[d0, d1]``, ``["cuda:0", "cuda:1"]``) or a spec ending in ``:all``
@@ -194,6 +196,8 @@ def stream(
         if not sources:
             raise InputError("a stream needs at least one input array")
         rows = sources[0].shape[0]
+        # Before any output file or queue exists (the engine checks again, per device).
+        check_offsets(opts.first_row, rows, int(np.prod(sources[0].shape[1:], dtype=np.int64)))
         sinks = [
             o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
             else as_sink(o, i, rows, sources[0].shape[1:],

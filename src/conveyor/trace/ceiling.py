@@ -58,11 +58,25 @@ def ceiling_path(cache_dir: Path | None = None) -> Path | None:
 def _number(entry: dict[str, Any], keys: tuple[str, ...]) -> float | None:
     for key in keys:
         value = entry.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        try:
+            figure = float(value)
+        except OverflowError:  # an integer of 400 digits: past every float, as 1e999 is
+            continue
         # json reads Infinity, NaN and 1e999 (inf): no measured figure, so no ceiling.
-        if (isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-                and math.isfinite(value)):
-            return float(value)
+        if figure > 0 and math.isfinite(figure):
+            return figure
     return None
+
+
+def _read(path: Path) -> Any:
+    """The JSON document in ``path``; None when it cannot be read or parsed (nesting too deep
+    for the parser included: json raises RecursionError, no ValueError, for it)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
 
 
 def link_ceiling(spec: str, name: str, cache_dir: Path | None = None) -> LinkCeiling | None:
@@ -70,10 +84,7 @@ def link_ceiling(spec: str, name: str, cache_dir: Path | None = None) -> LinkCei
     path = ceiling_path(cache_dir)
     if path is None:
         return None
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    document = _read(path)
     devices = document.get("devices") if isinstance(document, dict) else None
     if not isinstance(devices, dict):
         return None
@@ -91,10 +102,7 @@ def save_link_ceiling(spec: str, name: str, figures: dict[str, float],
     Raises InputError when the cache directory is misconfigured, OSError when unwritable."""
     path = cache_dir / FILE_NAME if cache_dir is not None else config.cache_dir() / FILE_NAME
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, ValueError):
-        document = {}
+    document = _read(path)
     devices = document.get("devices") if isinstance(document, dict) else None
     if not isinstance(devices, dict):
         devices = {}

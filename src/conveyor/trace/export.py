@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from conveyor.files import atomic_write
-from conveyor.trace.timeline import LANES, Timeline
+from conveyor.trace.timeline import LANES, Timeline, device_order
 
 
 def chrome_trace(timeline: Timeline, process: str = "conveyor") -> dict[str, Any]:
@@ -18,8 +18,7 @@ def chrome_trace(timeline: Timeline, process: str = "conveyor") -> dict[str, Any
     devices has one process per device, named ``process: device``, each with its lanes."""
     lanes = list(LANES) + [lane for lane in timeline.lanes if lane not in LANES]
     tids = {lane: tid for tid, lane in enumerate(lanes, start=1)}
-    tagged = list(timeline.devices) or [""]
-    tagged += sorted({s.device for s in timeline.spans} - set(tagged))
+    tagged = device_order(timeline) or [""]
     pids = {device: pid for pid, device in enumerate(tagged, start=1)}
     events: list[dict[str, Any]] = []
     for device, pid in pids.items():

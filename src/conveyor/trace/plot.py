@@ -6,13 +6,17 @@ library call never opens a window or changes the caller's matplotlib state.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from conveyor import files
 from conveyor.errors import InputError
-from conveyor.trace.timeline import Timeline
+from conveyor.trace.timeline import Span, Timeline, device_order
 
 COLORS = {
     "stage-in": "#8c6bb1", "copy-in": "#2b8cbe", "compute": "#e34a33", "copy-out": "#31a354",
@@ -32,39 +36,90 @@ def _matplotlib() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
+def plot_rows(timeline: Timeline) -> list[tuple[str, str, list[Span]]]:
+    """The rows of the chart, top to bottom, as (row label, lane, spans): one per lane in
+    journey order; on a stream over several devices one per device and lane, device by
+    device, labelled ``device lane``, so one device's spans never hide another's."""
+    devices = device_order(timeline)
+    if len(devices) <= 1:
+        return [(lane, lane, timeline.lane(lane)) for lane in timeline.lanes]
+    rows = []
+    for device in devices:
+        for lane in timeline.lanes:
+            spans = [s for s in timeline.lane(lane) if s.device == device]
+            if spans:
+                rows.append((f"{device} {lane}" if device else lane, lane, spans))
+    return rows
+
+
+def check_span(span_ms: object) -> float | None:
+    """``span_ms`` as a float: None, or a finite number of milliseconds above 0; InputError
+    otherwise (0 or a negative length would draw an empty or mirrored axis, and NaN, inf or a
+    string fail in matplotlib after the drawing began)."""
+    if span_ms is None:
+        return None
+    if (isinstance(span_ms, numbers.Real) and not isinstance(span_ms, bool | np.bool_)
+            and math.isfinite(float(span_ms)) and float(span_ms) > 0):
+        return float(span_ms)
+    raise InputError(f"timeline.plot(span_ms={span_ms!r}): span_ms is the time axis' length "
+                     f"in ms, a number above 0 (e.g. span_ms=250.0), or None to fit the "
+                     f"stream")
+
+
+def final_path(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """The file ``plot_timeline`` writes and its format: ``path`` itself, or ``path.png``
+    when it has no suffix (as matplotlib's ``savefig`` names it)."""
+    text = os.fspath(path)
+    suffix = Path(text).suffix.lstrip(".").lower()
+    if not suffix:
+        return f"{text}.png", "png"
+    return text, suffix
+
+
+def plot_target(path: str | os.PathLike[str]) -> str:
+    """The file a timeline plot of ``path`` writes (:func:`final_path`), once matplotlib is
+    known to write its format: InputError without matplotlib or for a suffix it cannot
+    write, so callers (the CLI's ``--plot``) refuse a bad name before the stream runs."""
+    _, canvas_cls = _matplotlib()
+    text, suffix = final_path(path)
+    formats = canvas_cls.get_supported_filetypes()
+    if suffix not in formats:  # before drawing, and not as matplotlib's ValueError
+        raise InputError(f"timeline.plot({text!r}): matplotlib cannot write "
+                         f"'.{suffix}' files: name a file ending in one of "
+                         f"{', '.join('.' + f for f in sorted(formats))}")
+    return text
+
+
 def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
                   title: str | None = None, span_ms: float | None = None) -> None:
     """Write a Gantt chart of ``timeline`` to ``path`` (format from the suffix: .png, .svg,
-    .pdf): one row per lane in journey order, one bar per block and stage, times in ms from
-    the stream's start (``span_ms`` fixes the axis length, to compare charts), the overlap
-    figure in the title. InputError without matplotlib."""
+    .pdf; a path with none gets ``.png``): one row per lane in journey order (per device and
+    lane for several devices: :func:`plot_rows`), one bar per block and stage, times in ms
+    from the stream's start (``span_ms`` fixes the axis length, to compare charts), the
+    overlap figure in the title. InputError without matplotlib, and for a ``span_ms`` that is
+    no length (:func:`check_span`)."""
+    span = check_span(span_ms)
     figure_cls, canvas_cls = _matplotlib()
-    suffix = Path(path).suffix.lstrip(".").lower()
-    if not suffix:  # as matplotlib's savefig does: a PNG, named with its suffix
-        path, suffix = f"{os.fspath(path)}.png", "png"
-    formats = canvas_cls.get_supported_filetypes()
-    if suffix not in formats:  # before drawing, and not as matplotlib's ValueError
-        raise InputError(f"timeline.plot({os.fspath(path)!r}): matplotlib cannot write "
-                         f"'.{suffix}' files: name a file ending in one of "
-                         f"{', '.join('.' + f for f in sorted(formats))}")
-    lanes = timeline.lanes
-    figure = figure_cls(figsize=(11, 0.55 * max(len(lanes), 1) + 1.4), dpi=120)
+    path = plot_target(path)
+    suffix = final_path(path)[1]
+    rows = plot_rows(timeline)
+    figure = figure_cls(figsize=(11, 0.55 * max(len(rows), 1) + 1.4), dpi=120)
     canvas_cls(figure)
     axes = figure.add_subplot(1, 1, 1)
     origin = timeline.origin_ns
-    for row, lane in enumerate(lanes):
+    for row, (_, lane, spans) in enumerate(rows):
         color = COLORS.get(lane, "#636363")
         for parity, alpha in ((0, 1.0), (1, 0.55)):  # alternate shades tell blocks apart
             bars = [((s.start_ns - origin) / 1e6, max(s.duration_ns / 1e6, 1e-6))
-                    for s in timeline.lane(lane) if s.block % 2 == parity]
+                    for s in spans if s.block % 2 == parity]
             axes.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, alpha=alpha,
                              edgecolor="none")
-    axes.set_yticks(range(len(lanes)), labels=lanes)
-    axes.set_ylim(max(len(lanes), 1) - 0.5, -0.5)  # journey order, top to bottom
-    if not lanes:  # a stream of zero-length inputs ran no block: say so, not an empty grid
+    axes.set_yticks(range(len(rows)), labels=[label for label, _, _ in rows])
+    axes.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # journey order, top to bottom
+    if not rows:  # a stream of zero-length inputs ran no block: say so, not an empty grid
         axes.text(0.5, 0.5, "no blocks: the inputs are empty", transform=axes.transAxes,
                   ha="center", va="center")
-    axes.set_xlim(0, span_ms or max(timeline.wall_ns / 1e6, 1e-3))
+    axes.set_xlim(0, span or max(timeline.wall_ns / 1e6, 1e-3))
     axes.set_xlabel("ms since the stream's first block")
     axes.grid(axis="x", linewidth=0.3)
     overlap = timeline.overlap

@@ -100,21 +100,34 @@ def _covered(start: int, end: int, busy: list[tuple[int, int]]) -> int:
 
 
 def one_per_block(spans: Iterable[Span]) -> list[Span]:
-    """Join the spans of each (lane, label, block) into one: from the first start to the last
-    end, bytes summed. A block's two input copies (or its kernel and its reduction kernel) run
-    back to back on one in-order queue, so the joined span is what the lane spent on that
-    block; the labelled links of a chain stay a span each."""
+    """Join the spans of each (device, lane, block) into one: from the first start to the last
+    end, bytes summed, the device kept. A block's two input copies (or its kernel and its
+    reduction kernel) run back to back on one in-order queue, so the joined span is what the
+    lane spent on that block. Labelled spans (the links of a chain) stay a span each, even
+    where two links share a label (one kernel used twice); spans of different devices are
+    never joined."""
     joined: dict[tuple[str, str, int], Span] = {}
+    kept: list[Span] = []
     for span in spans:
-        key = (span.lane, span.label, span.block)
+        if span.label:
+            kept.append(span)
+            continue
+        key = (span.device, span.lane, span.block)
         seen = joined.get(key)
         if seen is None:
             joined[key] = span
         else:
             joined[key] = Span(span.lane, span.block, min(seen.start_ns, span.start_ns),
                                max(seen.end_ns, span.end_ns), seen.nbytes + span.nbytes,
-                               span.label)
-    return list(joined.values())
+                               span.label, span.device)
+    return [*joined.values(), *kept]
+
+
+def device_order(timeline: Timeline) -> list[str]:
+    """The devices of ``timeline``'s spans: ``timeline.devices`` in their order, then any other
+    span's device, sorted ("" for the spans of a stream on one device)."""
+    named = list(timeline.devices)
+    return named + sorted({s.device for s in timeline.spans} - set(named))
 
 
 class Timeline:
@@ -209,8 +222,11 @@ class Timeline:
         1 means every copy was hidden under some kernel; 0 means copies and kernels took turns.
         None when there was no copy (zero-copy streams) or no compute span (no device timing).
         On a stream over several devices each device's copies count against its own kernels
-        only (a copy on one device is not hidden by a kernel on another), summed over the
-        devices that have compute spans.
+        only (a copy on one device is not hidden by a kernel on another), and the hidden and
+        the total copy time are each summed over the devices that have compute spans before
+        the one division: the devices' figures pooled by copy time, not averaged and not
+        weighed by bytes. ``Report.overlap`` is this figure (less the spans of zero-copy
+        devices).
         """
         hidden = total = 0
         for device in {s.device for s in self.spans}:
@@ -289,12 +305,19 @@ class Timeline:
         ``span_ms`` fixes the time axis' length (to compare two charts).
 
         Needs matplotlib (``pip install conveyor[plot]``): InputError without it. The path is
-        checked as :meth:`save` checks it, before anything is drawn.
+        checked as :meth:`save` checks it, before anything is drawn; a path with no suffix
+        is written as ``path.png`` (as matplotlib names it), so that file is checked too.
+        InputError for a ``span_ms`` that is not None or a number of ms above 0.
         """
         from conveyor import files
-        from conveyor.trace.plot import plot_timeline
+        from conveyor.trace.plot import check_span, final_path, plot_timeline
 
-        files.output_target(path, _call("plot", path))
+        what = _call("plot", path)
+        files.output_target(path, what)
+        target, _ = final_path(path)
+        if target != os.fspath(path):
+            files.output_target(target, what)
+        check_span(span_ms)
         plot_timeline(self, path, title=title, span_ms=span_ms)
 
     def __len__(self) -> int:
