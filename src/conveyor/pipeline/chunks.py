@@ -13,12 +13,18 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
+from conveyor.pipeline import validate
 from conveyor.pipeline.io import FileRows, Source
 from conveyor.pipeline.options import _whole
 
 #: Seconds an IterSource waits for the staging copies of rows it lent while none of them
 #: reads, before it copies those rows itself (a copy that never runs: its stream failed).
 LOAN_PATIENCE_S = 0.5
+
+#: Empty chunks in a row after which an iterable is taken to be stuck (an InputError): a
+#: reader at the end of its file that yields ``buf[:0]`` forever instead of ending hung the
+#: stream, spinning, at its end (or, on a short file, before ``length`` rows).
+EMPTY_CHUNKS_LIMIT = 100_000
 
 
 class IterSource(Source):
@@ -34,7 +40,8 @@ class IterSource(Source):
     rows (what the next block needs again, its halo, is in that array too); the rest of its
     last chunk is lent later. After the last row the iterable is asked once more and must
     end (or yield only empty chunks): more rows than ``length`` are an InputError, as fewer
-    are.
+    are, and so are ``EMPTY_CHUNKS_LIMIT`` empty chunks in a row (a reader stuck at the end
+    of its file, which hung the stream).
     """
 
     def __init__(self, chunks: Iterable[Any], length: int) -> None:
@@ -47,6 +54,7 @@ class IterSource(Source):
         self._length = rows
         self._read = 0  # rows the iterable has yielded
         self._ended = False  # it raised StopIteration
+        self._empty = 0  # empty chunks in a row, up to the last one yielded
         self._cond = threading.Condition()  # guards the loans
         self._loans: list[_Loan] = []  # rows lent to staging copies since the last next()
         first = self._next()
@@ -73,6 +81,7 @@ class IterSource(Source):
         except StopIteration:
             self._ended = True
             return None
+        validate.check_values(chunk, f"a chunk of {self.name} (from row {self._read})")
         array = np.asarray(chunk)
         if array.ndim == 0 or array.dtype.hasobject:
             raise InputError(f"{self.name} yielded {array.dtype} of shape {array.shape}: yield "
@@ -83,6 +92,14 @@ class IterSource(Source):
                 f"{self.name} yielded a chunk of {array.dtype} rows {array.shape[1:]} after "
                 f"{self.dtype} rows {self.shape[1:]}: every chunk must match the first"
             )
+        self._empty = 0 if len(array) else self._empty + 1
+        if self._empty >= EMPTY_CHUNKS_LIMIT:
+            where = ("after its last row" if self._read == self._length
+                     else f"after {self._read} rows of length={self._length}")
+            raise InputError(
+                f"{self.name} yielded {self._empty} empty chunks in a row {where}, and has not "
+                f"ended: end it once it has no more rows (a reader at the end of its file "
+                f"gets 0 bytes from readinto: return there instead of yielding buf[:0])")
         self._read += len(array)
         if self._read > self._length:
             raise InputError(f"{self.name} yielded at least {self._read} rows but length="
@@ -212,6 +229,9 @@ def iterate(chunks: Iterable[Any], length: int) -> IterSource:
     asked for, and a chunk is not read after that. It must not change before (another
     thread writing it). After the last row the iterable is asked once more (as
     ``zip(strict=True)`` does), so a generator runs to its end: it must end there, or yield
-    only empty chunks. Fewer or more rows than ``length`` are an InputError (more: when a
-    chunk runs past ``length``, or at that last ask)."""
+    only empty chunks (fewer than ``EMPTY_CHUNKS_LIMIT`` in a row: more, anywhere, are taken
+    for a reader stuck at the end of its file). Fewer or more rows than ``length`` are an
+    InputError (more: when a chunk runs past ``length``, or at that last ask), and so is a
+    chunk whose values NumPy would change (a masked array with masked elements, PyArrow data
+    with nulls: see :func:`conveyor.pipeline.validate.check_values`)."""
     return IterSource(chunks, length)

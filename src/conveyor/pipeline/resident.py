@@ -13,7 +13,10 @@ after each stream that succeeded, so the host array is the table between streams
 (``counts[:] = 0``) is seen, and a failed stream's partial writes never reach the next one. A
 read-only table is uploaded once: after changing its host array, ``refresh()`` the handle.
 Device arrays (``__cuda_array_interface__`` on CUDA, a ``pyopencl.array.Array`` on OpenCL)
-are passed as they are: they are on the device already.
+are passed as they are: they are on the device already. A table whose values ``np.asarray``
+would change (a masked array with masked elements, PyArrow data with nulls), and a structured
+dtype laid out as no C struct is (NumPy's packed fields, for a kernel whose source does not
+say ``packed``), are InputErrors, as they are for a streamed input.
 """
 
 from __future__ import annotations
@@ -37,11 +40,7 @@ class Resident(Closeable):
 
     def __init__(self, array: Any, *, writable: bool = False, device: Device | None = None
                  ) -> None:
-        if not isinstance(array, np.ndarray):
-            array = np.asarray(array)
-        if array.dtype.hasobject or array.ndim == 0 or array.size == 0:
-            raise InputError(f"resident(): pass a non-empty numeric array, got {array.dtype} "
-                             f"of shape {array.shape}")
+        array = _table(array, "the array given to cv.resident()")
         if writable and not (array.flags.c_contiguous and array.flags.writeable):
             raise InputError("resident(writable=True) copies the table back into the array: "
                              "pass a C-contiguous, writable array")
@@ -261,14 +260,33 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
                     f"({param.type_text}) but receives {type(value).__name__} {value!r:.40}: "
                     f"pass an array (uploaded once, passed to every launch) or "
                     f"cv.resident(array)")
+            _table(value, f"args[{index}] (kernel parameter {param.name!r})")
             handle = Resident(value)
             owned.append(handle)
-        _check(param, index, handle)
+        _check(param, index, handle, kernel.source)
         handles[index] = handle
     return ResidentArgs(handles, device_arrays, owned)
 
 
-def _check(param: Param, index: int, handle: Resident) -> None:
+def _table(value: Any, what: str) -> np.ndarray:
+    """``value`` as the array of a resident table (``what``: where it was given); InputError
+    for what no device buffer holds (Python objects, a scalar, no elements) and for values
+    ``np.asarray`` would change (masked elements, PyArrow nulls: validate.check_values)."""
+    from conveyor.pipeline import validate
+
+    validate.check_values(value, what)
+    array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if array.dtype.hasobject or array.ndim == 0 or array.size == 0:
+        why = ("holds Python objects" if array.dtype.hasobject
+               else "is a scalar" if array.ndim == 0 else "has no elements")
+        raise InputError(f"{what} is {array.dtype} of shape {array.shape}, which {why}: a "
+                         f"resident table is a device buffer of at least one element: pass a "
+                         f"non-empty numeric array (np.zeros(1, dtype) for a table the kernel "
+                         f"never reads)")
+    return array
+
+
+def _check(param: Param, index: int, handle: Resident, source: str | None) -> None:
     where = f"args[{index}] (kernel parameter {param.name!r}, {param.type_text})"
     if param.address == "local":
         raise InputError(f"{where} is __local memory but receives an array: declare it "
@@ -282,6 +300,10 @@ def _check(param: Param, index: int, handle: Resident) -> None:
     if param.dtype is not None and param.dtype != handle.dtype:
         raise InputError(f"{where} takes {param.dtype} elements but the array holds "
                          f"{handle.dtype}: pass array.astype(np.{param.dtype})")
+    if param.dtype is None:  # a struct pointer: the layout is all that can be checked
+        from conveyor.pipeline import validate
+
+        validate.check_struct(where, handle.dtype, source, param.base)
 
 
 def _device_array(value: Any, kernel: Kernel) -> Any:

@@ -156,6 +156,8 @@ def _column_names(path: str, columns: Any) -> list[str]:
 
 
 def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
+    import pyarrow
+
     dtypes = []
     for name in names:
         if name not in schema.names:
@@ -165,8 +167,11 @@ def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
             raise InputError(f"{path} holds {schema.names.count(name)} columns named "
                              f"{name!r}: which one is meant is ambiguous; write the table "
                              f"with distinct column names")
+        arrow_type = schema.field(name).type
+        if pyarrow.types.is_dictionary(arrow_type):  # decoded as it is read: its values count
+            arrow_type = arrow_type.value_type
         try:
-            dtype = np.dtype(schema.field(name).type.to_pandas_dtype())
+            dtype = np.dtype(arrow_type.to_pandas_dtype())
         except (NotImplementedError, TypeError) as exc:
             raise InputError(f"column {name!r} of {path} is {schema.field(name).type}, not "
                              f"numeric: pick a numeric column") from exc
@@ -207,11 +212,18 @@ def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...
 
 
 def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype) -> np.ndarray:
+    import pyarrow
+    import pyarrow.compute
+
     arrays = []
     for name in names:
         column = table.column(name)
-        if column.null_count:
-            raise InputError(f"column {name!r} of {path} has {column.null_count} nulls: fill "
+        nulls = column.null_count
+        if not nulls and pyarrow.types.is_dictionary(column.type):
+            # null_count counts null indices, not indices of a null dictionary value
+            nulls = int(pyarrow.compute.sum(column.is_null()).as_py() or 0)
+        if nulls:
+            raise InputError(f"column {name!r} of {path} has {nulls} nulls: fill "
                              f"them (pyarrow.compute.fill_null) before streaming")
         arrays.append(column.to_numpy())
     if len(arrays) == 1:

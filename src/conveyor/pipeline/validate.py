@@ -4,6 +4,7 @@ that says what to change."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,8 +51,7 @@ def as_input(value: Any, index: int) -> np.ndarray:
         raise InputError(f"input {index} is bytes, which NumPy reads as one string, not an "
                          f"array: pass np.frombuffer(data, dtype) for its bytes as numbers "
                          f"(or a path as str for a file)")
-    _check_mask(value, f"input {index}", "pass a.filled(value) (e.g. a.filled(0) for a sum) "
-                                          "or a.data")
+    check_values(value, f"input {index}")
     if not isinstance(value, np.ndarray):
         try:
             value = np.asarray(value)
@@ -70,6 +70,55 @@ def as_input(value: Any, index: int) -> np.ndarray:
     if value.ndim == 0:
         raise InputError(f"input {index} is a scalar: pass scalars in args=, arrays in inputs=")
     return value
+
+
+def check_values(value: Any, what: str) -> None:
+    """InputError for ``value`` (an input, a ``cv.iterate`` chunk, a resident table) where
+    ``np.asarray`` would give other values than the ones it holds: a masked array with masked
+    elements (the values under the mask come too), PyArrow data with nulls (NumPy makes them
+    NaN, or Python objects), a PyArrow table of columns of different types (NumPy promotes
+    them to one: int64 to float64 loses every odd integer past 2**53). A dictionary-encoded
+    PyArrow column is decoded, as ``np.asarray`` and ``to_numpy()`` do: its values, not its
+    indices, are what the kernel gets."""
+    _check_mask(value, what, "pass a.filled(value) (e.g. a.filled(0) for a sum) or a.data")
+    _check_arrow(value, what)
+
+
+def _check_arrow(value: Any, what: str) -> None:
+    """InputError for PyArrow data (an Array, ChunkedArray, Table or RecordBatch) with nulls,
+    or for a table whose columns' types differ (see :func:`check_values`)."""
+    if not type(value).__module__.startswith("pyarrow"):  # PyArrow is not imported here
+        return
+    import pyarrow
+    import pyarrow.compute
+
+    if isinstance(value, pyarrow.Table | pyarrow.RecordBatch):
+        columns, names = list(value.columns), list(value.schema.names)
+    elif isinstance(value, pyarrow.Array | pyarrow.ChunkedArray):
+        columns, names = [value], [None]
+    else:
+        return
+    for name, column in zip(names, columns, strict=True):
+        nulls = int(getattr(column, "null_count", 0) or 0)
+        if not nulls and pyarrow.types.is_dictionary(column.type):
+            # null_count counts null indices only, not indices of a null value
+            nulls = int(pyarrow.compute.sum(column.is_null()).as_py() or 0)
+        if nulls:
+            where = f" in column {name!r}" if name is not None else ""
+            raise InputError(
+                f"{what} is PyArrow data with {nulls} nulls{where}, which NumPy would make NaN "
+                f"(or Python objects): fill them first (pyarrow.compute.fill_null(column, "
+                f"value)), or drop those rows (.drop_null())")
+    if len(columns) > 1:
+        types = [column.type for column in columns]
+        values = {t.value_type if pyarrow.types.is_dictionary(t) else t for t in types}
+        if len(values) > 1:
+            listing = ", ".join(f"{n!r} {t}" for n, t in zip(names, types, strict=True))
+            raise InputError(
+                f"{what} is a PyArrow table whose columns have different types ({listing}), "
+                f"which NumPy would promote to one (int64 to float64 rounds past 2**53): "
+                f"cast them to one type first (table.cast(schema)), or stream the columns as "
+                f"separate inputs (table.column(name))")
 
 
 def _check_mask(value: Any, what: str, fix: str) -> None:
@@ -191,7 +240,7 @@ def check_kernel(
         arrays.append(("the per-element reduce buffer", None))
     for index, (param, (what, dtype)) in enumerate(zip(params, arrays, strict=False)):
         if index not in images:
-            check_buffer(kernel.name, param, what, dtype)
+            check_buffer(kernel.name, param, what, dtype, kernel.source)
     check_args(params[buffers:], args)
     for param in params[buffers + len(args):]:
         if param.is_pointer:
@@ -260,8 +309,11 @@ def check_count(param: Param) -> None:
                if param.dtype.kind == "f" and param.dtype.itemsize in (2, 4, 8) else ""))
 
 
-def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -> None:
-    """``param`` receives ``what`` (an input or output of ``dtype``, or the reduce buffer)."""
+def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
+                 source: str | None = None) -> None:
+    """``param`` receives ``what`` (an input or output of ``dtype``, or the reduce buffer).
+    ``source``, the kernel's source, tells whether a structured dtype may be packed (see
+    :func:`check_struct`); without it, a structured dtype's layout is not checked."""
     if not param.is_pointer:
         raise InputError(
             f"kernel parameter {param.name!r} ({param.type_text}) receives {what}, so it "
@@ -287,7 +339,10 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -
     if dtype is None:
         return
     if param.dtype is None:
-        if dtype.kind == "V":  # a structured array for a struct pointer: nothing to compare
+        if dtype.kind == "V":  # a structured array for a struct pointer: its layout only
+            if source is not None:
+                check_struct(f"kernel parameter {param.name!r} ({param.type_text}), which "
+                             f"receives {what},", dtype, source, param.base)
             return
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot check "
@@ -308,6 +363,73 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None) -
             f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
             f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype})){declare}"
         )
+
+
+def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "") -> None:
+    """InputError when structured ``dtype``, for a struct pointer (``where``), is laid out as
+    no C compiler lays out a struct: a field at an offset its type's alignment does not
+    divide, or a size that is not a multiple of the largest alignment (NumPy packs fields
+    unless ``align=True``; C pads them). The kernel would read every record from the wrong
+    bytes. Not refused where the kernel may mean a packed layout or its struct cannot be
+    seen: a ``source`` that mentions ``pack`` (``__attribute__((packed))``, ``#pragma
+    pack``), one that does not define ``type_name`` itself (a struct from a header), or an
+    unknown source (None)."""
+    if not dtype.names or source is None or "pack" in source:
+        return
+    name = type_name.removeprefix("struct").strip()
+    if name and not re.search(rf"struct\s+{re.escape(name)}\s*\{{|\}}\s*{re.escape(name)}\s*;",
+                              source):
+        return
+    misfit = _c_misfit(dtype, "")
+    if misfit is None:
+        return
+    fields = _fields(dtype)
+    aligned = np.dtype([(name, field) for name, field, _ in fields], align=True)
+    simple = all(not field.names and field.subdtype is None for _, field, _ in fields)
+    fix = (f"np.dtype({[(name, field.str) for name, field, _ in fields]}, align=True)"
+           if simple else "np.dtype(<the same fields>, align=True)")
+    raise InputError(
+        f"{where} has structured dtype {dtype} of {dtype.itemsize} bytes, but {misfit}, so "
+        f"the kernel's struct (of {aligned.itemsize} bytes, laid out by C) would read each "
+        f"record from the wrong bytes: pass a.astype({fix}), which pads the fields as C "
+        f"does (or declare the struct __attribute__((packed)) if it is packed)")
+
+
+def _c_alignment(dtype: np.dtype) -> int:
+    """The alignment a C compiler gives a member of ``dtype`` (a struct: its largest)."""
+    if dtype.subdtype is not None:
+        return _c_alignment(dtype.subdtype[0])
+    if dtype.names:
+        return max((_c_alignment(field) for _, field, _ in _fields(dtype)), default=1)
+    return max(dtype.alignment, 1)
+
+
+def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
+    """The fields of structured ``dtype``: name, dtype and byte offset of each, in order."""
+    fields = dtype.fields
+    if fields is None:
+        return []
+    return [(name, fields[name][0], fields[name][1]) for name in dtype.names or ()]
+
+
+def _c_misfit(dtype: np.dtype, prefix: str) -> str | None:
+    """How structured ``dtype`` differs from C's layout of a struct of its fields, or None."""
+    for name, field, offset in _fields(dtype):
+        align = _c_alignment(field)
+        if offset % align:
+            return (f"field {prefix + name!r} ({field}) lies at byte {offset}, where C puts "
+                    f"a {align}-byte aligned member at a multiple of {align}")
+        base = field.subdtype[0] if field.subdtype is not None else field
+        if base.names:
+            inner = _c_misfit(base, f"{prefix}{name}.")
+            if inner is not None:
+                return inner
+    align = _c_alignment(dtype)
+    if dtype.itemsize % align:
+        where = f"struct {prefix[:-1]!r}" if prefix else "a record"
+        return (f"{where} has {dtype.itemsize} bytes, where C pads a struct with "
+                f"{align}-byte aligned members to a multiple of {align}")
+    return None
 
 
 def _check_arg(param: Param, index: int, value: Any) -> None:
