@@ -299,3 +299,15 @@ def test_a_dictionary_encoded_column_of_an_arrow_or_parquet_file_is_decoded(devi
     with pytest.raises(cv.InputError, match=r"column 'x' .* has 1 nulls"):
         cv.stream(ident, [cv.arrow(tmp_path / "n.arrow", "x")], [np.float32], device=device)
     assert_clean(device)
+
+
+def test_an_array_given_to_iterate_is_refused_with_what_to_pass_instead():
+    """``cv.iterate(a, length=len(a))`` iterated ``a`` row by row (each row a chunk of one
+    dimension less) and failed later with "yielded at least ... rows"."""
+    a = np.zeros((10, 3), np.float32)
+    with pytest.raises(cv.InputError, match=r"array of shape \(10, 3\).*pass the array itself"):
+        cv.iterate(a, length=10)
+    with pytest.raises(cv.InputError, match=r"array of shape \(\)"):
+        cv.iterate(np.float32(1), length=1)
+    chunks = cv.iterate(np.array_split(a, 3), length=10)  # a list of arrays still is fine
+    assert chunks.shape == (10, 3)

@@ -49,6 +49,13 @@ class IterSource(Source):
         if rows is None or rows < 0:
             raise InputError(f"iterate(length={length!r}): give the total rows, a whole number, "
                              f"0 or more")
+        if isinstance(chunks, np.ndarray | np.generic):
+            # Iterating an array yields its rows one by one, each a chunk of one row less
+            # dimension: the stream then failed with "yielded at least ... rows".
+            raise InputError(f"iterate() was given an array of shape {np.shape(chunks)}, not an "
+                             f"iterable of chunks: pass the array itself as the input, or "
+                             f"iterate over its pieces (iterate(np.array_split(a, k), "
+                             f"length=len(a)))")
         self.name = f"iterable of {type(chunks).__name__}"
         self._chunks: Iterator[Any] = iter(chunks)
         self._length = rows
