@@ -47,13 +47,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot_file(plot: str | None) -> str | None:
-    """The file ``--plot`` writes (``x`` writes ``x.png``), its format checked before the
-    demo runs; as given without matplotlib (the demo then says it draws no timeline)."""
+    """The file ``--plot`` writes (``x`` writes ``x.png``), its name and format checked
+    before the demo runs; as given without matplotlib (the demo then says it draws no
+    timeline)."""
     if not plot or importlib.util.find_spec("matplotlib") is None:
         return plot
-    from conveyor.trace.plot import plot_target
+    from conveyor.trace.plot import command_target
 
-    return plot_target(plot)
+    return command_target(plot)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

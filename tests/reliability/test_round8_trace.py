@@ -302,3 +302,14 @@ def test_cli_plot_in_a_format_matplotlib_cannot_write_is_refused_before_the_stre
     assert _cli_map(tmp_path, "--plot", str(tmp_path / "tl.xyz")) == 2
     assert "'.xyz'" in capsys.readouterr().err
     assert not (tmp_path / "y.npy").exists() and not (tmp_path / "tl.xyz").exists()
+
+
+def test_demo_plot_onto_standard_output_is_refused_not_written_beside_it(capsys):
+    """``conveyor demo --plot /dev/stdout`` drew ``/dev/stdout.png`` once the name was taken
+    as the file it writes; the name as given is checked as an output place first."""
+    pytest.importorskip("matplotlib")
+    from conveyor.cli import main
+
+    assert main(["demo", "--mib", "1", "--plot", "/dev/stdout"]) == 2
+    assert "/dev/stdout" in capsys.readouterr().err
+    assert not Path("/dev/stdout.png").exists()

@@ -34,6 +34,16 @@ from conveyor.errors import CompileError, InputError
 KERNEL_SUFFIXES = {".cl": "opencl", ".cu": "cuda"}
 
 
+def plot_names(options: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """``--plot`` as the file it writes (``x`` writes ``x.png``; trace/plot.py:
+    command_target), for the checks on output files; ``options.plot`` becomes that file."""
+    if options.plot:
+        from conveyor.trace.plot import command_target
+
+        options.plot = command_target(options.plot)
+    return [("--plot", options.plot)]
+
+
 def run_map(options: argparse.Namespace) -> int:
     """``conveyor map``: stream the inputs through the kernel into the ``-o`` files."""
     for path in options.outputs:
@@ -48,17 +58,14 @@ def run_map(options: argparse.Namespace) -> int:
             raise InputError(f"-o {path}: outputs are .npy files; name it {path}.npy")
     if options.plot and importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib: pip install 'conveyor[plot]'")
-    if options.plot:  # the file it writes (x -> x.png), and a format matplotlib writes
-        from conveyor.trace.plot import plot_target
-
-        options.plot = plot_target(options.plot)
+    plots = plot_names(options)
     refuse_one_file_twice([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
-                           ("--plot", options.plot)])
+                           *plots])
     read = _files_read(options)  # before --force is advised: it would not help
-    refuse_writing_what_is_read([("--trace", options.trace), ("--plot", options.plot)], read)
+    refuse_writing_what_is_read([("--trace", options.trace), *plots], read)
     refuse_writing_what_is_read([("-o", p) for p in options.outputs], read[:1])  # in place: ok
     refuse_to_replace([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
-                       ("--plot", options.plot)], options.force)
+                       *plots], options.force)
     if cluster.on_cluster(options):
         return cluster.run(options, list(options.outputs), None)
     report = _stream(options, outputs=[cv.npy_out(p) for p in options.outputs])

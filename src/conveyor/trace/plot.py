@@ -90,6 +90,18 @@ def plot_target(path: str | os.PathLike[str]) -> str:
     return text
 
 
+def command_target(path: str, option: str = "--plot") -> str:
+    """For a command's ``--plot``: the file it writes (:func:`plot_target`), after checking
+    the name as given is a place an output may go (``files.output_target``): ``--plot
+    /dev/stdout`` is refused as standard output, not written as ``/dev/stdout.png``."""
+    from conveyor import files
+
+    target = plot_target(path)
+    if target != path:
+        files.output_target(path, f"{option} {path}")
+    return target
+
+
 def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
                   title: str | None = None, span_ms: float | None = None) -> None:
     """Write a Gantt chart of ``timeline`` to ``path`` (format from the suffix: .png, .svg,
