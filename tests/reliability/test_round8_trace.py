@@ -39,7 +39,7 @@ _built: dict[tuple[str, str], cv.Kernel] = {}
 def _kernel(device: cv.Device, name: str) -> cv.Kernel:
     key = (device.spec, name)
     if key not in _built:
-        _built[key] = device.compile(OFFSETS, name)
+        _built[key] = device.compile(cv.portable(OFFSETS), name)
     return _built[key]
 
 

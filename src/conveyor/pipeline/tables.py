@@ -17,6 +17,7 @@ import numpy as np
 
 from conveyor.errors import InputError
 from conveyor.pipeline.io import PathLike, Source, _existing
+from conveyor.pipeline.validate import arrow_nulls
 
 
 class ChunkedSource(Source):
@@ -212,16 +213,10 @@ def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...
 
 
 def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype) -> np.ndarray:
-    import pyarrow
-    import pyarrow.compute
-
     arrays = []
     for name in names:
         column = table.column(name)
-        nulls = column.null_count
-        if not nulls and pyarrow.types.is_dictionary(column.type):
-            # null_count counts null indices, not indices of a null dictionary value
-            nulls = int(pyarrow.compute.sum(column.is_null()).as_py() or 0)
+        nulls = arrow_nulls(column)  # a dictionary's null values too
         if nulls:
             raise InputError(f"column {name!r} of {path} has {nulls} nulls: fill "
                              f"them (pyarrow.compute.fill_null) before streaming")

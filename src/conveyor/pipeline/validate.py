@@ -84,13 +84,24 @@ def check_values(value: Any, what: str) -> None:
     _check_arrow(value, what)
 
 
+def arrow_nulls(column: Any) -> int:
+    """Nulls of a PyArrow Array or ChunkedArray, counting in a dictionary-encoded one the
+    entries whose dictionary value is null: its ``null_count`` counts null indices only, and
+    ``is_null()`` of a dictionary array does not see null values in every PyArrow release,
+    so it is decoded (cast to its value type) to count them."""
+    import pyarrow
+
+    if pyarrow.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    return int(getattr(column, "null_count", 0) or 0)
+
+
 def _check_arrow(value: Any, what: str) -> None:
     """InputError for PyArrow data (an Array, ChunkedArray, Table or RecordBatch) with nulls,
     or for a table whose columns' types differ (see :func:`check_values`)."""
     if not type(value).__module__.startswith("pyarrow"):  # PyArrow is not imported here
         return
     import pyarrow
-    import pyarrow.compute
 
     if isinstance(value, pyarrow.Table | pyarrow.RecordBatch):
         columns, names = list(value.columns), list(value.schema.names)
@@ -99,10 +110,7 @@ def _check_arrow(value: Any, what: str) -> None:
     else:
         return
     for name, column in zip(names, columns, strict=True):
-        nulls = int(getattr(column, "null_count", 0) or 0)
-        if not nulls and pyarrow.types.is_dictionary(column.type):
-            # null_count counts null indices only, not indices of a null value
-            nulls = int(pyarrow.compute.sum(column.is_null()).as_py() or 0)
+        nulls = arrow_nulls(column)
         if nulls:
             where = f" in column {name!r}" if name is not None else ""
             raise InputError(
