@@ -35,31 +35,35 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=7)
     o = parser.parse_args()
+    if o.rounds < 2:
+        parser.error("--rounds: at least 2 (the first round is a warm-up and is dropped)")
     dev = cv.device(o.device)
     dev.wait_for_warm_up()
     block = o.block_mib * 2**20 // 4
     for name in o.workloads.split(","):
         wl = make(name, o.gib, 20)
         runners = []
-        for system in (Conveyor("conveyor-cuda", dev, block, o.depth),
-                       CupyPipeline(getattr(dev, "index", 0), block, o.depth)):
-            inputs = system.pin_inputs(wl.inputs)
-            out, view = system.pin_output(wl.n)
-            runners.append((system.name, system.runner(wl, inputs, out, "pinned"), view))
-        rates: dict[str, list[float]] = {label: [] for label, _, _ in runners}
-        for r in range(o.rounds):
-            for label, runner, view in (runners if r % 2 == 0 else runners[::-1]):
-                seconds, total, _ = runner.run()
-                check = wl.check(view, total)
-                if check != "ok":
-                    raise SystemExit(f"{name} {label}: {check}")
-                if r:
-                    rates[label].append(wl.in_bytes / seconds / 1e9)
-        for label, values in rates.items():
-            print(f"{name} {label}: median {statistics.median(values):.1f} GB/s  runs "
-                  + " ".join(f"{v:.1f}" for v in values), flush=True)
-        for _, runner, _ in runners:
-            runner.close()
+        try:
+            for system in (Conveyor("conveyor-cuda", dev, block, o.depth),
+                           CupyPipeline(getattr(dev, "index", 0), block, o.depth)):
+                inputs = system.pin_inputs(wl.inputs)
+                out, view = system.pin_output(wl.n)
+                runners.append((system.name, system.runner(wl, inputs, out, "pinned"), view))
+            rates: dict[str, list[float]] = {label: [] for label, _, _ in runners}
+            for r in range(o.rounds):
+                for label, runner, view in (runners if r % 2 == 0 else runners[::-1]):
+                    seconds, total, _ = runner.run()
+                    check = wl.check(view, total)
+                    if check != "ok":
+                        raise SystemExit(f"{name} {label}: {check}")
+                    if r:
+                        rates[label].append(wl.in_bytes / seconds / 1e9)
+            for label, values in rates.items():
+                print(f"{name} {label}: median {statistics.median(values):.1f} GB/s  runs "
+                      + " ".join(f"{v:.1f}" for v in values), flush=True)
+        finally:
+            for _, runner, _ in runners:
+                runner.close()
         del runners
         gc.collect()
 

@@ -144,10 +144,15 @@ def test_pyarrow_nulls_and_mixed_columns_are_refused_and_dictionaries_decoded(de
         cv.resident(pa.array([1.0, None, 2.0, 3.0], pa.float32()))
     # int64 beside float64: NumPy made 2**53 + 1 into 2**53.
     mixed = pa.table({"a": pa.array([2**53 + 1]), "b": pa.array([1.0])})
-    with pytest.raises(cv.InputError, match=r"columns have different types \('a' int64, 'b' "
-                                            r"double\).*table.cast"):
+    with pytest.raises(cv.InputError, match=r"columns have types \('a' int64, 'b' double\) "
+                                            r"that NumPy would promote to float64.*table.cast"):
         cv.stream(kernel(device, "ident", np.int64), [mixed], [np.int64], device=device)
     assert_clean(device)
+    # Types that promote without changing a value are streamed as NumPy makes them.
+    exact = pa.table({"a": pa.array([2**40 + 1], pa.int64()), "b": pa.array([7], pa.int32())})
+    out = cv.stream(kernel(device, "ident", np.int64), [exact], [np.int64],
+                    device=device).outputs[0]
+    np.testing.assert_array_equal(out, np.asarray(exact))
     # A dictionary-encoded column streams its values (as to_numpy() gives them), as an
     # input, a table's column, a chunk and a resident table.
     values = pa.array([1.0, 2.0, 1.0, 5.0])
@@ -184,8 +189,8 @@ def test_a_packed_structured_dtype_for_a_c_struct_is_refused(device):
     # Fields in C's places, but no padding at the end: an array of them strides wrongly.
     short = np.dtype({"names": ["b", "a"], "formats": ["<f4", "u1"], "offsets": [0, 4],
                       "itemsize": 5})
-    with pytest.raises(cv.InputError, match=r"a record has 5 bytes, where C pads a struct "
-                                            r"with 4-byte aligned members to a multiple of 4"):
+    with pytest.raises(cv.InputError, match=r"of 5 bytes, but C lays out struct 'rec' in 8 "
+                                            r"bytes.*members in order"):
         cv.stream(rec_sum, [np.zeros(8, short)], [np.float32], device=device)
     assert_clean(device)
     # The fix the message gives: NumPy's answer.
@@ -196,6 +201,27 @@ def test_a_packed_structured_dtype_for_a_c_struct_is_refused(device):
     np.testing.assert_array_equal(out, np.tile(expected[:4], 2))
     # A kernel whose struct is packed reads NumPy's packed records as they are.
     out = cv.stream(_kernel(device, _PACKED, "rec_sum"), [records], [np.float32],
+                    device=device).outputs[0]
+    np.testing.assert_array_equal(out, expected)
+    assert_clean(device)
+
+
+def test_packed_records_that_match_the_kernels_struct_are_not_refused(device):
+    """The check compares the dtype with the struct the kernel defines, not with NumPy's own
+    alignment: 6-byte records of ``u2`` then ``u4`` (``np.fromfile`` of packed binary) are
+    right for ``struct { ushort w[3]; }``, which C also lays out in 6 bytes."""
+    source = """
+typedef struct { ushort w[3]; } rec6;
+__kernel void lo_hi(__global const rec6 *r, __global uint *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = (uint)r[i].w[0] + ((uint)r[i].w[1] << 16) + (uint)r[i].w[2];
+}
+"""
+    records = np.zeros(32, np.dtype([("a", "<u2"), ("b", "<u4")]))  # 6 bytes, b at byte 2
+    records["a"], records["b"] = np.arange(32), np.arange(32) * 1000
+    raw = records.view(np.uint16).reshape(32, 3).astype(np.uint32)
+    expected = raw[:, 0] + (raw[:, 1] << 16) + raw[:, 2]
+    out = cv.stream(_kernel(device, source, "lo_hi"), [records], [np.uint32],
                     device=device).outputs[0]
     np.testing.assert_array_equal(out, expected)
     assert_clean(device)
@@ -246,7 +272,7 @@ def test_iterables_that_fail_or_change_midway_leave_nothing_behind(device):
 
 
 def test_a_reader_that_yields_empty_chunks_forever_is_refused(device, monkeypatch):
-    monkeypatch.setattr(chunks, "EMPTY_CHUNKS_LIMIT", 50)  # 100_000 in use: a third of a second
+    monkeypatch.setattr(chunks, "EMPTY_CHUNKS_LIMIT", 50)  # a million in use: seconds
     ident = kernel(device, "ident")
     x = np.arange(100, dtype=np.float32)
 
@@ -311,3 +337,5 @@ def test_an_array_given_to_iterate_is_refused_with_what_to_pass_instead():
         cv.iterate(np.float32(1), length=1)
     chunks = cv.iterate(np.array_split(a, 3), length=10)  # a list of arrays still is fine
     assert chunks.shape == (10, 3)
+    # An array whose items are the chunks (a[k]: chunk k of 3 rows) is meant as such.
+    assert cv.iterate(a, length=30).shape == (30,)

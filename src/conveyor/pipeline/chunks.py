@@ -23,8 +23,10 @@ LOAN_PATIENCE_S = 0.5
 
 #: Empty chunks in a row after which an iterable is taken to be stuck (an InputError): a
 #: reader at the end of its file that yields ``buf[:0]`` forever instead of ending hung the
-#: stream, spinning, at its end (or, on a short file, before ``length`` rows).
-EMPTY_CHUNKS_LIMIT = 100_000
+#: stream, spinning, at its end (or, on a short file, before ``length`` rows). Large, since a
+#: filter that passes nothing for a long run yields empty chunks legitimately: a million
+#: takes about three seconds of a core to reach.
+EMPTY_CHUNKS_LIMIT = 1_000_000
 
 
 class IterSource(Source):
@@ -49,9 +51,11 @@ class IterSource(Source):
         if rows is None or rows < 0:
             raise InputError(f"iterate(length={length!r}): give the total rows, a whole number, "
                              f"0 or more")
-        if isinstance(chunks, np.ndarray | np.generic):
-            # Iterating an array yields its rows one by one, each a chunk of one row less
-            # dimension: the stream then failed with "yielded at least ... rows".
+        if isinstance(chunks, np.ndarray | np.generic) and (
+                np.ndim(chunks) < 2 or np.shape(chunks)[0] * np.shape(chunks)[1] != rows):
+            # Iterating an array yields its rows one by one, each a chunk of one dimension
+            # less: unless that is what is meant (a[k] is chunk k, length = its rows in
+            # all), the stream failed later with "yielded at least ... rows".
             raise InputError(f"iterate() was given an array of shape {np.shape(chunks)}, not an "
                              f"iterable of chunks: pass the array itself as the input, or "
                              f"iterate over its pieces (iterate(np.array_split(a, k), "
@@ -106,7 +110,9 @@ class IterSource(Source):
             raise InputError(
                 f"{self.name} yielded {self._empty} empty chunks in a row {where}, and has not "
                 f"ended: end it once it has no more rows (a reader at the end of its file "
-                f"gets 0 bytes from readinto: return there instead of yielding buf[:0])")
+                f"gets 0 bytes from readinto: return there instead of yielding buf[:0]; a "
+                f"filter that passes nothing for that long can leave its empty chunks out: "
+                f"(c for c in chunks if len(c)))")
         self._read += len(array)
         if self._read > self._length:
             raise InputError(f"{self.name} yielded at least {self._read} rows but length="

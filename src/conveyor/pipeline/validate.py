@@ -4,7 +4,6 @@ that says what to change."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from conveyor.kernels.argcast import caster
 from conveyor.kernels.signature import Param
 from conveyor.pipeline.plan import ArraySpec
 from conveyor.pipeline.reduce import BUILTIN_OPS
+from conveyor.pipeline.structs import check_struct
 
 
 def _foreign(value: Any, role: str) -> str | None:
@@ -119,14 +119,27 @@ def _check_arrow(value: Any, what: str) -> None:
                 f"value)), or drop those rows (.drop_null())")
     if len(columns) > 1:
         types = [column.type for column in columns]
-        values = {t.value_type if pyarrow.types.is_dictionary(t) else t for t in types}
-        if len(values) > 1:
+        values = [t.value_type if pyarrow.types.is_dictionary(t) else t for t in types]
+        try:
+            dtypes = [np.dtype(t.to_pandas_dtype()) for t in values]
+        except (NotImplementedError, TypeError):
+            return  # not numbers: np.asarray's own result is checked as any input is
+        common = np.result_type(*dtypes)
+        if not all(_exact_cast(d, common) for d in dtypes):
             listing = ", ".join(f"{n!r} {t}" for n, t in zip(names, types, strict=True))
             raise InputError(
-                f"{what} is a PyArrow table whose columns have different types ({listing}), "
-                f"which NumPy would promote to one (int64 to float64 rounds past 2**53): "
-                f"cast them to one type first (table.cast(schema)), or stream the columns as "
-                f"separate inputs (table.column(name))")
+                f"{what} is a PyArrow table whose columns have types ({listing}) that NumPy "
+                f"would promote to {common}, changing values (int64 to float64 rounds past "
+                f"2**53): cast them to one type first (table.cast(schema)), or stream the "
+                f"columns as separate inputs (table.column(name))")
+
+
+def _exact_cast(source: np.dtype, target: np.dtype) -> bool:
+    """Whether every value of ``source`` survives a cast to ``target``: NumPy's "safe" casts
+    but integers to a float whose mantissa is too short (int64 to float64)."""
+    if target.kind == "f" and source.kind in "iu":
+        return source.itemsize * 8 - (source.kind == "i") <= np.finfo(target).nmant + 1
+    return bool(np.can_cast(source, target, "safe"))
 
 
 def _check_mask(value: Any, what: str, fix: str) -> None:
@@ -371,73 +384,6 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
             f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
             f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype})){declare}"
         )
-
-
-def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "") -> None:
-    """InputError when structured ``dtype``, for a struct pointer (``where``), is laid out as
-    no C compiler lays out a struct: a field at an offset its type's alignment does not
-    divide, or a size that is not a multiple of the largest alignment (NumPy packs fields
-    unless ``align=True``; C pads them). The kernel would read every record from the wrong
-    bytes. Not refused where the kernel may mean a packed layout or its struct cannot be
-    seen: a ``source`` that mentions ``pack`` (``__attribute__((packed))``, ``#pragma
-    pack``), one that does not define ``type_name`` itself (a struct from a header), or an
-    unknown source (None)."""
-    if not dtype.names or source is None or "pack" in source:
-        return
-    name = type_name.removeprefix("struct").strip()
-    if name and not re.search(rf"struct\s+{re.escape(name)}\s*\{{|\}}\s*{re.escape(name)}\s*;",
-                              source):
-        return
-    misfit = _c_misfit(dtype, "")
-    if misfit is None:
-        return
-    fields = _fields(dtype)
-    aligned = np.dtype([(name, field) for name, field, _ in fields], align=True)
-    simple = all(not field.names and field.subdtype is None for _, field, _ in fields)
-    fix = (f"np.dtype({[(name, field.str) for name, field, _ in fields]}, align=True)"
-           if simple else "np.dtype(<the same fields>, align=True)")
-    raise InputError(
-        f"{where} has structured dtype {dtype} of {dtype.itemsize} bytes, but {misfit}, so "
-        f"the kernel's struct (of {aligned.itemsize} bytes, laid out by C) would read each "
-        f"record from the wrong bytes: pass a.astype({fix}), which pads the fields as C "
-        f"does (or declare the struct __attribute__((packed)) if it is packed)")
-
-
-def _c_alignment(dtype: np.dtype) -> int:
-    """The alignment a C compiler gives a member of ``dtype`` (a struct: its largest)."""
-    if dtype.subdtype is not None:
-        return _c_alignment(dtype.subdtype[0])
-    if dtype.names:
-        return max((_c_alignment(field) for _, field, _ in _fields(dtype)), default=1)
-    return max(dtype.alignment, 1)
-
-
-def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
-    """The fields of structured ``dtype``: name, dtype and byte offset of each, in order."""
-    fields = dtype.fields
-    if fields is None:
-        return []
-    return [(name, fields[name][0], fields[name][1]) for name in dtype.names or ()]
-
-
-def _c_misfit(dtype: np.dtype, prefix: str) -> str | None:
-    """How structured ``dtype`` differs from C's layout of a struct of its fields, or None."""
-    for name, field, offset in _fields(dtype):
-        align = _c_alignment(field)
-        if offset % align:
-            return (f"field {prefix + name!r} ({field}) lies at byte {offset}, where C puts "
-                    f"a {align}-byte aligned member at a multiple of {align}")
-        base = field.subdtype[0] if field.subdtype is not None else field
-        if base.names:
-            inner = _c_misfit(base, f"{prefix}{name}.")
-            if inner is not None:
-                return inner
-    align = _c_alignment(dtype)
-    if dtype.itemsize % align:
-        where = f"struct {prefix[:-1]!r}" if prefix else "a record"
-        return (f"{where} has {dtype.itemsize} bytes, where C pads a struct with "
-                f"{align}-byte aligned members to a multiple of {align}")
-    return None
 
 
 def _check_arg(param: Param, index: int, value: Any) -> None:

@@ -58,9 +58,13 @@ def check_span(span_ms: object) -> float | None:
     string fail in matplotlib after the drawing began)."""
     if span_ms is None:
         return None
-    if (isinstance(span_ms, numbers.Real) and not isinstance(span_ms, bool | np.bool_)
-            and math.isfinite(float(span_ms)) and float(span_ms) > 0):
-        return float(span_ms)
+    if isinstance(span_ms, numbers.Real) and not isinstance(span_ms, bool | np.bool_):
+        try:
+            value = float(span_ms)
+        except OverflowError:  # an int past any float (10**400)
+            value = math.inf
+        if math.isfinite(value) and value > 0:
+            return value
     raise InputError(f"timeline.plot(span_ms={span_ms!r}): span_ms is the time axis' length "
                      f"in ms, a number above 0 (e.g. span_ms=250.0), or None to fit the "
                      f"stream")

@@ -1,0 +1,117 @@
+"""Structured NumPy records against the C struct a kernel reads them as.
+
+NumPy packs a structured dtype's fields unless ``align=True``; C pads a struct's members to
+their alignment. Records of ``[('a', 'u1'), ('b', 'f4')]`` are 5 bytes, ``struct { uchar a;
+float b; }`` is 8: the kernel then reads every record but the first from the wrong bytes,
+with no error (OpenCL reports no pointee sizes). :func:`check_struct` compares the two where
+the struct can be read from the kernel's source: its definition there, with members of plain
+scalar types (arrays of them too). Anything else (a struct from a header or a macro, nested
+structs, bit fields, a source that mentions ``pack``) is not judged, so a layout the kernel
+really uses is never refused.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+
+#: Scalar C types of OpenCL C and CUDA C (LP64) whose size is also their alignment.
+C_SIZES = {
+    "char": 1, "uchar": 1, "signed char": 1, "unsigned char": 1, "int8_t": 1, "uint8_t": 1,
+    "bool": 1, "short": 2, "ushort": 2, "unsigned short": 2, "int16_t": 2, "uint16_t": 2,
+    "half": 2, "__half": 2, "int": 4, "uint": 4, "unsigned int": 4, "unsigned": 4,
+    "int32_t": 4, "uint32_t": 4, "float": 4, "long": 8, "ulong": 8, "unsigned long": 8,
+    "long long": 8, "unsigned long long": 8, "int64_t": 8, "uint64_t": 8, "double": 8,
+    "size_t": 8,
+}
+
+_MEMBER = re.compile(r"((?:(?:unsigned|signed)\s+)?(?:long\s+long|\w+))\s+(.+)", re.S)
+_DECLARATOR = re.compile(r"\s*(\w+)\s*((?:\[\s*\d+\s*\]\s*)*)")
+
+
+def c_layout(source: str, type_name: str
+             ) -> tuple[str, int, list[int], list[int]] | None:
+    """(name, size, member offsets, member sizes) of the struct ``type_name`` as C lays it
+    out, from its definition in ``source`` (``struct name { ... }`` or ``typedef struct { ...
+    } name;``); None where that cannot be read exactly."""
+    name = re.sub(r"^struct\s+", "", type_name.strip())
+    if not re.fullmatch(r"\w+", name):
+        return None
+    body = None
+    for pattern in (rf"struct\s+{name}\s*\{{([^{{}}]*)\}}",
+                    rf"typedef\s+struct\s*\w*\s*\{{([^{{}}]*)\}}\s*{name}\s*;"):
+        found = re.search(pattern, source)
+        if found:
+            body = found.group(1)
+            break
+    if body is None or ":" in body or "(" in body:  # bit fields, attributes: not judged
+        return None
+    offset, largest, offsets, sizes = 0, 1, [], []
+    for member in filter(None, (m.strip() for m in body.split(";"))):
+        matched = _MEMBER.fullmatch(member)
+        if matched is None:
+            return None
+        size = C_SIZES.get(" ".join(matched.group(1).split()))
+        if size is None:
+            return None
+        for declarator in matched.group(2).split(","):
+            parts = _DECLARATOR.fullmatch(declarator)
+            if parts is None:
+                return None
+            count = math.prod(int(n) for n in re.findall(r"\d+", parts.group(2)))
+            offset = -(-offset // size) * size
+            offsets.append(offset)
+            sizes.append(size * count)
+            offset += size * count
+            largest = max(largest, size)
+    if not offsets:
+        return None
+    return name, -(-offset // largest) * largest, offsets, sizes
+
+
+def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "") -> None:
+    """InputError when structured ``dtype``, for a pointer to struct ``type_name`` (``where``
+    names the parameter), is not laid out as C lays out that struct in ``source``: other
+    record size, or, with as many fields as members, a field at another offset. Not judged
+    (no error) where :func:`c_layout` cannot read the struct, the source is unknown (None),
+    or it mentions ``pack`` (``__attribute__((packed))``, ``#pragma pack``)."""
+    if not dtype.names or source is None or re.search(r"\bpack(ed)?\b", source):
+        return
+    layout = c_layout(source, type_name)
+    if layout is None:
+        return
+    name, size, offsets, sizes = layout
+    described: Any = dtype.fields or {}
+    fields = [(field, described[field][0], described[field][1]) for field in dtype.names]
+    misfit = None
+    if len(fields) == len(offsets):
+        for number, ((field, ftype, at), want) in enumerate(zip(fields, offsets, strict=True)):
+            if at != want:
+                misfit = (f"field {field!r} ({ftype}) lies at byte {at}, where C puts member "
+                          f"{number + 1} of struct {name!r} at byte {want}")
+                break
+    if misfit is None and size != dtype.itemsize:
+        misfit = f"C lays out struct {name!r} in {size} bytes"
+    if misfit is None:
+        return
+    aligned = np.dtype([(field, ftype) for field, ftype, _ in fields], align=True)
+    placed: Any = aligned.fields or {}
+    same_members = [ftype.itemsize for _, ftype, _ in fields] == sizes
+    if same_members and aligned.itemsize == size and \
+            [placed[field][1] for field, _, _ in fields] == offsets:
+        plain = all(not ftype.names and ftype.subdtype is None for _, ftype, _ in fields)
+        listed = ([(field, ftype.str) for field, ftype, _ in fields] if plain
+                  else "<the same fields>")
+        fix = f"pass a.astype(np.dtype({listed}, align=True)), which pads the fields as C does"
+    else:
+        fix = (f"give the dtype the struct's members in order (byte sizes {sizes} at offsets "
+               f"{offsets}, {size} bytes in all; np.dtype(..., align=True) pads as C does)")
+    raise InputError(
+        f"{where} has structured dtype {dtype} of {dtype.itemsize} bytes, but {misfit}, so "
+        f"the kernel would read each record from the wrong bytes: {fix} (or declare the "
+        f"struct __attribute__((packed)) if the kernel means NumPy's layout)")
