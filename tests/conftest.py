@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 
 import pytest
 
@@ -44,6 +45,15 @@ def _selected_devices() -> list[cv.Device]:
 
 
 DEVICES = _selected_devices()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as Python handles it by default: a shell that starts the suite in the
+    background (``make test &``, a CI step without job control) hands it SIGINT ignored, and
+    every test that interrupts a stream (here or in a child process, which inherits the
+    ignoring) would then see no KeyboardInterrupt."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
