@@ -120,15 +120,29 @@ def _pools(dev: cv.Device) -> list:
     return found
 
 
+def _in_use() -> bool:
+    return any(pool.stats().in_use_bytes for dev in DEVICES for pool in _pools(dev))
+
+
 @pytest.fixture(autouse=True)
 def pools_back_to_zero():
-    """Every pool must show zero bytes in use once a test is over."""
+    """Every pool must show zero bytes in use once a test is over.
+
+    What survives a test is frozen (``gc.freeze``) once the check passes, so the collection
+    after the next test scans only what that test made: a full collection of the whole heap
+    after each of some 2,800 tests took about a third of the suite's time on 2 cores. Where
+    a pool is not back at zero, everything is unfrozen and collected again before the check
+    (a pool block held by a cycle that an earlier test's survivor closed)."""
     yield
     gc.collect()
+    if _in_use():
+        gc.unfreeze()
+        gc.collect()
     for dev in DEVICES:
         for pool in _pools(dev):
             stats = pool.stats()
             assert stats.in_use_bytes == 0, f"{dev.spec}: {pool!r} still has {stats} in use"
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
