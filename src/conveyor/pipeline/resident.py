@@ -15,8 +15,8 @@ read-only table is uploaded once: after changing its host array, ``refresh()`` t
 Device arrays (``__cuda_array_interface__`` on CUDA, a ``pyopencl.array.Array`` on OpenCL)
 are passed as they are: they are on the device already. A table whose values ``np.asarray``
 would change (a masked array with masked elements, PyArrow data with nulls), and a structured
-dtype laid out as no C struct is (NumPy's packed fields, for a kernel whose source does not
-say ``packed``), are InputErrors, as they are for a streamed input.
+dtype laid out otherwise than the C struct the kernel's source defines (NumPy's packed fields
+for a padded struct: pipeline/structs.py), are InputErrors, as they are for a streamed input.
 """
 
 from __future__ import annotations
