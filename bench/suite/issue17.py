@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .output import CONVEYOR, PEERS, _row
 from .workloads import NAMES
-
-CONVEYOR = ("conveyor-cuda", "conveyor-opencl")
-
-
-def _row(rows: list[dict[str, Any]], wl: str, system: str, kind: str) -> dict[str, Any] | None:
-    for row in rows:
-        if (row["workload"], row["system"], row["kind"]) == (wl, system, kind):
-            return row if row.get("status") == "ok" else None
-    return None
 
 
 def _mark(ok: bool) -> str:
@@ -132,7 +124,6 @@ def markdown(suite: dict[str, Any]) -> list[str]:
     return lines
 
 
-PEERS = ("pyopencl-naive", "cupy-naive", "cupy-pipeline", "pytorch")
 
 
 def _pinned(suite: dict[str, Any], targets: list[str]) -> list[str]:

@@ -52,9 +52,9 @@ def plot_file(plot: str | None) -> str | None:
     timeline)."""
     if not plot or importlib.util.find_spec("matplotlib") is None:
         return plot
-    from conveyor.trace.plot import command_target
+    from conveyor.trace.plot import plot_file
 
-    return command_target(plot)
+    return plot_file(plot, f"--plot {plot}")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

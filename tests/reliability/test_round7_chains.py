@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "pipeline"))
 from streamkit import store, to_host  # noqa: E402
+from test_image import BOX  # noqa: E402  (a 3 x 3 box sum, halo 1)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
@@ -31,25 +32,6 @@ __kernel void both(__global const float *t, __global float *y, __global float *r
     if (i < n) { y[i] = t[i]; r[i] = t[i]; }
 }
 """)
-
-# A 3 x 3 box sum (halo 1): the columns past the edges from the sampler, the rows from the halo.
-BOX = """
-__kernel void box(read_only image2d_t img, sampler_t s, __global float *y, uint normalized,
-                  ulong offset, ulong n) {
-    ulong i = get_global_id(0);
-    if (i >= n) return;
-    int w = get_image_width(img), h = get_image_height(img);
-    int x = i % w, row = i / w + 1;
-    float sum = 0.0f;
-    for (int dy = -1; dy <= 1; dy++)
-        for (int dx = -1; dx <= 1; dx++) {
-            float2 at = (float2)(x + dx + 0.5f, row + dy + 0.5f);
-            if (normalized) at /= (float2)(w, h);
-            sum += read_imagef(img, s, at).x;
-        }
-    y[i] = sum;
-}
-"""
 
 
 def add3(t, u, *, queue, offset, n):

@@ -35,12 +35,12 @@ KERNEL_SUFFIXES = {".cl": "opencl", ".cu": "cuda"}
 
 
 def plot_names(options: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """``--plot`` as the file it writes (``x`` writes ``x.png``; trace/plot.py:
-    command_target), for the checks on output files; ``options.plot`` becomes that file."""
+    """``--plot`` as the file it writes (``x`` writes ``x.png``; trace/plot.py: plot_file),
+    for the checks on output files; ``options.plot`` becomes that file."""
     if options.plot:
-        from conveyor.trace.plot import command_target
+        from conveyor.trace.plot import plot_file
 
-        options.plot = command_target(options.plot)
+        options.plot = plot_file(options.plot, f"--plot {options.plot}")
     return [("--plot", options.plot)]
 
 

@@ -196,7 +196,7 @@ def stream(
         if not sources:
             raise InputError("a stream needs at least one input array")
         rows = sources[0].shape[0]
-        # Before any output file or queue exists (the engine checks again, per device).
+        # Once, before any output file, queue or device's engine exists.
         check_offsets(opts.first_row, rows, int(np.prod(sources[0].shape[1:], dtype=np.int64)))
         sinks = [
             o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)

@@ -94,15 +94,18 @@ def plot_target(path: str | os.PathLike[str]) -> str:
     return text
 
 
-def command_target(path: str, option: str = "--plot") -> str:
-    """For a command's ``--plot``: the file it writes (:func:`plot_target`), after checking
-    the name as given is a place an output may go (``files.output_target``): ``--plot
-    /dev/stdout`` is refused as standard output, not written as ``/dev/stdout.png``."""
+def plot_file(path: str | os.PathLike[str], what: str) -> str:
+    """The file a timeline plot of ``path`` writes (:func:`plot_target`: ``x`` writes
+    ``x.png``), after checking both the name as given and that file as places an output may
+    go (``files.output_target``; ``what`` names the call or option in its messages): a given
+    ``/dev/stdout`` is refused as standard output, not written as ``/dev/stdout.png``, and a
+    folder ``x.png`` before anything is drawn."""
     from conveyor import files
 
+    files.output_target(path, what)
     target = plot_target(path)
-    if target != path:
-        files.output_target(path, f"{option} {path}")
+    if target != os.fspath(path):
+        files.output_target(target, what)
     return target
 
 

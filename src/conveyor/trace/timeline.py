@@ -309,16 +309,10 @@ class Timeline:
         is written as ``path.png`` (as matplotlib names it), so that file is checked too.
         InputError for a ``span_ms`` that is not None or a number of ms above 0.
         """
-        from conveyor import files
-        from conveyor.trace.plot import check_span, final_path, plot_timeline
+        from conveyor.trace.plot import check_span, plot_file, plot_timeline
 
-        what = _call("plot", path)
-        files.output_target(path, what)
-        target, _ = final_path(path)
-        if target != os.fspath(path):
-            files.output_target(target, what)
         check_span(span_ms)
-        plot_timeline(self, path, title=title, span_ms=span_ms)
+        plot_timeline(self, plot_file(path, _call("plot", path)), title=title, span_ms=span_ms)
 
     def __len__(self) -> int:
         return len(self.spans)
