@@ -82,6 +82,7 @@ class Conveyor(System):
         self.name = name
         self.dev = dev
         self.device_spec = dev.spec
+        self.last_report: cv.Report | None = None  # the last run's (bench/pinned_ab.py --trace)
 
     def pin_inputs(self, arrays: list[np.ndarray]) -> list[Any]:
         pinned = []
@@ -107,6 +108,7 @@ class Conveyor(System):
             else:
                 report = cv.stream(kernel, inputs, [output], **options)
             seconds = time.perf_counter() - start
+            self.last_report = report
             exposed = report.exposed_transfer_seconds
             extra = {
                 "stream_seconds": report.seconds,

@@ -6,6 +6,7 @@ parsing are also checked on the CPU, through NumPy, wherever the module imports.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import time
 
@@ -515,3 +516,66 @@ __kernel void twice(__global const float *x, __global float *y, ulong offset, ul
         assert np.array_equal(y, 2 * a)
     finally:
         cv.release_pinned()
+
+
+class _DriverPinned:
+    """Page-locked memory conveyor did not allocate (cuMemHostAlloc called directly, as CuPy's
+    ``empty_pinned`` and PyTorch's ``pin_memory()`` do), as a float32 NumPy array."""
+
+    def __init__(self, dev: cv.Device, n: int, flags: int = 0) -> None:
+        from conveyor.backends.cuda_driver import driver
+
+        dev._current()
+        err, ptr = driver.cuMemHostAlloc(n * 4, flags)
+        assert int(err) == 0, err
+        self.ptr, self.driver = int(ptr), driver
+        buffer = (ctypes.c_char * (n * 4)).from_address(self.ptr)
+        self.array = np.frombuffer(buffer, np.float32)
+
+    def close(self) -> None:
+        self.array = None
+        (err,) = self.driver.cuMemFreeHost(self.ptr)
+        assert int(err) == 0, err
+
+
+@pytest.mark.gpu
+def test_page_locked_memory_of_other_libraries_is_recognised(dev):
+    foreign = _DriverPinned(dev, 1 << 16)
+    try:
+        assert dev.page_locked(foreign.array)
+        assert not dev.page_locked(foreign.array[::2])  # not contiguous: no direct copy
+        assert not dev.page_locked(foreign.array[:0])
+        pageable = np.zeros(1 << 16, np.float32)
+        assert not dev.page_locked(pageable)
+        with cv.pinned.register(pageable, device=dev):
+            assert dev.page_locked(pageable)  # registered by the caller
+        assert not dev.page_locked(pageable)
+    finally:
+        foreign.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flags", [0, 0x01], ids=["default", "portable"])
+def test_page_locked_arrays_of_other_libraries_stream_direct(dev, flags):
+    """Session 11: CuPy's and PyTorch's pinned arrays were staged through conveyor's pinned
+    ring like pageable ones (half the rate); they are copied directly now, exactly."""
+    n = 3 << 18
+    a, b, out = (_DriverPinned(dev, n, flags) for _ in range(3))
+    try:
+        a.array[:] = np.arange(n, dtype=np.float32)
+        b.array[:] = 1.5
+        kernel = dev.compile(cv.portable("""
+__kernel void add(__global const float *x, __global const float *y, __global float *z,
+                  ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) z[i] = x[i] + y[i];
+}"""), "add")
+        report = cv.stream(kernel, [a.array, b.array], [out.array], device=dev,
+                           block_bytes=2**20)
+        assert np.array_equal(out.array, a.array + 1.5)
+        lanes = report.timeline.lanes
+        assert "stage-in" not in lanes and "stage-out" not in lanes, lanes
+        assert "copy-in" in lanes and "copy-out" in lanes
+    finally:
+        for memory in (a, b, out):
+            memory.close()

@@ -537,6 +537,12 @@ class Device(base.Device):
         if int(ctx) != self._context_address:
             _check(driver.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
 
+    def page_locked(self, array: np.ndarray) -> bool:
+        if not isinstance(array, np.ndarray) or not array.nbytes or not array.flags.c_contiguous:
+            return False
+        self._current()  # the driver answers for the calling thread's context
+        return self._is_pinned(_host_pointer(array, "page_locked"), array.nbytes)
+
     def _is_pinned(self, host: int, nbytes: int) -> bool:
         """True when the whole host range is page-locked (allocated or registered).
 

@@ -266,7 +266,9 @@ def _array(end: Source | Sink) -> np.ndarray:
 
 
 def _pinned(end: Source | Sink, device: Device) -> bool:
-    """True when the device can copy this array without staging (never for files)."""
-    if not isinstance(end, ArraySource | ArraySink):
+    """True when the device can copy this array without staging (never for files): conveyor's
+    pinned memory, or page-locked memory of another library the driver knows (CuPy's, PyTorch's:
+    staging it again halved the rate, bench/NOTES.md session 11)."""
+    if not isinstance(end, ArraySource | ArraySink) or not end.array.flags.c_contiguous:
         return False
-    return pinned.is_pinned_for(end.array, device) and end.array.flags.c_contiguous
+    return pinned.is_pinned_for(end.array, device) or device.page_locked(end.array)
