@@ -579,3 +579,16 @@ __kernel void add(__global const float *x, __global const float *y, __global flo
     finally:
         for memory in (a, b, out):
             memory.close()
+
+
+@pytest.mark.gpu
+def test_keep_pinned_of_memory_locked_elsewhere_registers_nothing(dev):
+    foreign = _DriverPinned(dev, 1 << 16)
+    try:
+        from conveyor.memory import keep
+
+        before = keep.kept_bytes()
+        assert cv.keep_pinned(foreign.array, device=dev)  # was False: the driver refused
+        assert keep.kept_bytes() == before  # nothing registered, nothing counted
+    finally:
+        foreign.close()

@@ -69,7 +69,8 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
 
         for i, a in enumerate(data):  # dask pads: refuse what a local stream refuses
             constant(boundary, a.dtype, f"input {i}")
-    out_dtype = np.dtype(dtype) if dtype is not None else _default_dtype(job, len(data), first)
+    out_dtype = (_output_dtype(dtype) if dtype is not None
+                 else _default_dtype(job, len(data), first))
     if h:
         if h > first.shape[0]:
             raise InputError(f"halo={h} is more than the array's {first.shape[0]} rows: dask's "
@@ -230,14 +231,34 @@ def _rows(da: Any, arrays: Sequence[Any]) -> list[Any]:
         if a.ndim == 0:  # first: a 0-d array has no chunks[0] for the checks below
             raise InputError(f"input {i} is a scalar (0-d): conveyor streams arrays of rows "
                              f"(axis 0); pass scalars in args=, arrays as inputs")
-        if any(math.isnan(c) for c in a.chunks[0]):
-            raise InputError(f"input {i} has chunks of unknown length (after a filter, say): "
-                             f"call .compute_chunk_sizes() on it first")
+        if a.dtype.hasobject:  # every chunk's stream refused it on the workers, at compute
+            raise InputError(f"input {i} has dtype {a.dtype}, which holds Python objects: "
+                             f"convert it to a numeric dtype first (a.astype(np.float32))")
+        unknown = [k for k, sizes in enumerate(a.chunks) if any(math.isnan(c) for c in sizes)]
+        if unknown:  # any axis: rows are merged whole (rechunk), which needs every length
+            raise InputError(f"input {i} has chunks of unknown length along axis {unknown[0]} "
+                             f"(after a filter, say): call .compute_chunk_sizes() on it "
+                             f"first")
         if a.shape[0] != data[0].shape[0]:
             raise InputError(f"input {i} has {a.shape[0]} rows but input 0 has "
                              f"{data[0].shape[0]}: inputs must agree on axis 0")
     rows = data[0].chunks[0]
     return [a.rechunk({k: (rows if k == 0 else -1) for k in range(a.ndim)}) for a in data]
+
+
+def _output_dtype(dtype: Any) -> np.dtype:
+    """``dtype=`` of :func:`map_blocks` as a NumPy dtype; InputError, on the client, for what
+    is none (NumPy parses "f4,(" as Python: a bare SyntaxError) or holds Python objects
+    (refused by every chunk's stream on the workers, one logged traceback each)."""
+    try:
+        parsed = np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError):
+        raise InputError(f"dtype={dtype!r} is not a NumPy dtype: give the output's element "
+                         f"type, e.g. np.float32, or leave it out for the kernel's") from None
+    if parsed.hasobject:
+        raise InputError(f"dtype={parsed} holds Python objects: give a numeric dtype, e.g. "
+                         f"np.float32")
+    return parsed
 
 
 def _default_dtype(job: Job, inputs: int, first: Any) -> np.dtype:

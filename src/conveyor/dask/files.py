@@ -25,11 +25,15 @@ import numpy as np
 
 from conveyor.dask.worker import Job, KernelSpec, as_job, run, worker_name
 from conveyor.errors import InputError
+from conveyor.files import same_file
 from conveyor.pipeline.io import FileRows, FileSource
 from conveyor.pipeline.sinks import FileSink, Sink
 
 #: A file as workers get it: (path, dtype string, shape of the whole array, data offset).
 FileRef = tuple[str, str, tuple[int, ...], int]
+#: An input file as workers get it: a FileRef, then the file's size and its header's bytes as
+#: the client read them (a worker refuses a file that no longer has them).
+InputRef = tuple[str, str, tuple[int, ...], int, int, bytes]
 
 
 class RangeSink(Sink):
@@ -147,7 +151,13 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
             if not isinstance(sink, FileSink):
                 raise InputError(f"output {i}: conveyor.dask.stream writes files (a .npy "
                                  f"path, cv.npy_out or cv.raw_out); use map_blocks for arrays")
+            for earlier in sinks:
+                if same_file(earlier.target, sink.target):
+                    # Both parts were renamed over one file: the last output won, silently.
+                    raise InputError(f"outputs {earlier.name} and {sink.name} are one file: "
+                                     f"name a different file for each output")
             sinks.append(sink)
+        for sink in sinks:
             sink.open()
         out_refs: list[FileRef] = [(str(s._tmp), s.dtype.str, s.shape, s.offset) for s in sinks]
         ranges = _ranges(total, _workers(client))
@@ -179,7 +189,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
                          seconds=time.perf_counter() - started)
 
 
-def _stream_range(job: Job, refs: list[FileRef], out_refs: list[FileRef], lo: int, hi: int,
+def _stream_range(job: Job, refs: list[InputRef], out_refs: list[FileRef], lo: int, hi: int,
                   halo: int, reduce: Any) -> dict[str, Any]:
     """On a worker: stream rows ``lo:hi`` (plus ``halo`` rows each side, where the file has
     them) from the input files into the same rows of the output files."""
@@ -193,18 +203,24 @@ def _stream_range(job: Job, refs: list[FileRef], out_refs: list[FileRef], lo: in
             "blocks": report.blocks, "partial": report.result}
 
 
-def _range_source(ref: FileRef, lo: int, hi: int) -> FileSource:
-    path, dtype, shape, offset = ref
+def _range_source(ref: InputRef, lo: int, hi: int) -> FileSource:
+    """Rows ``lo:hi`` of an input file. The file must still have the size and header the
+    client read its shape and dtype from: a worker opens it later (a range run again after
+    its worker died, minutes later), and a file replaced meanwhile (``np.save`` of another
+    dtype, same size) was read as the old dtype, with no error."""
+    path, dtype, shape, offset, size, header = ref
     row_bytes = math.prod(shape[1:]) * np.dtype(dtype).itemsize
-    return FileSource(path, dtype, (hi - lo, *shape[1:]), offset + lo * row_bytes)
+    return FileSource(path, dtype, (hi - lo, *shape[1:]), offset + lo * row_bytes,
+                      header=header, size=size)
 
 
-def _source_ref(source: Any, index: int) -> FileRef:
+def _source_ref(source: Any, index: int) -> InputRef:
     if not isinstance(source, FileSource):
         raise InputError(f"input {index} ({source.name}): conveyor.dask.stream reads .npy or "
                          f"raw files (each worker reads its own rows); use map_blocks for "
                          f"arrays")
-    return (str(Path(source.path).resolve()), source.dtype.str, source.shape, source.offset)
+    return (str(Path(source.path).resolve()), source.dtype.str, source.shape, source.offset,
+            source._size, source._header)
 
 
 def _default_dtype(job: Job, inputs: int, fallback: np.dtype) -> np.dtype:

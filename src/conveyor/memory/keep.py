@@ -142,7 +142,9 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
     the budget; True when it is kept (already or now), False when it cannot be (larger than
     the budget, every older one held by running streams, or the driver refused). Streams that
     read it, or write it (as an output; a writeable array), then copy it directly, with no
-    staging copy."""
+    staging copy. An array already page-locked by another library or by the caller (CuPy's or
+    PyTorch's pinned memory; ``Device.page_locked``) is True with nothing registered or
+    counted in the budget: streams copy it directly while its owner keeps it locked."""
     if not isinstance(array, np.ndarray):
         raise InputError(f"keep_pinned() takes a NumPy array, got {type(array).__name__}")
     if not array.flags.c_contiguous:
@@ -153,6 +155,8 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
 
     if array.nbytes == 0 or pinned.is_pinned_for(array, device):
         return pinned.is_pinned_for(array, device)  # pinned for this device already
+    if device.page_locked(array):
+        return True  # page-locked by another library or the caller: streams copy it directly
     key = _key(array, device)
     with _lock:
         found = _kept.get(key)

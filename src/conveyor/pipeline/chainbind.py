@@ -35,6 +35,7 @@ def bind(links: list[Link], temps: list[Temp], device: Device, inputs: Sequence[
     if reduce is not None:
         known[REDUCE] = ("reduce", 0, None)
     bound = [_bind_link(index, item, known, device) for index, item in enumerate(links)]
+    _number_titles(bound)
     _check_order(bound, known, len(outputs))
     element = _reduce_element(bound, reduce)
     first_row_items = math.prod(inputs[0].shape[1:])
@@ -62,6 +63,13 @@ class BoundLink:
     writes: list[Ref]
     args: tuple[Any, ...]
     residents: resident.ResidentArgs | None
+    #: The link's label in the timeline (its span's ``label``: ``compute:<title>``): its name,
+    #: numbered where an earlier link has the same name (``twice``, ``twice#2``).
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.title:
+            self.title = self.name
 
     @property
     def is_kernel(self) -> bool:
@@ -150,6 +158,25 @@ class ChainResidents:
         for b in self.links:
             if b.residents is not None:
                 b.residents.release()
+
+
+def _number_titles(links: list[BoundLink]) -> None:
+    """Give every link a title of its own: the ``k``-th link of a name shared with earlier
+    links is ``name#k`` (``twice``, ``twice#2``, ``twice#3``), so the trace, the plot and
+    ``Span.title`` tell one kernel run twice in a chain apart; a title another link has as
+    its name is skipped (``name#k+1``). Links of distinct names keep their names."""
+    names = {b.name for b in links}
+    taken: set[str] = set()
+    seen: dict[str, int] = {}
+    for b in links:
+        count = seen.get(b.name, 0) + 1
+        title = b.name if count == 1 else f"{b.name}#{count}"
+        while count > 1 and (title in names or title in taken):
+            count += 1
+            title = f"{b.name}#{count}"
+        seen[b.name] = count
+        taken.add(title)
+        b.title = title
 
 
 # -- checks ----------------------------------------------------------------------------------

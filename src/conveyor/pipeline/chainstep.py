@@ -1,6 +1,6 @@
 """The compute step of a chain (pipeline/chain.py): every link in order on the compute queue,
 each block's temps in its own slot, each link a span of the compute lane of the timeline
-("compute:<link name>")."""
+("compute:<link title>": its name, ``name#2`` for the second link of one name)."""
 
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ class ChainStep(Step):
                 launch = [*(self._buffer(slot, ref) for ref in (*bound.reads, *bound.writes)),
                           *args, np.uint64(offset % (1 << 64)), np.uint64(n)]
                 event = queue.launch(bound.compute, n, launch, wait_for=waits)
-                self.records.append((f"compute:{bound.name}", block.index, event, 0))
+                self.records.append((f"compute:{bound.title}", block.index, event, 0))
             else:
                 before = queue.marker(wait_for=waits)
                 result = self._call(bound, args, queue, slot, block, offset, n)
                 if result is not None:
                     returned.append(result)  # kept until the block retires (step.py)
                 event = queue.marker()
-                self.records.append((f"compute:{bound.name}", block.index,
+                self.records.append((f"compute:{bound.title}", block.index,
                                      Between(before, event), 0))
             waits = ()  # one in-order queue: each link starts after the one before
         slot.returned = returned or None

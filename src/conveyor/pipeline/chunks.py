@@ -6,7 +6,10 @@ once the next chunk has been asked for: see :class:`IterSource`.
 
 from __future__ import annotations
 
+import sys
 import threading
+import types
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -43,7 +46,8 @@ class IterSource(Source):
     last chunk is lent later. After the last row the iterable is asked once more and must
     end (or yield only empty chunks): more rows than ``length`` are an InputError, as fewer
     are, and so are ``EMPTY_CHUNKS_LIMIT`` empty chunks in a row (a reader stuck at the end
-    of its file, which hung the stream).
+    of its file, which hung the stream). ``close()``, called as the stream ends, closes the
+    iterable where it is a generator or made here (see :func:`iterate`).
     """
 
     def __init__(self, chunks: Iterable[Any], length: int) -> None:
@@ -62,25 +66,36 @@ class IterSource(Source):
                              f"length=len(a)))")
         self.name = f"iterable of {type(chunks).__name__}"
         self._chunks: Iterator[Any] = iter(chunks)
+        # What the stream closes when it ends (see close()): a generator, or an iterator that
+        # iter() made here from an iterable (nobody else holds it); never an iterator object
+        # the caller passed in, which a ``for`` loop would not close either.
+        self._owned = (isinstance(self._chunks, types.GeneratorType)
+                       or self._chunks is not chunks)
+        self._closed = False
         self._length = rows
         self._read = 0  # rows the iterable has yielded
         self._ended = False  # it raised StopIteration
         self._empty = 0  # empty chunks in a row, up to the last one yielded
         self._cond = threading.Condition()  # guards the loans
         self._loans: list[_Loan] = []  # rows lent to staging copies since the last next()
-        first = self._next()
-        if first is None and rows:
-            raise InputError(f"{self.name} is empty but length={rows}: pass the real length")
-        template = first if first is not None else np.empty(0, np.float32)
-        self.dtype = template.dtype
-        self.shape = (rows, *template.shape[1:])
-        # The rows held, in order from row _first on: (input row of rows[0], rows, whether
-        # they are the iterable's memory).
-        self._held: list[tuple[int, np.ndarray, bool]] = (
-            [(0, first, True)] if first is not None else [])
-        self._first = 0
-        if not rows:
-            self._check_end()
+        try:
+            first = self._next()
+            if first is None and rows:
+                raise InputError(f"{self.name} is empty but length={rows}: pass the real "
+                                 f"length")
+            template = first if first is not None else np.empty(0, np.float32)
+            self.dtype = template.dtype
+            self.shape = (rows, *template.shape[1:])
+            # The rows held, in order from row _first on: (input row of rows[0], rows,
+            # whether they are the iterable's memory).
+            self._held: list[tuple[int, np.ndarray, bool]] = (
+                [(0, first, True)] if first is not None else [])
+            self._first = 0
+            if not rows:
+                self._check_end()
+        except BaseException:
+            self._close_chunks()  # refused: no stream will read it (its error is noted)
+            raise
 
     def _next(self) -> np.ndarray | None:
         """The next chunk, checked (None once the iterable has ended); InputError once the
@@ -122,6 +137,10 @@ class IterSource(Source):
     def rows(self, lo: int, hi: int) -> np.ndarray | FileRows:
         """Rows ``lo:hi``; ``lo`` must not go back before rows already let go of (those before
         the ``lo`` of a call that asked the iterable for more)."""
+        if self._closed:
+            raise InputError(f"{self.name} was closed when the stream that read it ended "
+                             f"(rows 0:{self._read} read): a cv.iterate() input serves one "
+                             f"stream; pass a new cv.iterate(...) of a new iterable")
         if lo < self._first:
             raise InputError(f"{self.name} is read once, in order: rows {lo}: are gone")
         last = hi == self._length and not self._ended  # then the iterable is asked to end
@@ -189,9 +208,34 @@ class IterSource(Source):
             pass
 
     def close(self) -> None:
-        """The stream is over and its staging copies joined: none reads a loan any more."""
+        """The stream is over and its staging copies joined: none reads a loan any more. The
+        iterable is closed (see :func:`iterate`): a generator left suspended by a failed
+        stream runs its ``finally`` now, not whenever the garbage collector gets to it."""
         with self._cond:
             self._loans = []
+        self._close_chunks()
+
+    def _close_chunks(self) -> None:
+        """Close the iterable where it is ours to close (a generator, or what iter() made
+        here) and has ``close()``; once. An error of that close never replaces the error
+        the stream is raising (the stream calls close() in a ``finally``): it becomes a note
+        on it; after a stream that succeeded (its outputs written) it is a warning."""
+        if self._closed:
+            return
+        self._closed = True
+        closer = getattr(self._chunks, "close", None) if self._owned else None
+        if not callable(closer):
+            return
+        failing = sys.exc_info()[1]  # in the stream's ``finally``: the error it raises
+        try:
+            closer()
+        except Exception as exc:  # the user's code: reported, never raised
+            what = (f"conveyor: closing the {self.name} as its stream ended failed: "
+                    f"{type(exc).__name__}: {exc}")
+            if failing is not None:
+                failing.add_note(what)
+            else:
+                warnings.warn(what, RuntimeWarning, stacklevel=3)
 
 
 class _Loan:
@@ -246,5 +290,18 @@ def iterate(chunks: Iterable[Any], length: int) -> IterSource:
     for a reader stuck at the end of its file). Fewer or more rows than ``length`` are an
     InputError (more: when a chunk runs past ``length``, or at that last ask), and so is a
     chunk whose values NumPy would change (a masked array with masked elements, PyArrow data
-    with nulls: see :func:`conveyor.pipeline.validate.check_values`)."""
+    with nulls: see :func:`conveyor.pipeline.validate.check_values`).
+
+    The input serves one stream, which closes the iterable as it ends, whether it succeeded
+    or failed, before ``cv.stream`` returns or raises: a generator left suspended by a
+    failure (a kernel, a link of a chain, an output, or a refusal of the stream) runs its
+    ``finally`` then (a reader closes its file), not whenever the garbage collector gets to
+    it; so does a generator this call refuses. Closed are generators, and the iterator that
+    ``iter()`` makes here from an iterable that is not its own iterator (a class whose
+    ``__iter__`` is a generator); an iterator object that is no generator, passed in as it
+    is (``__iter__`` returns itself), is the caller's and stays open, as a ``for`` loop
+    leaves it, so it may be read on or closed by its owner. An error raised by the close
+    itself never replaces the stream's error (it is added to it as a note); after a stream
+    that succeeded it is a RuntimeWarning. A second stream of the same input is an
+    InputError: make a new ``cv.iterate(...)`` for each."""
     return IterSource(chunks, length)

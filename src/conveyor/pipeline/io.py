@@ -98,7 +98,7 @@ class FileSource(Source):
     """
 
     def __init__(self, path: PathLike, dtype: Any, shape: Sequence[int], offset: int,
-                 header: bytes = b"") -> None:
+                 header: bytes = b"", size: int | None = None) -> None:
         self.path = Path(path)
         self.name = str(path)
         self.dtype = np.dtype(dtype)
@@ -108,9 +108,14 @@ class FileSource(Source):
         # What the shape and dtype were read from: the file's size and its first bytes (a
         # .npy's header). Each stream opens the file again by path; one rewritten meanwhile
         # (np.save of another dtype, a shorter file) was read with the old header: garbage.
-        self._size = os.stat(self.path).st_size
+        # ``size`` and ``header`` may be given by whoever read them (a Dask client, whose
+        # workers open the file later): a file replaced meanwhile is then refused too.
+        self._size = os.stat(self.path).st_size if size is None else size
         self._header = header
         self._fd: int | None = None
+        # (size, mtime) of the open file, as it was when opened: a read that finds them
+        # changed read a file being rewritten (see _check_not_rewritten).
+        self._stamp: tuple[int, int] = (-1, -1)
         self._readers = 0  # reads that hold _fd now
         self._closing = False  # close() was called while reads held _fd
         self._lock = threading.Lock()
@@ -132,8 +137,25 @@ class FileSource(Source):
                     raise InputError(f"{self.name} got shorter while it was read: rerun on a "
                                      f"complete file")
                 done += got
+            self._check_not_rewritten(fd)
         finally:
             self._let_go()
+
+    def _check_not_rewritten(self, fd: int) -> None:
+        """InputError if the open file's size or modification time is not what it was when it
+        was opened: another program wrote or truncated it while this stream read it, so the
+        rows read may mix its old and new contents. ``np.save`` over the input mid-stream, or
+        a truncate that grew back, gave a mix of old rows, new rows and zeros, with no error.
+        A change made through a shared writable mapping of this process is let pass: that is
+        an in-place stream (a memmap of the input as the output), which writes rows only after
+        they were read."""
+        st = os.fstat(fd)
+        if (st.st_size, st.st_mtime_ns) == self._stamp or _mapped_writable(st):
+            return
+        raise InputError(f"{self.name} changed while it was read (written or truncated by "
+                         f"another program: now {st.st_size} bytes): the rows read may mix "
+                         f"its old and new contents; rerun once nothing writes the file, or "
+                         f"stream a copy of it")
 
     def _hold(self) -> int:
         """The open file, held by one read until :meth:`_let_go` (opened if it is not)."""
@@ -145,6 +167,8 @@ class FileSource(Source):
                 except BaseException:
                     os.close(fd)
                     raise
+                st = os.fstat(fd)
+                self._stamp = (st.st_size, st.st_mtime_ns)
                 self._fd = fd
                 self._closing = False
             self._readers += 1
@@ -237,6 +261,7 @@ def npy(path: PathLike) -> FileSource:
             if version not in ((1, 0), (2, 0), (3, 0)):
                 raise ValueError(f"format version {version[0]}.{version[1]}; NumPy writes "
                                  f"1.0 to 3.0")
+            _check_header_length(f, version, target)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
             else:
@@ -248,6 +273,12 @@ def npy(path: PathLike) -> FileSource:
         raise InputError(f"{path} is not a .npy file ({exc}): write it with np.save") from exc
     if dtype.hasobject:
         raise InputError(f"{path} holds Python objects ({dtype}): save a numeric array")
+    if dtype.subdtype is not None:
+        # A sub-array dtype ('<f4', (2,)), which np.save never writes (it writes shape (5, 2)
+        # of '<f4'): its bytes are rows of that many elements. The rows came out of the
+        # staging copy as (5,) against (5, 2): a bare ValueError mid-stream.
+        base, inner = dtype.subdtype
+        shape, dtype = (*shape, *inner), base
     if fortran and len(shape) > 1:
         raise InputError(f"{path} is Fortran-ordered: save np.ascontiguousarray(a) instead")
     if not shape:
@@ -375,6 +406,41 @@ def _existing(path: PathLike) -> Path:
         raise InputError(f"cannot read input file {target} ({exc.strerror}): check its "
                          f"permissions") from None
     return target
+
+
+def _check_header_length(f: Any, version: tuple[int, int], target: Path) -> None:
+    """ValueError if the header length a ``.npy`` file's magic is followed by runs past the
+    file's end. NumPy reads that many bytes before looking: a damaged or hostile v2/v3 header
+    claiming 4 GiB made it allocate them (a bare MemoryError under a memory limit)."""
+    at = f.tell()
+    width = 2 if version == (1, 0) else 4
+    field = f.read(width)
+    f.seek(at)
+    if len(field) < width:
+        return  # NumPy says the file ends in the header length
+    length = int.from_bytes(field, "little")
+    size = os.fstat(f.fileno()).st_size
+    if at + width + length > size:
+        raise ValueError(f"its header length field says {length} bytes, past the file's end "
+                         f"at {size} bytes")
+
+
+def _mapped_writable(st: os.stat_result) -> bool:
+    """True if this process maps the file ``st`` describes shared and writable (a
+    ``np.memmap(mode="r+")``): its writes change the file's modification time. False where
+    ``/proc/self/maps`` cannot be read. Matched by inode alone: an overlay file system shows
+    the lower device there, not ``st_dev`` (a match on another device's file only lets a
+    change pass, as before this check existed)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if (len(fields) >= 5 and fields[4] == str(st.st_ino)
+                        and fields[1][1] == "w" and fields[1][3] == "s"):
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def _check_dims(path: PathLike, shape: Sequence[int], what: str,

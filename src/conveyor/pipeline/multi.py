@@ -37,7 +37,7 @@ import numpy as np
 from conveyor.backends.base import Device, Kernel
 from conveyor.closing import finish_uninterrupted, join
 from conveyor.errors import CompileError, InputError
-from conveyor.memory import numa
+from conveyor.memory import hostmem, numa
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain, Link
 from conveyor.pipeline.chunks import IterSource
@@ -314,6 +314,7 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
                          f"overwritten; write into another array, or stream on one device")
     for dev in devices:  # each device has a ring of its own
         check_host_memory(plan, dev)
+    check_host_memory_of_all(plan, devices)
     supply = Supply(plan, len(devices), schedule)
     total_workers = opts.workers or default_workers()
     workers = max(1, total_workers // len(devices))  # the host's threads, shared fairly
@@ -406,6 +407,27 @@ def _run_engines(engines: list[Engine], supply: Supply,
         real = [f for f in failures if not isinstance(f, threading.BrokenBarrierError)]
         raise (real or failures)[0]
     return [r for r in reports if r is not None]
+
+
+def check_host_memory_of_all(plan: Plan, devices: Sequence[Device]) -> None:
+    """InputError when the rings of every device together would hold more memory than the
+    host has (``stream.check_host_memory`` checks one device's ring; each engine holds its
+    own ring, staging ring and pad rows at once, so a stream over several devices holds their
+    sum). The same measure as that check: ``hostmem.total()``, not what is free now."""
+    held = [plan.host_bytes(dev.host_unified) for dev in devices]
+    needed = sum(held)
+    host = hostmem.total()
+    if host is None or needed <= host:
+        return
+    each = ", ".join(f"{dev.spec} {part}" for dev, part in zip(devices, held, strict=True))
+    advice = "a smaller block_bytes or depth"
+    if plan.halo:
+        advice += f", a smaller halo (halo={plan.halo})"
+    raise InputError(
+        f"this stream over {len(devices)} devices would hold about {needed} bytes of host "
+        f"memory (each device's pinned staging ring, and its device buffers where the device "
+        f"keeps them in host memory: {each}), more than the host's {host}: use {advice}, or "
+        f"fewer devices")
 
 
 def _wait(barrier: threading.Barrier) -> None:

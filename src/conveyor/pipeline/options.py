@@ -9,6 +9,7 @@ any work.
 
 from __future__ import annotations
 
+import array
 import math
 import numbers
 import os
@@ -210,8 +211,15 @@ def as_outputs(value: Any) -> list[Any]:
     return [] if value is None else _as_list(value)
 
 
+#: One input or output alone, never a list of them: a path, an array, or a buffer of numbers
+#: (which Python counts a sequence: ``list()`` of a memoryview, bytearray or array.array
+#: made each number an input, "input 0 is a scalar", and of a 2-D memoryview raised
+#: NotImplementedError).
+_ONE = (str, bytes, bytearray, memoryview, array.array, os.PathLike, np.ndarray)
+
+
 def _as_list(value: Any) -> list[Any]:
-    if isinstance(value, str | bytes | os.PathLike | np.ndarray):
+    if isinstance(value, _ONE):
         return [value]
     if isinstance(value, Sequence):
         return list(value)

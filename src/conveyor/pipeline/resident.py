@@ -16,7 +16,9 @@ Device arrays (``__cuda_array_interface__`` on CUDA, a ``pyopencl.array.Array`` 
 are passed as they are: they are on the device already. A table whose values ``np.asarray``
 would change (a masked array with masked elements, PyArrow data with nulls), and a structured
 dtype laid out otherwise than the C struct the kernel's source defines (NumPy's packed fields
-for a padded struct: pipeline/structs.py), are InputErrors, as they are for a streamed input.
+for a padded struct: pipeline/structs.py), are InputErrors, as they are for a streamed input;
+so is a dtype without fields (``float32``) for a pointer to a struct the source defines
+(``rec*``), with the structured dtype to pass. A struct from a header or a macro is not judged.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from conveyor.closing import Closeable
 from conveyor.errors import InputError
 from conveyor.kernels.signature import Param
 from conveyor.memory.pool import device_bin
+from conveyor.pipeline import structs
 
 
 class Resident(Closeable):
@@ -303,6 +306,9 @@ def _check(param: Param, index: int, handle: Resident, source: str | None) -> No
     if param.dtype is None:  # a struct pointer: the layout is all that can be checked
         from conveyor.pipeline import validate
 
+        # A dtype without fields for a struct the source defines (float32 for rec*): the
+        # kernel read the floats' bytes as records, with no error.
+        structs.check_fields(where, handle.dtype, source, param.base)
         validate.check_struct(where, handle.dtype, source, param.base)
 
 

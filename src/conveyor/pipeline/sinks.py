@@ -62,17 +62,20 @@ class ArraySink(Sink):
     """An ndarray output (the caller's, or a new one for a dtype)."""
 
     def __init__(self, array: np.ndarray, name: str = "array", *,
-                 allocated: bool = False) -> None:
+                 allocated: bool = False, given: np.ndarray | None = None) -> None:
         self.array = array
         self.allocated = allocated  # made by conveyor for a dtype: new in every stream
+        # The caller's object where ``array`` is a plain view of it (a subclass: see
+        # validate.plain): what report.outputs holds.
+        self._given = given
         self.shape = tuple(int(s) for s in array.shape)
         self.dtype = array.dtype
         self.name = name
 
     @property
     def result(self) -> np.ndarray:
-        """The array."""
-        return self.array
+        """The array (the caller's own object)."""
+        return self.array if self._given is None else self._given
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         """A view of rows ``lo:hi``."""
@@ -265,5 +268,7 @@ def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
         return value
     from conveyor.pipeline import validate
 
-    return ArraySink(validate.as_output(value, index, rows, row_shape), f"output {index}",
-                     allocated=not isinstance(value, np.ndarray))
+    array = validate.as_output(value, index, rows, row_shape)
+    return ArraySink(array, f"output {index}", allocated=not isinstance(value, np.ndarray),
+                     given=value if isinstance(value, np.ndarray) and value is not array
+                     else None)

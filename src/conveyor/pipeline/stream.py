@@ -157,86 +157,104 @@ def stream(
     kernel, callable or staging copy is raised as is, after everything in flight has finished
     and every buffer has gone back to its pool.
     """
-    from conveyor.backends import device as default_device
-    from conveyor.kernels.build import KernelFuture
-
-    opts = StreamOptions.parse(depth=depth, block_bytes=block_bytes, memory_limit=memory_limit,
-                               halo=halo, workers=workers, args=args, reduce=reduce,
-                               zero_copy=zero_copy, progress=progress, strict=strict,
-                               warmup=warmup, boundary=boundary, first_row=first_row)
-    keep_pinned = flag("keep_pinned", keep_pinned)  # "no" or a callback is no True
-    inputs, outputs = as_inputs(inputs), as_outputs(outputs)
-    if isinstance(compute, KernelFuture):
-        compute = compute.result()  # load now, before any block is in flight
-    if device is None:
-        devs = [default_device(warm_up=False)]
-    elif isinstance(device, Device):
-        devs = [device]
-    else:
-        from conveyor.backends import select
-
-        devs = select(device, warm_up=False)
-    if schedule not in ("dynamic", "static"):
-        raise InputError(f"schedule={schedule!r}: use 'dynamic' (blocks to whichever device "
-                         f"has room) or 'static' (one contiguous share per device)")
-    dev = devs[0]
-    if isinstance(compute, str):
-        compute = _compile_source(compute, dev)
-    if len(devs) > 1:
-        from conveyor.pipeline import multi
-
-        multi.check_devices(devs, schedule)
-    if trace is not None:
-        trace = files.path_text(trace, "trace=")  # a str or pathlib.Path, as report.timeline.save
-        files.output_target(trace, f"trace={trace!r}")  # before any work, not after it
-    sources: list[Source] = []
-    sinks: list[Sink] = []
     try:
-        sources = [as_source(a, i) for i, a in enumerate(inputs)]
-        if not sources:
-            raise InputError("a stream needs at least one input array")
-        rows = sources[0].shape[0]
-        # Once, before any output file, queue or device's engine exists.
-        check_offsets(opts.first_row, rows, int(np.prod(sources[0].shape[1:], dtype=np.int64)))
-        sinks = [
-            o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
-            else as_sink(o, i, rows, sources[0].shape[1:],
-                         _file_dtype(compute, len(sources) + image.sampler_params(dev, sources), i,
-                                     sources[0].dtype, len(outputs or ())))
-            for i, o in enumerate(outputs or ())
-        ]
-        _check_files(sources, sinks, compute)
-        validate.check_widths(sources, sinks)
-        if trace is not None:
-            _check_trace(trace, sources, sinks)
+        from conveyor.backends import device as default_device
+        from conveyor.kernels.build import KernelFuture
+
+        opts = StreamOptions.parse(depth=depth, block_bytes=block_bytes, memory_limit=memory_limit,
+                                   halo=halo, workers=workers, args=args, reduce=reduce,
+                                   zero_copy=zero_copy, progress=progress, strict=strict,
+                                   warmup=warmup, boundary=boundary, first_row=first_row)
+        keep_pinned = flag("keep_pinned", keep_pinned)  # "no" or a callback is no True
+        inputs, outputs = as_inputs(inputs), as_outputs(outputs)
+        if isinstance(compute, KernelFuture):
+            compute = compute.result()  # load now, before any block is in flight
+        if device is None:
+            devs = [default_device(warm_up=False)]
+        elif isinstance(device, Device):
+            devs = [device]
+        else:
+            from conveyor.backends import select
+
+            devs = select(device, warm_up=False)
+        if schedule not in ("dynamic", "static"):
+            raise InputError(f"schedule={schedule!r}: use 'dynamic' (blocks to whichever device "
+                             f"has room) or 'static' (one contiguous share per device)")
+        dev = devs[0]
+        if isinstance(compute, str):
+            compute = _compile_source(compute, dev)
         if len(devs) > 1:
             from conveyor.pipeline import multi
 
-            if keep_pinned:
-                raise InputError("keep_pinned=True registers the arrays with one device: "
-                                 "stream on one device, or leave keep_pinned off with "
-                                 "several")
-            report = multi.stream_several(compute, sources, sinks, devs, opts, schedule)
-        else:
-            if keep_pinned:
-                _keep_arrays(sources, sinks, dev)
-            report = _run(compute, sources, sinks, dev, opts)
-    except BaseException:
-        for sink in sinks:
-            sink.abort()
-        raise
-    finally:
-        for source in sources:
-            source.close()
-    if trace is not None:
-        from conveyor.trace.export import save_chrome_trace
-
+            multi.check_devices(devs, schedule)
+        if trace is not None:
+            # A str or pathlib.Path, as report.timeline.save takes.
+            trace = files.path_text(trace, "trace=")
+            files.output_target(trace, f"trace={trace!r}")  # before any work, not after it
+        sources: list[Source] = []
+        sinks: list[Sink] = []
         try:
-            save_chrome_trace(report.timeline, trace)
-        except OSError as exc:  # the outputs are committed: a side file must not lose them
-            warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
-                          f"itself succeeded", RuntimeWarning, stacklevel=2)
-    return report
+            for i, a in enumerate(inputs):  # one by one: those made are closed if one fails
+                sources.append(as_source(a, i))
+            if not sources:
+                raise InputError("a stream needs at least one input array")
+            rows = sources[0].shape[0]
+            # Once, before any output file, queue or device's engine exists.
+            check_offsets(opts.first_row, rows, int(np.prod(sources[0].shape[1:], dtype=np.int64)))
+            sinks = [
+                o.sink(i, rows, sources[0].shape[1:]) if isinstance(o, Shaped)
+                else as_sink(o, i, rows, sources[0].shape[1:],
+                             _file_dtype(compute,
+                                         len(sources) + image.sampler_params(dev, sources),
+                                         i, sources[0].dtype, len(outputs or ())))
+                for i, o in enumerate(outputs or ())
+            ]
+            _check_files(sources, sinks, compute)
+            validate.check_widths(sources, sinks)
+            if trace is not None:
+                _check_trace(trace, sources, sinks)
+            if len(devs) > 1:
+                from conveyor.pipeline import multi
+
+                if keep_pinned:
+                    raise InputError("keep_pinned=True registers the arrays with one device: "
+                                     "stream on one device, or leave keep_pinned off with "
+                                     "several")
+                report = multi.stream_several(compute, sources, sinks, devs, opts, schedule)
+            else:
+                if keep_pinned:
+                    _keep_arrays(sources, sinks, dev)
+                report = _run(compute, sources, sinks, dev, opts)
+        except BaseException:
+            for sink in sinks:
+                sink.abort()
+            raise
+        finally:
+            for source in sources:
+                source.close()
+        if trace is not None:
+            from conveyor.trace.export import save_chrome_trace
+
+            try:
+                save_chrome_trace(report.timeline, trace)
+            except OSError as exc:  # the outputs are committed: a side file must not lose them
+                warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
+                              f"itself succeeded", RuntimeWarning, stacklevel=2)
+        return report
+    finally:
+        # A cv.iterate input refused before its stream began (a bad option, a later input
+        # that fails) is closed too (its generator's ``finally`` runs now); closing twice is
+        # nothing.
+        _close_iterables(inputs)
+
+
+def _close_iterables(inputs: Any) -> None:
+    """Close each ``cv.iterate`` input among ``inputs`` (as given, or as a list)."""
+    from conveyor.pipeline.chunks import IterSource
+
+    for item in inputs if isinstance(inputs, list | tuple) else [inputs]:
+        if isinstance(item, IterSource):
+            item.close()
 
 
 def _compile_source(source: str, dev: Device) -> Kernel:

@@ -30,15 +30,26 @@ C_SIZES = {
     "size_t": 8,
 }
 
+#: NumPy's type of each scalar C type of C_SIZES, for the dtype a message advises.
+C_DTYPES = {
+    "char": "i1", "signed char": "i1", "int8_t": "i1", "uchar": "u1", "unsigned char": "u1",
+    "uint8_t": "u1", "bool": "?", "short": "<i2", "int16_t": "<i2", "ushort": "<u2",
+    "unsigned short": "<u2", "uint16_t": "<u2", "half": "<f2", "__half": "<f2", "int": "<i4",
+    "int32_t": "<i4", "uint": "<u4", "unsigned int": "<u4", "unsigned": "<u4",
+    "uint32_t": "<u4", "float": "<f4", "long": "<i8", "long long": "<i8", "int64_t": "<i8",
+    "ulong": "<u8", "unsigned long": "<u8", "unsigned long long": "<u8", "uint64_t": "<u8",
+    "double": "<f8", "size_t": "<u8",
+}
+
 _MEMBER = re.compile(r"((?:(?:unsigned|signed)\s+)?(?:long\s+long|\w+))\s+(.+)", re.S)
 _DECLARATOR = re.compile(r"\s*(\w+)\s*((?:\[\s*\d+\s*\]\s*)*)")
 
 
-def c_layout(source: str, type_name: str
-             ) -> tuple[str, int, list[int], list[int]] | None:
-    """(name, size, member offsets, member sizes) of the struct ``type_name`` as C lays it
-    out, from its definition in ``source`` (``struct name { ... }`` or ``typedef struct { ...
-    } name;``); None where that cannot be read exactly."""
+def _members(source: str, type_name: str
+             ) -> tuple[str, list[tuple[str, str, tuple[int, ...]]]] | None:
+    """(name, members) of the struct ``type_name`` from its definition in ``source``
+    (``struct name { ... }`` or ``typedef struct { ... } name;``): each member as (field
+    name, C scalar type, array dimensions); None where that cannot be read exactly."""
     name = re.sub(r"^struct\s+", "", type_name.strip())
     if not re.fullmatch(r"\w+", name):
         return None
@@ -51,27 +62,90 @@ def c_layout(source: str, type_name: str
             break
     if body is None or ":" in body or "(" in body:  # bit fields, attributes: not judged
         return None
-    offset, largest, offsets, sizes = 0, 1, [], []
+    members = []
     for member in filter(None, (m.strip() for m in body.split(";"))):
         matched = _MEMBER.fullmatch(member)
         if matched is None:
             return None
-        size = C_SIZES.get(" ".join(matched.group(1).split()))
-        if size is None:
+        ctype = " ".join(matched.group(1).split())
+        if ctype not in C_SIZES:
             return None
         for declarator in matched.group(2).split(","):
             parts = _DECLARATOR.fullmatch(declarator)
             if parts is None:
                 return None
-            count = math.prod(int(n) for n in re.findall(r"\d+", parts.group(2)))
-            offset = -(-offset // size) * size
-            offsets.append(offset)
-            sizes.append(size * count)
-            offset += size * count
-            largest = max(largest, size)
-    if not offsets:
+            dims = tuple(int(n) for n in re.findall(r"\d+", parts.group(2)))
+            members.append((parts.group(1), ctype, dims))
+    return (name, members) if members else None
+
+
+def c_layout(source: str, type_name: str
+             ) -> tuple[str, int, list[int], list[int]] | None:
+    """(name, size, member offsets, member sizes) of the struct ``type_name`` as C lays it
+    out, from its definition in ``source`` (``struct name { ... }`` or ``typedef struct { ...
+    } name;``); None where that cannot be read exactly."""
+    found = _members(source, type_name)
+    if found is None:
         return None
+    name, members = found
+    offset, largest, offsets, sizes = 0, 1, [], []
+    for _, ctype, dims in members:
+        size = C_SIZES[ctype]
+        count = math.prod(dims)
+        offset = -(-offset // size) * size
+        offsets.append(offset)
+        sizes.append(size * count)
+        offset += size * count
+        largest = max(largest, size)
     return name, -(-offset // largest) * largest, offsets, sizes
+
+
+def c_dtype(source: str, type_name: str) -> np.dtype | None:
+    """The structured dtype of the struct ``type_name`` as ``source`` defines it, its fields
+    named as the members and padded as C pads them (``align=True``; NumPy's packed layout
+    where the source mentions ``pack``); None where :func:`c_layout` cannot read it."""
+    found = _members(source, type_name)
+    if found is None:
+        return None
+    fields = [(field, C_DTYPES[ctype], dims) if dims else (field, C_DTYPES[ctype])
+              for field, ctype, dims in found[1]]
+    try:
+        return np.dtype(fields, align=not re.search(r"\bpack(ed)?\b", source))
+    except (TypeError, ValueError):  # a member named twice: the kernel would not build
+        return None
+
+
+def spell(dtype: np.dtype) -> str:
+    """``dtype`` (structured) as the ``np.dtype(...)`` call that makes it, for messages."""
+    described: Any = dtype.fields or {}
+    fields: list[tuple[Any, ...]] = []
+    for field in dtype.names or ():
+        ftype = described[field][0]
+        if ftype.subdtype is not None:
+            fields.append((field, ftype.subdtype[0].str.lstrip("|"), ftype.subdtype[1]))
+        else:
+            fields.append((field, ftype.str.lstrip("|")))
+    return f"np.dtype({fields}{', align=True' if dtype.isalignedstruct else ''})"
+
+
+def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str) -> None:
+    """InputError when ``dtype`` has no fields but ``where`` (a kernel parameter) points to
+    the struct ``type_name`` that ``source`` defines: the kernel would read the array's
+    elements as the bytes of records. Not judged where the source is unknown or does not
+    define the struct so that :func:`c_layout` reads it (a header, a macro)."""
+    if dtype.names or source is None:
+        return
+    layout = c_layout(source, type_name)
+    wanted = c_dtype(source, type_name)
+    if layout is None or wanted is None:
+        return
+    name, size = layout[0], wanted.itemsize
+    raise InputError(
+        f"{where} points to struct {name!r} of {size} bytes, but the array holds {dtype}, "
+        f"which has no fields, so the kernel would read its bytes as records: pass a "
+        f"structured array of the struct's members, e.g. np.zeros(n, {spell(wanted)}), with "
+        f"the fields filled in (or a.view() of that dtype, for an array of the records' raw "
+        f"bytes)")
 
 
 def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "") -> None:

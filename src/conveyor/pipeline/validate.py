@@ -3,6 +3,7 @@ that says what to change."""
 
 from __future__ import annotations
 
+import array as pyarray
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +16,7 @@ from conveyor.kernels.argcast import caster
 from conveyor.kernels.signature import Param
 from conveyor.pipeline.plan import ArraySpec
 from conveyor.pipeline.reduce import BUILTIN_OPS
-from conveyor.pipeline.structs import check_struct
+from conveyor.pipeline.structs import check_struct as _check_layout
 
 
 def _foreign(value: Any, role: str) -> str | None:
@@ -69,7 +70,17 @@ def as_input(value: Any, index: int) -> np.ndarray:
         )
     if value.ndim == 0:
         raise InputError(f"input {index} is a scalar: pass scalars in args=, arrays in inputs=")
-    return value
+    return plain(value)
+
+
+def plain(array: np.ndarray) -> np.ndarray:
+    """``array`` as a plain ndarray view of its memory, for a subclass (memmaps stay
+    memmaps: they are told apart as files). The engine reads and writes rows through
+    ``array[lo:hi]``: a subclass whose indexing copies (an overridden ``__getitem__``) had its
+    copies written, and the caller's array left as it was, with no error."""
+    if type(array) is np.ndarray or isinstance(array, np.memmap):
+        return array
+    return array.view(np.ndarray)
 
 
 def check_values(value: Any, what: str) -> None:
@@ -161,6 +172,12 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
     foreign = _foreign(value, "output")
     if foreign is not None:  # np.dtype() would read its dtype: a new array, it never written
         raise InputError(f"output {index} {foreign}")
+    if isinstance(value, bytearray | memoryview | pyarray.array):
+        kind = "array.array" if isinstance(value, pyarray.array) else type(value).__name__
+        raise InputError(
+            f"output {index} is a {kind}, not a NumPy array: conveyor writes "
+            f"NumPy arrays; pass np.asarray(buffer) (a writable view of its memory, of its "
+            f"own item type) or np.frombuffer(buffer, dtype) for another dtype")
     if not isinstance(value, np.ndarray):
         try:
             dtype = np.dtype(value)
@@ -192,7 +209,7 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
             f"output {index} is not C-contiguous: pass np.empty(shape, dtype) and copy "
             f"into your view afterwards"
         )
-    return value
+    return plain(value)
 
 
 def check_widths(sources: Sequence[Any], sinks: Sequence[Any]) -> None:
@@ -292,11 +309,12 @@ def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
     for kind, arrays in (("input", inputs), ("output", outputs)):
         for index, array in enumerate(arrays):
             dtype = array.dtype
-            if dtype is not None and not dtype.isnative:
+            if dtype is not None and (not dtype.isnative or _swapped_field(dtype)):
                 raise InputError(
-                    f"{kind} {index} ({array.name}) has dtype {dtype.str}, not in this "
-                    f"machine's byte order, which a Python callable's device arrays need: "
-                    f"pass a.astype(a.dtype.newbyteorder('='))"
+                    f"{kind} {index} ({array.name}) has dtype "
+                    f"{dtype if dtype.names else dtype.str}, not in this machine's byte "
+                    f"order, which a Python callable's device arrays need: pass "
+                    f"a.astype(a.dtype.newbyteorder('='))"
                 )
 
 
@@ -361,9 +379,8 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
         return
     if param.dtype is None:
         if dtype.kind == "V":  # a structured array for a struct pointer: its layout only
-            if source is not None:
-                check_struct(f"kernel parameter {param.name!r} ({param.type_text}), which "
-                             f"receives {what},", dtype, source, param.base)
+            check_struct(f"kernel parameter {param.name!r} ({param.type_text}), which "
+                         f"receives {what},", dtype, source, param.base)
             return
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot check "
@@ -384,6 +401,41 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
             f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
             f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype})){declare}"
         )
+
+
+def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "") -> None:
+    """InputError when structured ``dtype`` (records for a pointer to struct ``type_name``,
+    which ``where`` names) has a field not in this machine's byte order (a kernel reads its
+    struct's members in native order: every value would come byte-swapped), or is not laid out
+    as C lays out that struct in ``source`` (pipeline/structs.py: check_struct; not judged
+    without the source)."""
+    swapped = _swapped_field(dtype)
+    if swapped is not None:
+        field, ftype = swapped
+        raise InputError(
+            f"{where} has structured dtype {dtype}, whose field {field!r} is {ftype.str}, not "
+            f"in this machine's byte order: the kernel reads its struct's members in native "
+            f"order, so every value would come byte-swapped: pass "
+            f"a.astype(a.dtype.newbyteorder('=')) (same fields, same offsets)")
+    if source is not None:
+        _check_layout(where, dtype, source, type_name)
+
+
+def _swapped_field(dtype: np.dtype, prefix: str = "") -> tuple[str, np.dtype] | None:
+    """(name, dtype) of the first field of structured ``dtype`` (nested records and
+    sub-arrays walked: NumPy's ``isnative`` misses a ``>u2`` sub-array field) whose bytes are
+    not in this machine's order; None when all are."""
+    for name in dtype.names or ():
+        ftype = dtype.fields[name][0]  # type: ignore[index]
+        if ftype.subdtype is not None:
+            ftype = ftype.subdtype[0]
+        if ftype.names:
+            found = _swapped_field(ftype, f"{prefix}{name}.")
+            if found is not None:
+                return found
+        elif not ftype.isnative:
+            return f"{prefix}{name}", ftype
+    return None
 
 
 def _check_arg(param: Param, index: int, value: Any) -> None:

@@ -38,18 +38,28 @@ def _matplotlib() -> tuple[Any, Any]:
 
 def plot_rows(timeline: Timeline) -> list[tuple[str, str, list[Span]]]:
     """The rows of the chart, top to bottom, as (row label, lane, spans): one per lane in
-    journey order; on a stream over several devices one per device and lane, device by
-    device, labelled ``device lane``, so one device's spans never hide another's."""
+    journey order, and within a lane one per span title (the links of a chain: a row each,
+    labelled as the trace names them, ``compute:twice``, ``compute:twice#2``; unlabelled
+    spans first); on a stream over several devices one per device and lane (and title),
+    device by device, labelled ``device lane``, so one device's spans never hide
+    another's."""
     devices = device_order(timeline)
-    if len(devices) <= 1:
-        return [(lane, lane, timeline.lane(lane)) for lane in timeline.lanes]
+    several = len(devices) > 1
     rows = []
-    for device in devices:
+    for device in devices if several else [None]:
         for lane in timeline.lanes:
-            spans = [s for s in timeline.lane(lane) if s.device == device]
-            if spans:
-                rows.append((f"{device} {lane}" if device else lane, lane, spans))
+            spans = [s for s in timeline.lane(lane) if device is None or s.device == device]
+            titles = list(dict.fromkeys(s.title for s in sorted(spans, key=_unlabelled_first)))
+            for title in titles:
+                found = [s for s in spans if s.title == title]
+                rows.append((f"{device} {title}" if device else title, lane, found))
     return rows
+
+
+def _unlabelled_first(span: Span) -> tuple[bool, int, int]:
+    """The order of a lane's rows: its unlabelled spans, then each title by its first span
+    (a chain's links in the order they run)."""
+    return (bool(span.label), span.start_ns, span.block)
 
 
 def check_span(span_ms: object) -> float | None:
@@ -96,15 +106,23 @@ def plot_target(path: str | os.PathLike[str]) -> str:
 
 def plot_file(path: str | os.PathLike[str], what: str) -> str:
     """The file a timeline plot of ``path`` writes (:func:`plot_target`: ``x`` writes
-    ``x.png``), after checking both the name as given and that file as places an output may
-    go (``files.output_target``; ``what`` names the call or option in its messages): a given
+    ``x.png``), after checking that file, and the name as given, as places an output may go
+    (``files.output_target``; ``what`` names the call or option in its messages): a given
     ``/dev/stdout`` is refused as standard output, not written as ``/dev/stdout.png``, and a
-    folder ``x.png`` before anything is drawn."""
-    from conveyor import files
-
-    files.output_target(path, what)
+    folder ``x.png`` before anything is drawn. A given name that is an existing folder
+    (``runs``) is not refused for that: nothing is written into it, and the file written,
+    ``runs.png`` beside it, is the one judged. A name that ends with a separator, or whose
+    last part is ``.`` or ``..``, names a folder and no file (``runs/`` would write
+    ``runs/.png``, ``.`` a file ``..png``): refused, saying to name the image file."""
+    text = files.path_text(path, what)
+    if os.path.basename(text) in ("", ".", ".."):
+        raise InputError(f"{what}: {text!r} names a folder, not a file: name the image file "
+                         f"to write, e.g. {os.path.join(text, 'timeline.png')!r}")
+    beside = final_path(text)[0] != text  # x given, x.png written
+    if not (beside and os.path.isdir(text)):
+        files.output_target(path, what)
     target = plot_target(path)
-    if target != os.fspath(path):
+    if beside:
         files.output_target(target, what)
     return target
 

@@ -33,8 +33,10 @@ WORK_LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "combin
 @dataclass(frozen=True)
 class Span:
     """One stage of one block: ``lane``, block index, start and end in ns, bytes moved, a
-    ``label`` within the lane ("" but for the links of a chain: their kernel's name), and the
-    device it ran for (set on a stream over several devices, pipeline/merged.py)."""
+    ``label`` within the lane ("" but for the links of a chain: the link's name, its kernel's
+    or function's by default, numbered ``name#2``, ``name#3`` for later links of a name an
+    earlier link has, so every link of a chain has a title of its own), and the device it
+    ran for (set on a stream over several devices, pipeline/merged.py)."""
 
     lane: str
     block: int
@@ -56,7 +58,7 @@ class Span:
 
 
 #: What the engine records for each device command: (lane, block index, event, bytes); a lane
-#: "compute:<name>" is a link of a chain, a span of the compute lane labelled <name>. The
+#: "compute:<title>" is a link of a chain, a span of the compute lane labelled <title>. The
 #: event is a backend Event; only its ``profile_ns()`` is read, after the stream.
 Record = tuple[str, int, Any, int]
 
@@ -301,13 +303,17 @@ class Timeline:
 
     def plot(self, path: str | os.PathLike[str], *, title: str | None = None,
              span_ms: float | None = None) -> None:
-        """Draw the timeline as a Gantt chart (one row per lane) into an image file, e.g. PNG;
-        ``span_ms`` fixes the time axis' length (to compare two charts).
+        """Draw the timeline as a Gantt chart (one row per lane, and per link of a chain)
+        into an image file, e.g. PNG; ``span_ms`` fixes the time axis' length (to compare two
+        charts).
 
         Needs matplotlib (``pip install conveyor[plot]``): InputError without it. The path is
         checked as :meth:`save` checks it, before anything is drawn; a path with no suffix
-        is written as ``path.png`` (as matplotlib names it), so that file is checked too.
-        InputError for a ``span_ms`` that is not None or a number of ms above 0.
+        is written as ``path.png`` (as matplotlib names it), so that file is checked too,
+        and the name as given only where it is no folder: ``plot("runs")`` beside a folder
+        ``runs`` writes ``runs.png``. A name that ends with a separator (``runs/``) names a
+        folder: InputError. InputError for a ``span_ms`` that is not None or a number of ms
+        above 0.
         """
         from conveyor.trace.plot import check_span, plot_file, plot_timeline
 
