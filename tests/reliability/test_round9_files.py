@@ -238,3 +238,59 @@ def test_dask_map_blocks_refuses_what_no_chunk_can_stream_on_the_client(device):
     for call in (cvd.map_blocks, cvd.reduce):
         with pytest.raises(InputError, match="unknown length along axis 1"):
             call(compute, filtered)  # before: dask's bare ValueError
+
+
+# -- an output over the process's file-size limit ------------------------------------------------
+def test_an_output_over_the_file_size_limit_says_so_and_leaves_no_part(device, tmp_path):
+    import resource
+
+    kernel = device.compile(portable("""
+__kernel void copy(__global const float *x, __global float *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = x[i];
+}"""), "copy")
+    x = np.ones(1 << 20, np.float32)  # 4 MiB out, over a 1 MiB limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    try:
+        # Was a bare "OSError: [Errno 27] File too large", from os.ftruncate.
+        with pytest.raises(OSError, match=r"output .*y\.npy needs \d+ bytes.*ulimit -f"):
+            cv.stream(kernel, [x], [tmp_path / "y.npy"], device=device)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_table_file_written_over_in_place_while_it_is_read_is_an_input_error(device, tmp_path,
+                                                                              kind):
+    pa = pytest.importorskip("pyarrow")
+    n, rows = 8000, 1000
+    path = tmp_path / f"x.{kind}"
+    table = pa.table({"x": np.ones(n, np.float32)})
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path, row_group_size=rows, compression="none")
+        source = cv.parquet(path, "x")
+    else:
+        import pyarrow.feather as feather
+
+        feather.write_feather(table, path, chunksize=rows, compression="uncompressed")
+        source = cv.arrow(path, "x")
+    # A minute back: a rewrite in the tick of the write would leave the time as it was.
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns - 60 * 10**9))
+    data = path.read_bytes()
+
+    def zeros_that_rewrite_the_file_at_block_3():
+        for block in range(n // rows):
+            if block == 3:  # the same bytes back, in place: same size, a new time
+                with open(path, "r+b") as f:
+                    f.write(data)
+            yield np.zeros(rows, np.float32)
+
+    # Before: no error (row groups of the new file read against the old metadata).
+    with pytest.raises(InputError, match="changed while it was read"):
+        cv.stream(_kernel(device, ADD, "add"),
+                  [source, cv.iterate(zeros_that_rewrite_the_file_at_block_3(), length=n)],
+                  [np.float32], device=device, block_bytes=4 * rows)

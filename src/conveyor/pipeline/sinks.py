@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import math
 import os
 from collections.abc import Sequence
@@ -159,7 +160,19 @@ class FileSink(Sink):
                 except ValueError:  # a header too long for format 1.0
                     np.lib.format.write_array_header_2_0(f, header)
                 self.offset = f.tell()
-        os.ftruncate(fd, self.offset + self.nbytes)
+        try:
+            os.ftruncate(fd, self.offset + self.nbytes)
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+            # Over the process's file-size limit (RLIMIT_FSIZE) or the file system's: still an
+            # OSError (the environment, not the arguments: the command line exits 1 for it),
+            # but one that names the output and what to change ("File too large" before).
+            raise OSError(errno.EFBIG, (
+                f"output {self.name} needs {self.offset + self.nbytes} bytes, more than this "
+                f"process may write to one file (its file-size limit, `ulimit -f`) or its file "
+                f"system holds: raise the limit, write elsewhere, or write a smaller output"
+            )) from exc
 
     def write_from(self, src: np.ndarray, lo: int) -> None:
         """Write ``src`` (C-contiguous rows) at row ``lo``."""

@@ -83,10 +83,10 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
                     and stats.has_null_count and stats.null_count):
                 _refuse_nulls(str(path), column.path_in_schema, stats.null_count,
                               f"row group {i}")
-    size = target.stat().st_size
+    stamp = _stamp(target)
 
     def load(index: int) -> np.ndarray:
-        with _shrink_guard(str(path), target, size):
+        with _read_guard(str(path), target, stamp):
             table = file.read_row_group(index, columns=names)
         return _table_rows(str(path), table, names, dtype)
 
@@ -114,10 +114,10 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
         for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
             if count:
                 _refuse_nulls(str(path), name, count, f"record batch {index}")
-    size = target.stat().st_size
+    stamp = _stamp(target)
 
     def load(index: int) -> np.ndarray:
-        with _shrink_guard(str(path), target, size):
+        with _read_guard(str(path), target, stamp):
             batch = reader.get_batch(index)
         return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
 
@@ -186,10 +186,21 @@ def _column_dtype(path: str, schema: Any, names: list[str]) -> np.dtype:
     return dtypes[0]
 
 
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """(inode, size, modification time) of the file, as its metadata was read."""
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 @contextlib.contextmanager
-def _shrink_guard(name: str, path: Path, size: int) -> Iterator[None]:
-    """A failed read of a file that is now shorter than when it was opened is an InputError
-    (as a .npy's is); other failures pass as they are."""
+def _read_guard(name: str, path: Path, stamp: tuple[int, int, int]) -> Iterator[None]:
+    """A failed read of a file that is now shorter than when its metadata was read is an
+    InputError (as a .npy's is); other failures pass as they are. After a read, a file of
+    the same inode whose size or modification time changed was written in place meanwhile
+    (a same-size rewrite read its new row groups against the old metadata, with no error):
+    an InputError. A file replaced by another (a rename over it) is still read whole from the
+    one opened."""
+    ino, size, _ = stamp
     try:
         yield
     except Exception as exc:
@@ -201,6 +212,14 @@ def _shrink_guard(name: str, path: Path, size: int) -> Iterator[None]:
             raise InputError(f"{name} got shorter while it was read: rerun on a complete "
                              f"file") from exc
         raise
+    try:
+        after = _stamp(path)
+    except OSError:
+        return  # removed: the open file is still whole
+    if after[0] == ino and after != stamp:
+        raise InputError(f"{name} changed while it was read (written by another program: now "
+                         f"{after[1]} bytes): the rows read may mix its old and new contents; "
+                         f"rerun once nothing writes the file, or stream a copy of it")
 
 
 def _refuse_nulls(path: str, name: str, count: int, where: str) -> NoReturn:
