@@ -155,8 +155,6 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
 
     if array.nbytes == 0 or pinned.is_pinned_for(array, device):
         return pinned.is_pinned_for(array, device)  # pinned for this device already
-    if device.page_locked(array):
-        return True  # page-locked by another library or the caller: streams copy it directly
     key = _key(array, device)
     with _lock:
         found = _kept.get(key)
@@ -167,6 +165,8 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
             found.doomed = False
             _kept.move_to_end(key)
             return True
+        if not _overlaps_kept(device, array) and device.page_locked(array):
+            return True  # page-locked by another library or the caller: copied directly
         if array.nbytes > budget() or not _fit(array.nbytes):
             return False
         # Registered through a view that does not own or reference the array: the driver's
@@ -268,6 +268,26 @@ def find(device: Device, array: np.ndarray, *, written: bool = False) -> Kept | 
                     and end <= kept.address + kept.nbytes and (kept.writable or not written):
                 return kept
     return None
+
+
+def locked_elsewhere(device: Device, array: np.ndarray) -> bool:
+    """True when ``array`` is page-locked memory that neither conveyor's pools nor its kept
+    arrays hold (CuPy's or PyTorch's pinned memory, a range the caller registered): the
+    device copies it directly. Memory of a kept array is left to :func:`hold`, which decides
+    whether a stream may write it and holds it while the stream runs."""
+    with _lock:
+        if _overlaps_kept(device, array):
+            return False
+    return device.page_locked(array)
+
+
+def _overlaps_kept(device: Device, array: np.ndarray) -> bool:
+    """True when a kept registration on ``device`` shares a byte with ``array`` (``_lock``
+    held)."""
+    start = int(array.__array_interface__["data"][0])
+    end = start + array.nbytes
+    return any(kept.device is device and kept.address < end
+               and start < kept.address + kept.nbytes for kept in _kept.values())
 
 
 class Holds(Closeable):

@@ -212,6 +212,13 @@ def choose(device: Device, plan: Plan, sources: Sequence[Source], sinks: Sequenc
                                         if ok])
         direct_out = sorted(direct_out + [i for i, ok in zip(pageable_out, kept_out,
                                                              strict=True) if ok])
+    # Page-locked memory of other libraries (CuPy's, PyTorch's: the driver says so) goes direct
+    # too; staging it again halved the rate (bench/NOTES.md, session 11). Asked after the
+    # kept arrays, which the driver also calls page-locked but a stream must hold.
+    direct_in = sorted(direct_in + [i for i, s in enumerate(sources)
+                                    if i not in direct_in and _locked_elsewhere(s, device)])
+    direct_out = sorted(direct_out + [i for i, s in enumerate(sinks)
+                                      if i not in direct_out and _locked_elsewhere(s, device)])
     halo_rows = None
     if plan.halo and (direct_in or in_place):
         direct = [i in direct_in for i in range(len(sources))]
@@ -266,9 +273,17 @@ def _array(end: Source | Sink) -> np.ndarray:
 
 
 def _pinned(end: Source | Sink, device: Device) -> bool:
-    """True when the device can copy this array without staging (never for files): conveyor's
-    pinned memory, or page-locked memory of another library the driver knows (CuPy's, PyTorch's:
-    staging it again halved the rate, bench/NOTES.md session 11)."""
+    """True when the device can copy this array without staging (never for files)."""
+    if not isinstance(end, ArraySource | ArraySink):
+        return False
+    return pinned.is_pinned_for(end.array, device) and end.array.flags.c_contiguous
+
+
+def _locked_elsewhere(end: Source | Sink, device: Device) -> bool:
+    """True for an array in page-locked memory conveyor did not pin (memory/keep.py:
+    ``locked_elsewhere``); an output also needs it writeable."""
     if not isinstance(end, ArraySource | ArraySink) or not end.array.flags.c_contiguous:
         return False
-    return pinned.is_pinned_for(end.array, device) or device.page_locked(end.array)
+    if isinstance(end, ArraySink) and not end.array.flags.writeable:
+        return False
+    return keep.locked_elsewhere(device, end.array)

@@ -216,6 +216,8 @@ def _read_guard(name: str, path: Path, stamp: tuple[int, int, int]) -> Iterator[
         after = _stamp(path)
     except OSError:
         return  # removed: the open file is still whole
+    if after[0] == ino and after[1] < size:
+        raise InputError(f"{name} got shorter while it was read: rerun on a complete file")
     if after[0] == ino and after != stamp:
         raise InputError(f"{name} changed while it was read (written by another program: now "
                          f"{after[1]} bytes): the rows read may mix its old and new contents; "
