@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         pmap(lambda s, e: np.add(np.float32(2) * x[s:e], np.float32(1), out=want[s:e]), n)
         source = work / ("affine.cu" if dev.backend == "cuda" else "affine.cl")
         source.write_text(KERNEL)
-        env = dict(os.environ)
+        from bench import bytecode
+
+        env = bytecode.env()  # as an installed command: its modules compiled beforehand
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
         command = [sys.executable, "-m", "conveyor.cli", "map", str(source),

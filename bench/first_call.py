@@ -81,13 +81,17 @@ def measure(o: argparse.Namespace) -> dict[str, Any]:
     if o.block_mib:
         options["block_bytes"] = o.block_mib * 2**20
 
+    reports: list[tuple[float, Any]] = []  # (start on perf_counter_ns, report) of each run
+
     def run(out: Any) -> float:
         start = time.perf_counter()
+        started_ns = time.perf_counter_ns()
         if wl.reduce:
             report = cv.stream(kernel, wl.inputs, reduce="sum", **options)
         else:
             report = cv.stream(kernel, wl.inputs, [out], **options)
         seconds = time.perf_counter() - start
+        reports.append((started_ns, report))
         total = None if report.result is None else float(report.result)
         check = wl.check(out, total)
         if check != "ok":
@@ -110,9 +114,12 @@ def measure(o: argparse.Namespace) -> dict[str, Any]:
             parallel_fill(out, 0.0)
         filled.append(run(out))
     gb = wl.in_bytes / 1e9
+    best = min(range(1, 1 + o.repeats), key=lambda i: reports[i][1].seconds)
     return {
+        "first_where": _where(*reports[0]), "warm_where": _where(*reports[best]),
         "workload": wl.name, "device": dev.spec, "gib": o.gib, "data_first": o.data_first,
         "env": {k: v for k, v in os.environ.items() if k.startswith("CONVEYOR_")},
+        "bytecode": bool(os.environ.get("PYTHONPYCACHEPREFIX")),
         "process_to_device_seconds": found, "compile_seconds": built,
         "first_seconds": first, "first_gbps": gb / first,
         "warm_fresh_gbps": gb / min(warm), "warm_filled_gbps": gb / min(filled),
@@ -121,8 +128,21 @@ def measure(o: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _where(started_ns: int, report: Any) -> dict[str, float]:
+    """Where one stream's time went, in ms: before its first block (set-up: pools, rings'
+    first entries, queues), the timeline's wall, and each lane's busy time."""
+    tl = report.timeline
+    where = {"setup_ms": (tl.origin_ns - started_ns) / 1e6, "timeline_ms": tl.wall_ns / 1e6}
+    for lane in tl.lanes:
+        where[f"{lane}_busy_ms"] = tl.busy_ns(lane) / 1e6
+    return {k: round(v, 2) for k, v in where.items()}
+
+
 def variants(o: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
-    """Each variant in a fresh process of its own; prints a table."""
+    """Each variant in a fresh process of its own, conveyor byte-compiled as an installed
+    package is (bench/bytecode.py); prints a table."""
+    from bench import bytecode
+
     names = list(VARIANTS) if o.variants == "all" else o.variants.split(",")
     rest = [a for i, a in enumerate(argv) if not a.startswith("--variants")
             and not (i and argv[i - 1] == "--variants")]
@@ -130,6 +150,7 @@ def variants(o: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
     for name in names:
         env = {k: v for k, v in os.environ.items() if k not in VARIANTS["old"]}
         env.update(VARIANTS[name])
+        env = bytecode.env(env)  # as an installed package: modules compiled beforehand
         done = subprocess.run([sys.executable, "-m", "bench.first_call", *rest], env=env,
                               capture_output=True, text=True, check=False,
                               cwd=Path(__file__).resolve().parent.parent)

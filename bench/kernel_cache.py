@@ -28,8 +28,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import conveyor
-from conveyor.kernels.portable import PRELUDE
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.bytecode
+
+from bench import bytecode  # noqa: E402
+
+from conveyor.kernels.portable import PRELUDE  # noqa: E402
 
 # Enough work for the compiler to matter: a few loops and math built-ins, like a real kernel.
 SOURCE = PRELUDE + """
@@ -91,10 +94,7 @@ def main() -> None:
     warm_no_bytecode: list[float] = []
     device = ""
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-") as root:
-        pycache = Path(root) / "pycache"
-        env = dict(os.environ, PYTHONPYCACHEPREFIX=str(pycache))
-        subprocess.run([sys.executable, "-m", "compileall", "-q",
-                        str(Path(conveyor.__file__).parent)], env=env, check=True, timeout=600)
+        pycache = bytecode.prefix()
         for rep in range(reps):
             cache_dir = Path(root) / f"rep{rep}"  # a new, empty cache: a cold build
             first = _child(cache_dir, pycache)

@@ -45,7 +45,9 @@ def first_call(spec: str, workload: str, gib: float, flops: int = 2000, timeout:
                data_first: bool = False) -> dict[str, Any]:
     """bench/first_call.py in a fresh process (``data_first``: the inputs made before the
     device is opened): its JSON, or {"error": ...}."""
-    env = dict(os.environ)
+    from bench import bytecode
+
+    env = bytecode.env()  # as an installed package: no module compiled inside the first call
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "src"), str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     try:
