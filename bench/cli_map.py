@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -58,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
         from bench import bytecode
 
         env = bytecode.env()  # as an installed command: its modules compiled beforehand
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
         command = [sys.executable, "-m", "conveyor.cli", "map", str(source),
                    "--kernel", "affine", "-i", str(work / "x.npy"), "-o", str(work / "y.npy"),
                    "--device", dev.spec, "--force", "-q"]

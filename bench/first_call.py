@@ -37,6 +37,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "register": {"CONVEYOR_PINNED_ALLOC": "register"},
     "register-no-grow": {"CONVEYOR_PINNED_ALLOC": "register", "CONVEYOR_RING_GROW": "0"},
     "no-warmup": {"CONVEYOR_WARMUP": "0"},
+    # conveyor compiled from source in the process (a checkout without .pyc files), not
+    # byte-compiled beforehand as an installed package is (bench/bytecode.py)
+    "source": {},
     "old": {"CONVEYOR_RING_GROW": "0", "CONVEYOR_PINNED_ALLOC": "driver",
             "CONVEYOR_PREFAULT": "off", "CONVEYOR_WARMUP": "0"},
 }
@@ -119,7 +122,7 @@ def measure(o: argparse.Namespace) -> dict[str, Any]:
         "first_where": _where(*reports[0]), "warm_where": _where(*reports[best]),
         "workload": wl.name, "device": dev.spec, "gib": o.gib, "data_first": o.data_first,
         "env": {k: v for k, v in os.environ.items() if k.startswith("CONVEYOR_")},
-        "bytecode": bool(os.environ.get("PYTHONPYCACHEPREFIX")),
+        "conveyor_from": str(Path(cv.__file__).parent),
         "process_to_device_seconds": found, "compile_seconds": built,
         "first_seconds": first, "first_gbps": gb / first,
         "warm_fresh_gbps": gb / min(warm), "warm_filled_gbps": gb / min(filled),
@@ -150,7 +153,8 @@ def variants(o: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
     for name in names:
         env = {k: v for k, v in os.environ.items() if k not in VARIANTS["old"]}
         env.update(VARIANTS[name])
-        env = bytecode.env(env)  # as an installed package: modules compiled beforehand
+        # As an installed package: conveyor's modules compiled beforehand ("source": not).
+        env = bytecode.env(env, compiled=name != "source")
         done = subprocess.run([sys.executable, "-m", "bench.first_call", *rest], env=env,
                               capture_output=True, text=True, check=False,
                               cwd=Path(__file__).resolve().parent.parent)

@@ -9,10 +9,10 @@ NVIDIA's off (``CUDA_CACHE_DISABLE=1``), and without the device's warm-up thread
 one markdown table row per mode; target: warm/cold at most 5%.
 
 conveyor's own modules that a build imports (kernels/build.py, buildlock.py, cache.py, ...)
-are byte-compiled first, into a private ``PYTHONPYCACHEPREFIX``, as an installed package is:
-on the lent GPU machines the checkout's ``.pyc`` files were never written, and compiling those
-modules from source took 19 ms of a 40 ms warm build (bench/NOTES.md, session 8). One row
-shows the warm build without bytecode.
+are byte-compiled first, as an installed package is (bench/bytecode.py: a compiled copy first
+on ``PYTHONPATH``): on the lent GPU machines the checkout's ``.pyc`` files were never written,
+and compiling those modules from source took 19 ms of a 40 ms warm build (bench/NOTES.md,
+session 8). One row shows the warm build without bytecode.
 
     .venv/bin/python bench/kernel_cache.py [--reps 5]
 """
@@ -68,15 +68,13 @@ print(json.dumps({"first": t1 - t0, "again": t2 - t1, "hits": c.hits, "misses": 
 """
 
 
-def _child(cache_dir: Path, pycache: Path, warmup: bool = False, bytecode: bool = True) -> dict:
+def _child(cache_dir: Path, warmup: bool = False, compiled: bool = True) -> dict:
     # The device's warm-up thread (memory/warmup.py) imports the pipeline while the build
     # runs, and the two share the GIL: off unless asked, so the figure is the build's own.
-    env = dict(os.environ, CONVEYOR_CACHE_DIR=str(cache_dir), POCL_KERNEL_CACHE="0",
-               CUDA_CACHE_DISABLE="1", CONVEYOR_WARMUP="on" if warmup else "0",
-               PYTHONPYCACHEPREFIX=str(pycache if bytecode else cache_dir / "no-pyc"))
+    env = bytecode.env(dict(os.environ, CONVEYOR_CACHE_DIR=str(cache_dir),
+                            POCL_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1",
+                            CONVEYOR_WARMUP="on" if warmup else "0"), compiled=compiled)
     env.pop("CONVEYOR_NO_CACHE", None)
-    if not bytecode:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
     out = subprocess.run([sys.executable, "-c", CHILD], input=SOURCE, env=env,
                          capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -94,19 +92,18 @@ def main() -> None:
     warm_no_bytecode: list[float] = []
     device = ""
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-") as root:
-        pycache = bytecode.prefix()
         for rep in range(reps):
             cache_dir = Path(root) / f"rep{rep}"  # a new, empty cache: a cold build
-            first = _child(cache_dir, pycache)
+            first = _child(cache_dir)
             assert first["misses"] == 1 and first["hits"] == 1, first
             cold.append(first["first"])
             warm_memo.append(first["again"])
-            second = _child(cache_dir, pycache)  # a new process over the warm cache
+            second = _child(cache_dir)  # a new process over the warm cache
             assert second["hits"] == 2 and second["misses"] == 0, second
             warm_process.append(second["first"])
             # The same, the device's warm-up running; then conveyor compiled from source.
-            warm_beside_warmup.append(_child(cache_dir, pycache, warmup=True)["first"])
-            warm_no_bytecode.append(_child(cache_dir, pycache, bytecode=False)["first"])
+            warm_beside_warmup.append(_child(cache_dir, warmup=True)["first"])
+            warm_no_bytecode.append(_child(cache_dir, compiled=False)["first"])
             device = first["device"]
     cold_ms = statistics.median(cold) * 1e3
     print(f"device: {device}; {reps} repetitions, medians; driver caches off\n")

@@ -6,7 +6,6 @@ pageable arrays streamed ``passes`` times, without and with ``keep_pinned=True``
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -48,8 +47,6 @@ def first_call(spec: str, workload: str, gib: float, flops: int = 2000, timeout:
     from bench import bytecode
 
     env = bytecode.env()  # as an installed package: no module compiled inside the first call
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "src"), str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     try:
         done = subprocess.run([sys.executable, "-m", "bench.first_call", "--workload", workload,
                                "--gib", str(gib), "--device", spec,
