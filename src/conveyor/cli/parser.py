@@ -136,8 +136,8 @@ def _stream_options(sub: argparse.ArgumentParser, name: str) -> None:
                           "--memory-limit)")
     sub.add_argument("--depth", type=_positive, default=3, metavar="N",
                      help="blocks in flight at once")
-    sub.add_argument("--workers", type=_positive, metavar="N",
-                     help="staging threads (default: chosen from the CPU count)")
+    sub.add_argument("--workers", type=_workers, metavar="N",
+                     help="staging threads, 1 to 1024 (default: chosen from the CPU count)")
     sub.add_argument("--trace", metavar="JSON", help="write a Chrome trace (opens in Perfetto)")
     sub.add_argument("--force", action="store_true",
                      help="replace output, trace and plot files that already exist")
@@ -189,6 +189,17 @@ def _positive(text: str) -> int:
     value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return value
+
+
+def _workers(text: str) -> int:
+    from conveyor.pipeline.options import MAX_WORKERS
+
+    value = _positive(text)
+    if value > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 1 to "
+                                         f"{MAX_WORKERS} (staging threads; a few saturate "
+                                         f"host memory copies)")
     return value
 
 

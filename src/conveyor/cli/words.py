@@ -55,6 +55,12 @@ _ASTYPE = re.compile(
     r"(?P<dtype>\w+): pass an array of (?P<want>\w+) \(e\.g\. a\.astype\(np\.\w+\)\)"
     r"(?: or declare the parameter (?P<declare>\S+))?"
 )
+# A file in the other byte order: --cast converts it as it is read (no rewrite needed).
+_SWAPPED = re.compile(
+    r"(?P<head>kernel parameter '(?P<param>\w+)' is \S+ \((?P<want>\w+)\) but input \d+ has "
+    r"dtype \S+, not in this machine's byte order \(kernels read native order\): )"
+    r"(?=rewrite the file|write its values)"
+)
 _INPUT_INDEX = re.compile(r"\binput (\d+)\b(?! \()")
 
 # What a compiler prints on its own stderr besides the log conveyor already holds.
@@ -64,6 +70,8 @@ _COMPILER_SUMMARY = re.compile(r"^\d+ (?:errors?|warnings?)( and \d+ warnings?)?
 def cli_terms(message: str, inputs: Sequence[str] = ()) -> str:
     """``message`` (one line) in the command's options; ``inputs`` are the ``-i`` texts."""
     message = _ASTYPE.sub(lambda m: _cast_advice(m, inputs), message)
+    message = _SWAPPED.sub(lambda m: f"{m['head']}add --cast {m['param']}:{m['want']} (it "
+                                     f"converts the values as they are read), or ", message)
     for pattern, replacement in _RULES:
         message = pattern.sub(replacement, message)
 

@@ -83,11 +83,27 @@ def cast_scalar(param: Param, value: Any) -> Any:
         # also takes np.longdouble (whose .item() stays a NumPy scalar with no __trunc__).
         real: Any = value
         value = int(real)
+    if dtype.kind in "iu" and isinstance(value, int):
+        # NumPy says "Python int too large to convert to C long" past 2**63 (for ulong and
+        # long alike), which names neither the type nor its range.
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise _refused(param, value, f"it does not fit: it is out of range for "
+                                         f"{param.base or dtype} ({dtype}: "
+                                         f"{_bound(info.min)} to {_bound(info.max)})")
     result = _checked(dtype.type, value, param)
     if dtype.kind in "fc" and not np.isfinite(result) and _finite(value):
         # np.longdouble(1e4000) to a double became inf with no overflow warning
         raise _refused(param, value, f"it does not fit (out of range for {dtype})")
     return result
+
+
+def _bound(value: int) -> str:
+    """An integer type's bound, with its power of two where the digits are many: 2**64-1."""
+    power = (value + 1).bit_length() - 1 if value > 0 else (-value).bit_length() - 1
+    if power >= 31 and value in (2**power - 1, -(2**power)):
+        return f"{value} = {'-' if value < 0 else ''}2**{power}{'-1' if value > 0 else ''}"
+    return str(value)
 
 
 def _finite(value: Any) -> bool:

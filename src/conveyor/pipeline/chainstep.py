@@ -16,7 +16,7 @@ from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
-from conveyor.pipeline.step import WARMUP_ROWS, Step, _describe, _what, partial_of
+from conveyor.pipeline.step import Step, _describe, _what, partial_of, warm_up_rows
 from conveyor.trace.timeline import Between
 
 
@@ -131,7 +131,7 @@ class ChainStep(Step):
         if not callables:
             return
         plan = self.plan
-        rows = min(WARMUP_ROWS, plan.block_rows, plan.rows)
+        rows = warm_up_rows(plan)
         first = Block(0, 0, rows)
         pool = device.memory_pool
         held: dict[str, Any] = {}

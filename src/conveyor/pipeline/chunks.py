@@ -108,6 +108,9 @@ class IterSource(Source):
             self._ended = True
             return None
         validate.check_values(chunk, f"a chunk of {self.name} (from row {self._read})")
+        # A plain ndarray view of the chunk's memory, as validate.plain gives for inputs:
+        # np.asarray drops an ndarray subclass (a memmap too), so rows are never read through
+        # a subclass's __getitem__ (one that copies would hand out copies of reused memory).
         array = np.asarray(chunk)
         if array.ndim == 0 or array.dtype.hasobject:
             raise InputError(f"{self.name} yielded {array.dtype} of shape {array.shape}: yield "

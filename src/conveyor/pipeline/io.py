@@ -120,6 +120,11 @@ class FileSource(Source):
         self._closing = False  # close() was called while reads held _fd
         self._lock = threading.Lock()
 
+    @property
+    def is_npy(self) -> bool:
+        """Whether the file is a ``.npy`` (it has a header), not raw binary."""
+        return bool(self._header)
+
     def rows(self, lo: int, hi: int) -> FileRows:
         """Rows ``lo:hi``, read when a staging thread copies them."""
         return FileRows(self, lo, hi)

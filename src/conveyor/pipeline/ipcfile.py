@@ -73,9 +73,23 @@ def _read(fd: int, offset: int, size: int) -> bytes:
     return data
 
 
+def _check_block(index: int, offset: int, meta_size: int, body_size: int, size: int) -> None:
+    """ValueError when record batch ``index``'s block (as the footer gives it) does not lie
+    within the file's ``size`` bytes. Checked before anything is read: a damaged or crafted
+    footer that claimed 2 GiB of metadata had that much allocated for the read (``os.pread``
+    makes its buffer first), a bare MemoryError under a memory limit."""
+    if offset < 0 or meta_size < 8 or body_size < 0 or offset + meta_size + body_size > size:
+        raise ValueError(
+            f"record batch {index} claims bytes past its end or outside it (metadata of "
+            f"{meta_size} and a body of {body_size} bytes at byte {offset}; the file has "
+            f"{size} bytes): the file is damaged or was cut short; write it again "
+            f"(pyarrow.feather.write_feather, or pyarrow.ipc.new_file)")
+
+
 def record_batches(path: str | os.PathLike[str]) -> list[BatchInfo]:
     """The record batches of the Arrow IPC file ``path``, in order. Raises ValueError when it
-    is not one, OSError when it cannot be read."""
+    is not one (a record batch the footer places past the file's end included, checked
+    before any is read), OSError when it cannot be read."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -90,11 +104,12 @@ def record_batches(path: str | os.PathLike[str]) -> list[BatchInfo]:
         footer_buf = _read(fd, size - len(MAGIC) - 4 - footer_size, footer_size)
         footer = _Table(footer_buf, _u32(footer_buf, 0))
         count, first = footer.vector(3)  # recordBatches: [Block]
-        batches = []
-        for i in range(count):
-            offset, meta_size = struct.unpack_from("<qi", footer_buf, first + 24 * i)
-            batches.append(_batch(_read(fd, offset, meta_size)))
-        return batches
+        # Block {offset: long, metaDataLength: int, (4 bytes of padding), bodyLength: long}
+        blocks = [struct.unpack_from("<qi4xq", footer_buf, first + 24 * i)
+                  for i in range(count)]
+        for i, (offset, meta_size, body_size) in enumerate(blocks):
+            _check_block(i, offset, meta_size, body_size, size)
+        return [_batch(_read(fd, offset, meta_size)) for offset, meta_size, _ in blocks]
     except (struct.error, IndexError) as exc:
         raise ValueError(f"a malformed Arrow IPC footer or message ({exc})") from exc
     finally:

@@ -436,11 +436,13 @@ def _wait(barrier: threading.Barrier) -> None:
 
 def _fresh(reduction: Reduction | None) -> Reduction | None:
     """An engine's own copy of ``reduction``: its fold kernel (built for its device) and its
-    partials."""
+    partials, which it does not fold itself (``Reduction.share``): ``run`` folds every
+    engine's partials once, in global block order."""
     if reduction is None:
         return None
     own = copy.copy(reduction)
     own.kernel, own.partials, own.indices = None, [], []
+    own.share = True
     return own
 
 

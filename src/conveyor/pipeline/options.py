@@ -63,9 +63,7 @@ class StreamOptions:
             memory_limit=size("memory_limit", memory_limit),
             halo=count("halo", halo, 0, "0 or more rows",
                        "an int of 0 or more (rows each side of a block)"),
-            workers=None if workers is None else count(
-                "workers", workers, 1, "at least 1",
-                "None (the default number) or an int of 1 or more (staging threads)"),
+            workers=None if workers is None else _workers(workers),
             args=scalar_args(args),
             reduce=reduce,
             zero_copy=None if zero_copy is None else flag("zero_copy", zero_copy),
@@ -108,6 +106,27 @@ def _first_row(value: Any) -> int:
                          f"offsets of other rows. Pass the row of the whole array that the "
                          f"inputs' row 0 is, within that range")
     return row
+
+
+#: The most staging threads a stream may ask for (``workers=``, ``--workers``). The pool
+#: starts a thread per piece copied at once (8 MiB pieces, at most 4 per worker and block),
+#: so an unbounded ``workers=99999999999`` was accepted and started one thread per 8 MiB of
+#: every block: about 2,000 for a 16 GiB block (29 for a 256 MiB one, against 3 by default
+#: on 4 cores). Past about 16, host memcpy gains nothing (stage.py: default_workers).
+MAX_WORKERS = 1024
+
+
+def _workers(value: Any) -> int:
+    """``workers=`` as an int from 1 to ``MAX_WORKERS``; InputError giving that range
+    otherwise (a larger number is refused, not capped: it is a mistake, not a wish)."""
+    accepted = (f"None (the default number) or an int from 1 to {MAX_WORKERS} (staging "
+                f"threads)")
+    number = count("workers", value, 1, "at least 1", accepted)
+    if number > MAX_WORKERS:
+        raise InputError(f"workers={value!r} is more staging threads than conveyor starts: "
+                         f"workers takes {accepted}; a few (the default: three per four cores, "
+                         f"at most 16) saturate host memory copies")
+    return number
 
 
 def count(name: str, value: Any, minimum: int, must: str, accepted: str) -> int:
@@ -202,7 +221,28 @@ def as_inputs(value: Any) -> list[Any]:
     list of one."""
     if value is None:
         raise InputError("inputs=None: inputs takes a list of arrays or files, e.g. [a, b]")
+    if isinstance(value, range) or (
+            isinstance(value, list | tuple) and len(value) > 1
+            and all(_is_number(item) for item in value)):
+        # A list of inputs, each a number: "input 0 is a scalar", which sent the caller to
+        # args= when the numbers were meant as one array. (One number alone, [3.5], is still
+        # "input 0 is a scalar: pass scalars in args=".)
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+        kind = "range" if isinstance(value, range) else type(value).__name__
+        raise InputError(
+            f"inputs={shown} is a {kind} of numbers, not an array: inputs is a list of "
+            f"arrays or files, so each number would be an input of its own. For one input "
+            f"holding these numbers pass an array: np.asarray(values, dtype)"
+            + (", or np.arange(start, stop, dtype=...)" if kind == "range" else "")
+            + ", e.g. inputs=[np.asarray(values, np.float32)]; scalar kernel arguments go in "
+              "args=")
     return _as_list(value)
+
+
+def _is_number(value: Any) -> bool:
+    """A Python or NumPy scalar number (a bool too), not an array."""
+    return isinstance(value, numbers.Number | np.generic) and not isinstance(
+        value, str | bytes | np.str_ | np.bytes_ | np.void)
 
 
 def as_outputs(value: Any) -> list[Any]:

@@ -363,13 +363,25 @@ def make_plan(
         # No more slots than blocks: depth=10**6 on a short stream held 781 MiB of slots
         # that no block would ever use.
         depth = min(depth, -(-rows // block_rows))
+    footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs, scratch_row_bytes,
+                                        partial_bytes, temp_row_bytes)
+    if halo > rows > 0 and ((halo > block_rows and rows > block_rows) or footprint > limit):
+        # halo=2**40 on 1000 rows was "more than a block (1 rows)": the blocks had shrunk to
+        # one row for the halo's sake, and a larger block_bytes was no help.
+        why = (f"blocks with that many rows on either side do not fit the memory limit of "
+               f"{total_limit} bytes" if footprint > limit else
+               f"more than a block ({block_rows} rows)")
+        raise InputError(
+            f"halo={halo} rows is more than the input's {rows} rows, and {why}: use a smaller "
+            f"halo (halo={rows} already reaches every row of the input from every block; the "
+            f"rows past its ends are the boundary's)"
+            + ("" if footprint > limit else ", or a block_bytes that holds the whole input")
+        )
     if halo and halo > block_rows and rows > block_rows:
         raise InputError(
             f"halo={halo} rows is more than a block ({block_rows} rows): "
             f"use a larger block_bytes or memory_limit, or a smaller halo"
         )
-    footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs, scratch_row_bytes,
-                                        partial_bytes, temp_row_bytes)
     if footprint > limit:
         raise InputError(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "

@@ -6,6 +6,9 @@ that buffer into a few thousand partials (``partials_for``), which alone cross t
 folds those. With a
 Python callable, the callable returns the block's partial and ``reduce`` may also be any
 function ``f(a, b) -> c`` (applied left to right over the blocks' partials, in block order).
+``reduce="sum"`` adds NumPy partials as ``np.sum`` would add them: bool and narrow integers
+widened to 64 bits (``widened``). Over several devices each engine keeps its partials and the
+stream folds them all once, in global block order (``Reduction.share``).
 """
 
 from __future__ import annotations
@@ -137,6 +140,8 @@ def combine(
     present = [p for p in partials if p is not None]
     if not present:
         return empty_sum(element, kernel=kernel) if op == "sum" else None
+    if op == "sum":
+        present = [widened(p) for p in present]
     try:
         return functools.reduce(combiner(op), present)
     except TypeError as exc:  # dict partials, say: np.add has no loop for them
@@ -147,6 +152,21 @@ def combine(
             f"reduce={op!r} cannot fold the callable's partials ({', '.join(kinds)}: {exc}): "
             f"return a number or a numeric array, or pass reduce=f, a function that folds "
             f"two partials") from exc
+
+
+def widened(partial: Any) -> Any:
+    """A NumPy partial of ``reduce="sum"`` in the type ``np.sum`` adds it in: bool and
+    integers narrower than 64 bits as int64 (uint64 for unsigned), as a NumPy sum of the
+    partials would. Added as they are, ``np.bool_`` partials were or-ed (``True + True`` is
+    ``True``: 20 blocks summed to True) and int8/int16/int32 ones wrapped around (int8 arrays
+    silently). Anything else (Python numbers, floats, dicts) is returned as it is."""
+    dtype = getattr(partial, "dtype", None)
+    if not isinstance(partial, np.ndarray | np.generic) or dtype is None:
+        return partial
+    if dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize < 8):
+        wider = np.dtype(np.uint64 if dtype.kind == "u" else np.int64)
+        return wider.type(partial) if isinstance(partial, np.generic) else partial.astype(wider)
+    return partial
 
 
 def empty_sum(element: np.dtype | None, *, kernel: bool) -> Any:
@@ -208,6 +228,11 @@ class Reduction:
         self.parts = 0
         self.partials: list[Any] = []
         self.indices: list[int] = []  # the block of each partial (several devices: merged)
+        #: One engine's share of a stream over several devices (multi._fresh): its partials
+        #: are merged in block order with the others' and folded once, there; folding this
+        #: share alone too would call a custom ``reduce=f`` on some partials twice (an ``f``
+        #: that adds into its first argument, ``a += b``, then counted blocks twice).
+        self.share = False
 
     @classmethod
     def make(cls, op: Any, element: np.dtype | None, fallback: np.dtype, elements: int,
@@ -287,6 +312,9 @@ class Reduction:
         self.partials.append(fold_partials(str(self.op), values, has))
 
     def result(self) -> Any:
-        """The combined result of every block's partial."""
+        """The combined result of every block's partial (None for one engine's share of a
+        stream over several devices: the stream folds every share's partials once)."""
+        if self.share:
+            return None
         return combine(self.op, self.partials, self.element or self.fallback,
                        kernel=self.element is not None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array as pyarray
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -157,10 +158,15 @@ def _check_mask(value: Any, what: str, fix: str) -> None:
     """InputError for a masked array with masked elements: conveyor streams the values under
     the mask as well (np.ma would leave them out of a sum), and an output's mask would hide
     what the stream wrote there."""
-    if isinstance(value, np.ma.MaskedArray) and np.ma.getmask(value) is not np.ma.nomask \
-            and bool(np.ma.getmask(value).any()):
+    # No masked array exists before numpy.ma is imported, and importing it for the check
+    # was half of a first stream's set-up once conveyor was byte-compiled (bench/NOTES.md,
+    # session 11): look only when it is there.
+    ma = sys.modules.get("numpy.ma")
+    if ma is None or not isinstance(value, ma.MaskedArray):
+        return
+    if ma.getmask(value) is not ma.nomask and bool(ma.getmask(value).any()):
         raise InputError(
-            f"{what} is a masked array with {int(np.ma.count_masked(value))} masked elements: "
+            f"{what} is a masked array with {int(ma.count_masked(value))} masked elements: "
             f"conveyor streams every value, the masked ones too (np.ma leaves them out), and "
             f"does not touch a mask: {fix}, and mask the result yourself")
 
@@ -270,15 +276,15 @@ def check_kernel(
             f"kernel {kernel.name!r} takes {len(params)} parameters; this stream passes "
             f"{expected}: {len(inputs)} inputs, {what}{len(args)} args, then offset and n"
         )
-    arrays: list[tuple[str, np.dtype | None]] = [
-        (f"input {i}", a.dtype) for i, a in enumerate(inputs)
+    arrays: list[tuple[str, np.dtype | None, Any]] = [
+        (f"input {i}", a.dtype, a) for i, a in enumerate(inputs)
     ]
-    arrays += [(f"output {i}", a.dtype) for i, a in enumerate(outputs)]
+    arrays += [(f"output {i}", a.dtype, None) for i, a in enumerate(outputs)]
     if reduce is not None:
-        arrays.append(("the per-element reduce buffer", None))
-    for index, (param, (what, dtype)) in enumerate(zip(params, arrays, strict=False)):
+        arrays.append(("the per-element reduce buffer", None, None))
+    for index, (param, (what, dtype, given)) in enumerate(zip(params, arrays, strict=False)):
         if index not in images:
-            check_buffer(kernel.name, param, what, dtype, kernel.source)
+            check_buffer(kernel.name, param, what, dtype, kernel.source, given)
     check_args(params[buffers:], args)
     for param in params[buffers + len(args):]:
         if param.is_pointer:
@@ -313,9 +319,32 @@ def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
                 raise InputError(
                     f"{kind} {index} ({array.name}) has dtype "
                     f"{dtype if dtype.names else dtype.str}, not in this machine's byte "
-                    f"order, which a Python callable's device arrays need: pass "
-                    f"a.astype(a.dtype.newbyteorder('='))"
+                    f"order, which a Python callable's device arrays need: "
+                    f"{native_order_fix(array if kind == 'input' else None, dtype)}"
                 )
+
+
+def native_order_fix(source: Any, dtype: np.dtype) -> str:
+    """What to do about ``dtype``, not in this machine's byte order, of input ``source`` (a
+    Source, or None for an array): convert the array, or, for a file given by path (whose
+    array the caller never held, so ``a.astype(...)`` said nothing to do), rewrite it."""
+    from conveyor.pipeline.io import FileSource
+
+    if not isinstance(source, FileSource):
+        return "pass a.astype(a.dtype.newbyteorder('='))"
+    path = str(source.path)
+    native = dtype.newbyteorder("=")
+    if source.is_npy:
+        if dtype.names:
+            return (f"rewrite the file in this machine's byte order: a = np.load({path!r}); "
+                    f"np.save({path!r}, a.astype(a.dtype.newbyteorder('=')))")
+        return (f"rewrite the file in this machine's byte order: np.save({path!r}, "
+                f"np.load({path!r}).astype({native.str!r}))")
+    offset = f", offset={source.offset}" if source.offset else ""
+    shape = f".reshape({source.shape})" if len(source.shape) > 1 else ""
+    return (f"write its values in this machine's byte order to a .npy file and pass that: "
+            f"np.save('native.npy', np.fromfile({path!r}, {dtype.str!r}{offset})"
+            f"{shape}.astype({native.str!r}))")
 
 
 def check_args(params: Sequence[Param], args: Sequence[Any]) -> None:
@@ -349,10 +378,12 @@ def check_count(param: Param) -> None:
 
 
 def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
-                 source: str | None = None) -> None:
+                 source: str | None = None, given: Any = None) -> None:
     """``param`` receives ``what`` (an input or output of ``dtype``, or the reduce buffer).
     ``source``, the kernel's source, tells whether a structured dtype may be packed (see
-    :func:`check_struct`); without it, a structured dtype's layout is not checked."""
+    :func:`check_struct`); without it, a structured dtype's layout is not checked. ``given``
+    is the input's Source, for what a message says to do (a file is rewritten, not
+    converted with ``a.astype``)."""
     if not param.is_pointer:
         raise InputError(
             f"kernel parameter {param.name!r} ({param.type_text}) receives {what}, so it "
@@ -380,7 +411,8 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
     if param.dtype is None:
         if dtype.kind == "V":  # a structured array for a struct pointer: its layout only
             check_struct(f"kernel parameter {param.name!r} ({param.type_text}), which "
-                         f"receives {what},", dtype, source, param.base)
+                         f"receives {what},", dtype, source, param.base,
+                         native_order_fix(given, dtype))
             return
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot check "
@@ -390,8 +422,8 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
     if param.dtype != dtype and param.dtype == dtype.newbyteorder("="):
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
-            f"{dtype.str}, not in this machine's byte order (kernels read native order): pass "
-            f"a.astype(a.dtype.newbyteorder('='))"
+            f"{dtype.str}, not in this machine's byte order (kernels read native order): "
+            f"{native_order_fix(given, dtype)}"
         )
     if param.dtype != dtype:
         # Suggest a C declaration only for a dtype that has one (not datetime64, structured).
@@ -403,20 +435,22 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
         )
 
 
-def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "") -> None:
+def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "",
+                 fix: str | None = None) -> None:
     """InputError when structured ``dtype`` (records for a pointer to struct ``type_name``,
     which ``where`` names) has a field not in this machine's byte order (a kernel reads its
     struct's members in native order: every value would come byte-swapped), or is not laid out
     as C lays out that struct in ``source`` (pipeline/structs.py: check_struct; not judged
-    without the source)."""
+    without the source). ``fix`` says what to do about the byte order (default: convert the
+    array; see :func:`native_order_fix`)."""
     swapped = _swapped_field(dtype)
     if swapped is not None:
         field, ftype = swapped
         raise InputError(
             f"{where} has structured dtype {dtype}, whose field {field!r} is {ftype.str}, not "
             f"in this machine's byte order: the kernel reads its struct's members in native "
-            f"order, so every value would come byte-swapped: pass "
-            f"a.astype(a.dtype.newbyteorder('=')) (same fields, same offsets)")
+            f"order, so every value would come byte-swapped: "
+            f"{fix or native_order_fix(None, dtype)} (same fields, same offsets)")
     if source is not None:
         _check_layout(where, dtype, source, type_name)
 
