@@ -192,13 +192,14 @@ def test_a_range_or_list_of_numbers_as_inputs_says_to_pass_an_array(device):
 def test_a_ulong_argument_past_its_range_names_the_range(device):
     sten = kernel(device, "sten")
     x = np.ones((100, 3), np.float32)
+    # The type as the backend spells it: "ulong" (OpenCL), "unsigned long long" (CUDA).
     with pytest.raises(cv.InputError, match=r"18446744073709551616 cannot be passed as kernel "
-                                            r"parameter 'halo' \(ulong halo\): it does not fit: "
-                                            r"it is out of range for ulong \(uint64: 0 to "
-                                            r"18446744073709551615 = 2\*\*64-1\)"):
+                                            r"parameter 'halo' \([a-z ]+ halo\): it does not "
+                                            r"fit: it is out of range for [a-z ]+ \(uint64: 0 "
+                                            r"to 18446744073709551615 = 2\*\*64-1\)"):
         # Was "it does not fit (Python int too large to convert to C long)".
         cv.stream(sten, [x], [np.float32], args=(3, 2**64), device=device)
-    with pytest.raises(cv.InputError, match=r"out of range for ulong \(uint64: 0 to "):
+    with pytest.raises(cv.InputError, match=r"out of range for [a-z ]+ \(uint64: 0 to "):
         cv.stream(sten, [x], [np.float32], args=(-1, 0), device=device)
     long_k = Param("k", False, np.dtype(np.int64), False, "long k", base="long")
     with pytest.raises(cv.InputError, match=r"out of range for long \(int64: "
@@ -277,10 +278,12 @@ def test_a_big_endian_file_is_told_how_to_rewrite_it(device, tmp_path, capsys):
                                             r"machine's byte order: a = np\.load\("):
         cv.stream(rec_sum, [str(tmp_path / "rec.npy")], [np.float32], device=device)
     # The command adds the option that converts as it reads.
-    (tmp_path / "k.cl").write_text(
+    # Portable text, named as the command tells the language: .cu for a CUDA device.
+    kernel_file = tmp_path / ("k.cu" if device.backend == "cuda" else "k.cl")
+    kernel_file.write_text(cv.portable(
         "__kernel void ident(__global const float *x, __global float *y, ulong offset,\n"
-        "                    ulong n) { ulong i = get_global_id(0); if (i < n) y[i] = x[i]; }\n")
-    code = main(["map", str(tmp_path / "k.cl"), "--kernel", "ident", "-i", str(path), "-o",
+        "                    ulong n) { ulong i = get_global_id(0); if (i < n) y[i] = x[i]; }\n"))
+    code = main(["map", str(kernel_file), "--kernel", "ident", "-i", str(path), "-o",
                  str(tmp_path / "y.npy"), "--device", device.spec, "-q"])
     err = capsys.readouterr().err
     assert code != 0 and "add --cast x:float32 (it converts the values as they are read), " \
