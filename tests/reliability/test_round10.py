@@ -186,3 +186,20 @@ def test_guard_kernel_sums_and_extremes_near_the_limits_are_numpys(pair, dtype):
             got = cv.stream(kernel(pair[0], "ident", dtype), [x], reduce=op, device=pair,
                             block_bytes=4000).result
         assert got == want and got.dtype == want.dtype, (op, got, want)
+
+
+def test_a_partial_returned_in_one_reused_buffer_is_kept_per_block(device):
+    """A callable that fills one buffer for every block and returns it: every partial was
+    that one array, and the sum came out as the last block's values times the blocks."""
+    x = np.arange(20_000, dtype=np.float32)
+    buf = np.zeros(2, np.float64)
+
+    def first_and_sum(a, queue, offset, n):
+        host = to_host(a, queue)
+        buf[0], buf[1] = host[0], host.astype(np.float64).sum()
+        return buf  # the same object every block
+
+    for reduce in ("sum", lambda p, q: p + q):
+        report = cv.stream(first_and_sum, [x], reduce=reduce, device=device, block_bytes=4000)
+        assert report.blocks == 20
+        assert report.result.tolist() == [float(x[::1000].sum()), float(x.sum(dtype=np.float64))]

@@ -120,8 +120,8 @@ def stream(
     one block of the widest array) or from ``memory_limit`` (default: half the device's global
     memory), never exceeding it. ``zero_copy`` (default: on where the device shares memory with
     the host and ``halo`` is 0) uses blocks in place instead of copying them. ``workers`` sets
-    the staging threads (default: three per four cores, at most 16; 1 to 1024). ``progress=True`` shows
-    a progress bar. ``trace`` names a Chrome-trace JSON file to write.
+    the staging threads (1 to 1024; default: three per four cores, at most 16).
+    ``progress=True`` shows a progress bar. ``trace`` names a Chrome-trace JSON file to write.
 
     ``strict=True`` (default: ``CONVEYOR_STRICT``, else off) raises HazardError when something
     on the hot path would silently block: a pageable host array handed to an async copy, a
