@@ -238,6 +238,10 @@ def test_dask_map_blocks_refuses_what_no_chunk_can_stream_on_the_client(device):
     for call in (cvd.map_blocks, cvd.reduce):
         with pytest.raises(InputError, match="unknown length along axis 1"):
             call(compute, filtered)  # before: dask's bare ValueError
+    for call in (cvd.map_blocks, cvd.reduce):
+        for bad in ({"workers": 10**11}, {"depth": 0}, {"block_bytes": "lots"}):
+            with pytest.raises(InputError):
+                call(compute, x, **bad)  # guard: options are checked on the client
 
 
 # -- an output over the process's file-size limit ------------------------------------------------
