@@ -68,3 +68,15 @@ def next_stream_right(device: cv.Device) -> None:
               block_bytes=3 * 4 * 300)
     np.testing.assert_array_equal(y, stencil_reference(x, 1))
     assert in_use(device) == (0, 0)
+
+
+_compiled: dict[tuple[int, str, str], cv.Kernel] = {}
+
+
+def compiled(device: cv.Device, source: str, name: str) -> cv.Kernel:
+    """``device.compile(cv.portable(source), name)``, built once per device, source and name
+    (a kernel of a closed device that left its id to a new one is built again)."""
+    key = (id(device), source, name)
+    if key not in _compiled or _compiled[key].device is not device:
+        _compiled[key] = device.compile(cv.portable(source), name)
+    return _compiled[key]

@@ -29,7 +29,6 @@ sum and does not overflow; an int64 sum wraps around as NumPy's does).
 
 from __future__ import annotations
 
-import gc
 import sys
 import warnings
 from pathlib import Path
@@ -39,20 +38,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
 from reliakit import data, kernel, store, to_host  # noqa: E402
-from test_multi import two_devices  # noqa: E402
 
 import conveyor as cv  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """Two devices of one backend (PoCL's two here), else an OpenCL device and a second
-    context on it (tests/pipeline/test_multi.py)."""
-    first, second, made = two_devices()
-    yield [first, second]
-    if made is not None:
-        gc.collect()
-        made.close()
 
 
 # -- 1. a custom reduce that adds into its first argument, over two devices --------------------

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import Boom, assert_clean, kernel  # noqa: E402
+from reliakit import Boom, assert_clean, compiled, kernel  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.kernels.portable import portable  # noqa: E402
@@ -65,14 +65,7 @@ __kernel void rec_lut(__global const float *x, __global float *y, __global const
 #: The same kernel over a struct its source declares packed: NumPy's packed layout is right.
 _PACKED = _STRUCT.replace("typedef struct {", "typedef struct __attribute__((packed)) {")
 
-_built: dict[tuple[int, str, str], cv.Kernel] = {}
-
-
-def _kernel(device: cv.Device, source: str, name: str) -> cv.Kernel:
-    key = (id(device), source, name)
-    if key not in _built:
-        _built[key] = device.compile(portable(source), name)
-    return _built[key]
+_kernel = compiled  # reliakit: built once per device, source and name
 
 
 def _chunks(*parts):

@@ -25,10 +25,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, kernel  # noqa: E402
+from reliakit import assert_clean, compiled, kernel  # noqa: E402
 
 import conveyor as cv  # noqa: E402
-from conveyor.kernels.portable import portable  # noqa: E402
 
 _STRUCT = """
 typedef struct { int a; float b; } rec;
@@ -47,14 +46,7 @@ __kernel void rec_make(__global const float *x, __global rec *r, ulong offset, u
 }
 """
 
-_built: dict[tuple[int, str, str], cv.Kernel] = {}
-
-
-def _kernel(device: cv.Device, source: str, name: str) -> cv.Kernel:
-    key = (id(device), source, name)
-    if key not in _built:
-        _built[key] = device.compile(portable(source), name)
-    return _built[key]
+_kernel = compiled  # reliakit: built once per device, source and name
 
 
 def test_big_endian_record_fields_for_a_c_struct_are_refused(device):

@@ -44,6 +44,9 @@ from conveyor.cli import main
 from conveyor.errors import InputError
 from conveyor.kernels.portable import portable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
+from reliakit import compiled  # noqa: E402
+
 SRC = str(Path(cv.__file__).resolve().parents[1])  # the conveyor under test, for children
 
 TWICE = """__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
@@ -66,14 +69,7 @@ TWO = """__kernel void two(__global const float *x, __global float *y, __global 
 }
 """
 
-_built: dict[tuple[int, str, str], cv.Kernel] = {}
-
-
-def _kernel(device: cv.Device, source: str, name: str) -> cv.Kernel:
-    key = (id(device), source, name)
-    if key not in _built:
-        _built[key] = device.compile(portable(source), name)
-    return _built[key]
+_kernel = compiled  # reliakit: built once per device, source and name
 
 
 def _leftovers(folder: Path) -> list[str]:

@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -33,8 +32,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import Boom, assert_clean, kernel, store, to_host  # noqa: E402
-from test_multi import two_devices  # noqa: E402
+from reliakit import Boom, assert_clean, compiled, kernel, store, to_host  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.memory import hostmem  # noqa: E402
@@ -61,25 +59,9 @@ __kernel void twice(__global const float *x, __global float *y, ulong offset, ul
 }
 """
 
-_built: dict[tuple[int, str, str], cv.Kernel] = {}
+_kernel = compiled  # reliakit: built once per device, source and name
 
 
-def _kernel(device: cv.Device, source: str, name: str) -> cv.Kernel:
-    key = (id(device), source, name)
-    if key not in _built or _built[key].device is not device:
-        _built[key] = device.compile(cv.portable(source), name)
-    return _built[key]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """Two devices of one backend (PoCL's two here), else an OpenCL device and a second
-    context on it (tests/pipeline/test_multi.py)."""
-    first, second, made = two_devices()
-    yield [first, second]
-    if made is not None:
-        gc.collect()
-        made.close()
 
 
 # -- 1. a generator left suspended by a failed stream ---------------------------------------

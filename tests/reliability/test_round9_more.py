@@ -32,22 +32,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, kernel  # noqa: E402
+from reliakit import assert_clean, compiled, kernel  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.cli import main  # noqa: E402
 from conveyor.kernels.argcast import cast_scalar  # noqa: E402
-from conveyor.kernels.portable import portable  # noqa: E402
 from conveyor.kernels.signature import Param  # noqa: E402
 
-_built: dict[tuple[int, str, str], cv.Kernel] = {}
-
-
-def _kernel(device: cv.Device, source: str, name: str) -> cv.Kernel:
-    key = (id(device), source, name)
-    if key not in _built:
-        _built[key] = device.compile(portable(source), name)
-    return _built[key]
+_kernel = compiled  # reliakit: built once per device, source and name
 
 
 # -- 1. cv.iterate chunks of an ndarray subclass (guard) ------------------------------------

@@ -146,6 +146,13 @@ class FileSource(Source):
         finally:
             self._let_go()
 
+    def begin(self) -> None:
+        """Open the file as its stream begins, so its size and time are stamped before any
+        input is read: stamped at the first read, a rewrite made before it (by another
+        input's reader, a few blocks ahead) went unseen. Closed by :meth:`close`."""
+        self._hold()
+        self._let_go()
+
     def _check_not_rewritten(self, fd: int) -> None:
         """InputError if the open file's size or modification time is not what it was when it
         was opened: another program wrote or truncated it while this stream read it, so the

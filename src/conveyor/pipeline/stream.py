@@ -16,7 +16,7 @@ from conveyor.memory import hostmem
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.engine import Compute, Engine
-from conveyor.pipeline.io import ArraySource, Source, as_source
+from conveyor.pipeline.io import ArraySource, FileSource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs, flag
 from conveyor.pipeline.plan import Plan, make_plan
 from conveyor.pipeline.reduce import Reduction
@@ -210,6 +210,9 @@ def stream(
                 for i, o in enumerate(outputs or ())
             ]
             _check_files(sources, sinks, compute)
+            for source in sources:
+                if isinstance(source, FileSource):
+                    source.begin()  # stamped now: a rewrite during the stream is seen
             validate.check_widths(sources, sinks)
             if trace is not None:
                 _check_trace(trace, sources, sinks)
