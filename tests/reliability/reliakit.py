@@ -80,3 +80,25 @@ def compiled(device: cv.Device, source: str, name: str) -> cv.Kernel:
     if key not in _compiled or _compiled[key].device is not device:
         _compiled[key] = device.compile(cv.portable(source), name)
     return _compiled[key]
+
+
+def rec_kernels(member: str) -> str:
+    """Kernels over ``typedef struct { <member> a; float b; } rec;`` (the typedef on the
+    source's second line): ``rec_sum`` (y = a + b), ``rec_lut`` (x plus a 4-record table's a +
+    b) and ``rec_make`` (records from x: a = x, b = x / 2)."""
+    return f"""
+typedef struct {{ {member} a; float b; }} rec;
+__kernel void rec_sum(__global const rec *r, __global float *y, ulong offset, ulong n) {{
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = (float)r[i].a + r[i].b;
+}}
+__kernel void rec_lut(__global const float *x, __global float *y, __global const rec *t,
+                      ulong offset, ulong n) {{
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = x[i] + (float)t[i % 4].a + t[i % 4].b;
+}}
+__kernel void rec_make(__global const float *x, __global rec *r, ulong offset, ulong n) {{
+    ulong i = get_global_id(0);
+    if (i < n) {{ r[i].a = ({member})x[i]; r[i].b = x[i] * 0.5f; }}
+}}
+"""

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import Boom, assert_clean, compiled, kernel  # noqa: E402
+from reliakit import Boom, assert_clean, compiled, kernel, rec_kernels  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.kernels.portable import portable  # noqa: E402
@@ -49,18 +49,7 @@ __kernel void lut(__global const float *x, __global float *y, __global const flo
 }
 """
 
-_STRUCT = """
-typedef struct { uchar a; float b; } rec;
-__kernel void rec_sum(__global const rec *r, __global float *y, ulong offset, ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) y[i] = (float)r[i].a + r[i].b;
-}
-__kernel void rec_lut(__global const float *x, __global float *y, __global const rec *t,
-                      ulong offset, ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) y[i] = x[i] + (float)t[i % 4].a + t[i % 4].b;
-}
-"""
+_STRUCT = rec_kernels("uchar")
 
 #: The same kernel over a struct its source declares packed: NumPy's packed layout is right.
 _PACKED = _STRUCT.replace("typedef struct {", "typedef struct __attribute__((packed)) {")

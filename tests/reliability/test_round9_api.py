@@ -25,26 +25,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, compiled, kernel  # noqa: E402
+from reliakit import assert_clean, compiled, kernel, rec_kernels  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 
-_STRUCT = """
-typedef struct { int a; float b; } rec;
-__kernel void rec_sum(__global const rec *r, __global float *y, ulong offset, ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) y[i] = (float)r[i].a + r[i].b;
-}
-__kernel void rec_lut(__global const float *x, __global float *y, __global const rec *t,
-                      ulong offset, ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) y[i] = x[i] + (float)t[i % 4].a + t[i % 4].b;
-}
-__kernel void rec_make(__global const float *x, __global rec *r, ulong offset, ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) { r[i].a = (int)x[i]; r[i].b = x[i] * 0.5f; }
-}
-"""
+_STRUCT = rec_kernels("int")
 
 _kernel = compiled  # reliakit: built once per device, source and name
 

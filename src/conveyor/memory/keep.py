@@ -165,7 +165,7 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
             found.doomed = False
             _kept.move_to_end(key)
             return True
-        if not _overlaps_kept(device, array) and device.page_locked(array):
+        if locked_elsewhere(device, array):  # _lock is reentrant
             return True  # page-locked by another library or the caller: copied directly
         if array.nbytes > budget() or not _fit(array.nbytes):
             return False
