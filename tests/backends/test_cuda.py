@@ -592,3 +592,37 @@ def test_keep_pinned_of_memory_locked_elsewhere_registers_nothing(dev):
         assert keep.kept_bytes() == before  # nothing registered, nothing counted
     finally:
         foreign.close()
+
+
+@pytest.mark.gpu
+def test_memory_registered_read_only_is_staged_as_an_output(dev):
+    """An output the caller registered read-only with the driver went direct, and the copy
+    failed with ``cuMemcpyDtoHAsync: invalid argument`` (round nine): such memory is an input
+    the device copies directly, and an output staged like pageable memory."""
+    from conveyor.backends.cuda_driver import driver
+
+    n = 1 << 18
+    out = np.zeros(n + 1024, np.float32)[1024:]  # a host range of its own to register
+    dev._current()
+    (err,) = driver.cuMemHostRegister(out.ctypes.data, out.nbytes, 0x08)  # READ_ONLY
+    if int(err) != 0:
+        pytest.skip(f"cuMemHostRegister(READ_ONLY) refused here: {err}")
+    try:
+        assert dev.page_locked(out) and not dev.page_locked(out, written=True)
+        foreign = _DriverPinned(dev, 1 << 10)
+        try:
+            assert dev.page_locked(foreign.array, written=True)  # cuMemHostAlloc: writable
+        finally:
+            foreign.close()
+        a = np.arange(n, dtype=np.float32)
+        kernel = dev.compile(cv.portable("""
+__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = 2 * x[i];
+}"""), "twice")
+        report = cv.stream(kernel, [a], [out], device=dev, block_bytes=2**18)
+        assert np.array_equal(out, 2 * a)
+        assert "stage-out" in report.timeline.lanes
+    finally:
+        (err,) = driver.cuMemHostUnregister(out.ctypes.data)
+        assert int(err) == 0, err

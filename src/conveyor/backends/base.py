@@ -342,11 +342,13 @@ class Device(Closeable, ABC):
         devices)."""
         return other is self or (self.portable_pinned and other.backend == self.backend)
 
-    def page_locked(self, array: np.ndarray) -> bool:
+    def page_locked(self, array: np.ndarray, *, written: bool = False) -> bool:
         """True when the driver says all of ``array``'s memory is page-locked host memory this
         device copies directly: memory conveyor did not allocate, such as CuPy's
         ``cupyx.empty_pinned``, PyTorch's ``pin_memory()`` or a range the caller registered
-        with the driver. False where the backend cannot tell (OpenCL has no such query)."""
+        with the driver; with ``written``, also that the device may write it (a range
+        registered read-only may not). False where the backend cannot tell (OpenCL has no
+        such query)."""
         return False
 
     @property

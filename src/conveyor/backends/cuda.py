@@ -63,6 +63,7 @@ _REGISTER_READ_ONLY = 0x08
 #: threads (memory/hostmem.py) instead of calling cuMemHostAlloc (``CONVEYOR_PINNED_ALLOC``).
 _REGISTER_MIN_BYTES = 4 * 2**20
 _MEMORYTYPE_HOST = 1  # CU_MEMORYTYPE_HOST
+_ACCESS_READWRITE = 3  # CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
 
 
 def _free_device(ptr: int) -> None:
@@ -537,14 +538,16 @@ class Device(base.Device):
         if int(ctx) != self._context_address:
             _check(driver.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
 
-    def page_locked(self, array: np.ndarray) -> bool:
+    def page_locked(self, array: np.ndarray, *, written: bool = False) -> bool:
         if not isinstance(array, np.ndarray) or not array.nbytes or not array.flags.c_contiguous:
             return False
         self._current()  # the driver answers for the calling thread's context
-        return self._is_pinned(_host_pointer(array, "page_locked"), array.nbytes)
+        return self._is_pinned(_host_pointer(array, "page_locked"), array.nbytes, written)
 
-    def _is_pinned(self, host: int, nbytes: int) -> bool:
-        """True when the whole host range is page-locked (allocated or registered).
+    def _is_pinned(self, host: int, nbytes: int, written: bool = False) -> bool:
+        """True when the whole host range is page-locked (allocated or registered) and, with
+        ``written``, writable by the device (``cuMemHostRegister(READ_ONLY)`` memory is not:
+        a copy into it fails with "invalid argument").
 
         Ranges inside conveyor's own pinned buffers (the staging rings) are known without
         asking the driver: two driver calls fewer per copy, each of which gives up the GIL.
@@ -558,6 +561,11 @@ class Device(base.Device):
             for address in (host, host + nbytes - 1):
                 err, kind = driver.cuPointerGetAttribute(attribute, address)
                 if int(err) != 0 or int(kind) != _MEMORYTYPE_HOST:
+                    return False
+            if written:
+                access = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_ACCESS_FLAGS
+                err, flags = driver.cuPointerGetAttribute(access, host)
+                if int(err) != 0 or int(flags) != _ACCESS_READWRITE:
                     return False
         except Exception:  # unknown to the driver: treat it as pageable (always correct)
             return False

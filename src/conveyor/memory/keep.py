@@ -270,15 +270,16 @@ def find(device: Device, array: np.ndarray, *, written: bool = False) -> Kept | 
     return None
 
 
-def locked_elsewhere(device: Device, array: np.ndarray) -> bool:
+def locked_elsewhere(device: Device, array: np.ndarray, *, written: bool = False) -> bool:
     """True when ``array`` is page-locked memory that neither conveyor's pools nor its kept
     arrays hold (CuPy's or PyTorch's pinned memory, a range the caller registered): the
-    device copies it directly. Memory of a kept array is left to :func:`hold`, which decides
-    whether a stream may write it and holds it while the stream runs."""
+    device copies it directly; with ``written`` (an output), only where the device may write
+    it. Memory of a kept array is left to :func:`hold`, which decides whether a stream may
+    write it and holds it while the stream runs."""
     with _lock:
         if _overlaps_kept(device, array):
             return False
-    return device.page_locked(array)
+    return device.page_locked(array, written=written)
 
 
 def _overlaps_kept(device: Device, array: np.ndarray) -> bool:

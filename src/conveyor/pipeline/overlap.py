@@ -13,11 +13,14 @@ A chain run in place is exact only while every link reads the input before the o
 that is the same array is written: ``read_after_written`` names the links that read it
 later, and such a stream copies instead of using the arrays in place (zero-copy).
 
-Memory is compared with ``np.shares_memory``. Two memory maps of one file have different
-addresses, so arrays backed by a file (``np.memmap``, ``np.load(mmap_mode=)``) and file inputs
-(``cv.npy``, ``cv.raw``) are compared by file and byte range too (the mapping's file and offset
-come from ``/proc/self/maps``; without it, on other systems, only memory is compared). File
-outputs never overlap anything: they are written into a temporary file renamed at the end.
+Memory is compared with ``np.shares_memory``, its search bounded (``MAX_WORK``): for
+views of many strided dimensions the exact answer is a knapsack problem that can take
+minutes, so an overlap that the bounded search cannot rule out is refused too. Two memory
+maps of one file have different addresses, so arrays backed by a file (``np.memmap``,
+``np.load(mmap_mode=)``) and file inputs (``cv.npy``, ``cv.raw``) are compared by file and
+byte range too (the mapping's file and offset come from ``/proc/self/maps``; without it, on
+other systems, only memory is compared). File outputs never overlap anything: they are
+written into a temporary file renamed at the end.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from numpy.lib.array_utils import byte_bounds
 from conveyor.errors import InputError
 from conveyor.pipeline.io import ArraySource, FileSource, Source
 from conveyor.pipeline.sinks import ArraySink, Sink
+
+#: How hard ``np.shares_memory`` may search (its ``max_work``): about 0.05 s for two arrays.
+#: Only views of many strided dimensions whose byte ranges interleave need more.
+MAX_WORK = 1_000_000
 
 #: (st_dev, st_ino, first byte, end byte) of a file range.
 FileRange = tuple[int, int, int, int]
@@ -72,11 +79,13 @@ def in_place_pairs(sources: Sequence[Source], sinks: Sequence[Sink]
     for j, first in enumerate(outputs):
         for k in range(j + 1, len(outputs)):
             second = outputs[k]
-            if first is not None and second is not None and _relation(first, second) != "apart":
+            relation = "apart" if first is None or second is None else _relation(first, second)
+            if relation != "apart":
                 raise InputError(
-                    f"outputs {j} and {k} share memory: each block's copy of one would "
+                    f"outputs {j} and {k} {_SHARE[relation]}: each block's copy of one would "
                     f"overwrite rows of the other, so the result would depend on the order "
-                    f"of the copies. Pass a separate array for each output"
+                    f"of the copies. {_UNDECIDED if relation == 'undecided' else ''}"
+                    f"Pass a separate array for each output"
                 )
     in_place: set[tuple[int, int]] = set()
     for i, source in enumerate(inputs):
@@ -94,6 +103,12 @@ def in_place_pairs(sources: Sequence[Source], sinks: Sequence[Sink]
                     f"(inputs=[x.copy()]) or a separate output array; the very same array as "
                     f"input and output (in place) is fine"
                 )
+            elif relation == "undecided":
+                raise InputError(
+                    f"input {i} and output {j} {_SHARE[relation]}: blocks might read rows "
+                    f"that earlier blocks have already overwritten. {_UNDECIDED}Pass a copy "
+                    f"of the input (inputs=[x.copy()]) or a separate output array"
+                )
     return frozenset(in_place)
 
 
@@ -106,12 +121,14 @@ def check_tables(tables: Sequence[tuple[str, np.ndarray]], sinks: Sequence[Sink]
                if isinstance(s, ArraySink) and s.array.nbytes]
     for t, (name, table) in enumerate(tables):
         for other, array in outputs + list(tables[t + 1:]):
-            if np.shares_memory(table, array):
+            shared = _shares(table, array)
+            if shared is not False:
+                says, why = ("shares memory", "") if shared else ("may share memory", _UNDECIDED)
                 raise InputError(
-                    f"{name} is a cv.resident(..., writable=True) table that shares memory "
+                    f"{name} is a cv.resident(..., writable=True) table that {says} "
                     f"with {other}: the table is copied back into its array after the "
-                    f"stream, over what the stream wrote there. Pass a separate array for "
-                    f"each")
+                    f"stream, over what the stream wrote there. {why}Pass a separate array "
+                    f"for each")
 
 
 def read_after_written(compute: object, pairs: frozenset[tuple[int, int]]) -> list[str]:
@@ -157,8 +174,10 @@ def _relation(a: _Region, b: _Region) -> str:
                 and a.array.nbytes == b.array.nbytes
                 and _address(a.array) == _address(b.array)):
             return "same"
-        # Exact: an output is one contiguous range, so the search stays small.
-        if np.shares_memory(a.array, b.array):
+        shared = _shares(a.array, b.array)
+        if shared is None:
+            return "undecided"
+        if shared:
             return "partial"
     if a.file is not None and b.file is not None and a.file[:2] == b.file[:2]:
         if a.file[2] < b.file[3] and b.file[2] < a.file[3]:
@@ -166,6 +185,26 @@ def _relation(a: _Region, b: _Region) -> str:
                 return "same"
             return "partial"
     return "apart"
+
+
+#: How a relation other than "apart" reads in messages.
+_SHARE = {
+    "same": "share memory", "partial": "share memory",
+    "undecided": "may share memory",
+}
+
+#: Why an overlap was not decided, for messages.
+_UNDECIDED = ("Their bytes interleave, and their strided dimensions are too many to rule out a "
+              "shared byte in a bounded search. ")
+
+
+def _shares(a: np.ndarray, b: np.ndarray) -> bool | None:
+    """Whether ``a`` and ``b`` share a byte; None where ``MAX_WORK`` did not decide it."""
+    try:
+        # NumPy's stubs allow only -1 and 0; any positive bound works at run time.
+        return bool(np.shares_memory(a, b, max_work=MAX_WORK))  # type: ignore[arg-type]
+    except np.exceptions.TooHardError:
+        return None
 
 
 def _address(array: np.ndarray) -> int:

@@ -284,6 +284,7 @@ def _locked_elsewhere(end: Source | Sink, device: Device) -> bool:
     ``locked_elsewhere``); an output also needs it writeable."""
     if not isinstance(end, ArraySource | ArraySink) or not end.array.flags.c_contiguous:
         return False
-    if isinstance(end, ArraySink) and not end.array.flags.writeable:
+    written = isinstance(end, ArraySink)
+    if written and not end.array.flags.writeable:
         return False
-    return keep.locked_elsewhere(device, end.array)
+    return keep.locked_elsewhere(device, end.array, written=written)
