@@ -164,6 +164,10 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
             # the stream let go of the first, and never closed.
             found.doomed = False
             _kept.move_to_end(key)
+            if found.finalizer is None or not found.finalizer.alive:
+                # The array it was kept through died while a stream held it: this one's
+                # death releases it now.
+                found.finalizer = weakref.finalize(_owner(array), _forget, key)
             return True
         if locked_elsewhere(device, array):  # _lock is reentrant
             return True  # page-locked by another library or the caller: copied directly
@@ -208,14 +212,23 @@ def _fit(more: int) -> bool:
 
 
 def _forget(key: tuple[int, int, int]) -> None:
-    """The array was freed: release its registration (weakref callback)."""
+    """The array was freed: release its registration (weakref callback). One a running
+    stream holds is released when the stream lets go: that stream reads the same memory
+    through another array (``np.frombuffer`` twice, views of one shared buffer), which keeps
+    the memory alive, and its later blocks would otherwise fall back to pageable copies, or
+    on CUDA copy from memory unregistered under them."""
     with _lock:
-        kept = _kept.pop(key, None)
-    if kept is not None:
-        try:
-            kept.registration.close()  # the finalizer is this call
-        except Exception:  # never raise from a finalizer (a device gone, a forked child)
-            pass
+        kept = _kept.get(key)
+        if kept is None:
+            return
+        if kept.holds:
+            kept.doomed = True  # Holds.close() closes it
+            return
+        del _kept[key]
+    try:
+        kept.registration.close()  # the finalizer is this call
+    except Exception:  # never raise from a finalizer (a device gone, a forked child)
+        pass
 
 
 def release_pinned(array: np.ndarray | None = None, *,

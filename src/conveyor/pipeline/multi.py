@@ -138,7 +138,7 @@ class _Homes:
         elsewhere its table (uploaded as a copy made for the stream)."""
         if id(handle) not in self._copies:
             home = handle.home(self.devices[0])  # InputError once closed
-            table = handle.array if handle.buffer is None else None  # uploaded from it now
+            fresh = handle.buffer is None  # uploaded from the host's table now
             if any(home is dev for dev in self.devices):
                 queue = home.create_queue()
                 try:
@@ -147,7 +147,8 @@ class _Homes:
                     queue.finish()
                 finally:
                     queue.close()
-            self._copies[id(handle)] = (home, handle.host_copy() if table is None else table)
+            table = handle.current() if fresh else handle.host_copy()
+            self._copies[id(handle)] = (home, table)
         home, table = self._copies[id(handle)]
         return handle if home is device else table
 

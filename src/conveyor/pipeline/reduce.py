@@ -49,18 +49,31 @@ _CUDA_TYPES = {
 }  # fmt: skip
 
 
-def partial_dtype(element: np.dtype, op: str) -> np.dtype:
-    """The dtype partials are kept in: 64-bit for integer sums, else the element type."""
+def partial_dtype(element: np.dtype, op: str, *, fp64: bool = True) -> np.dtype:
+    """The dtype partials are kept in: 64-bit for integer sums, float64 for float32 sums
+    where the device has doubles (``fp64``), else the element type. A float32 accumulator
+    made the answer depend on the block size: 3001 values of 2**127 summed to inf in one
+    block, exactly in blocks of 250, where each work item held one value."""
     if op == "sum" and element.kind in "iu" and element.itemsize < 8:
         return np.dtype(np.int64 if element.kind == "i" else np.uint64)
     if op == "sum" and element.kind == "b":
         return np.dtype(np.int64)
+    if op == "sum" and element == np.float32 and fp64:
+        return np.dtype(np.float64)
     return element
 
 
-def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
+def has_fp64(device: Any) -> bool:
+    """True when ``device`` computes in double precision (every CUDA device; an OpenCL
+    device that lists ``cl_khr_fp64``)."""
+    return device.backend == "cuda" or "cl_khr_fp64" in device.source_macros()
+
+
+def kernel_source(backend: str, element: np.dtype, op: str, acc: np.dtype | None = None
+                  ) -> tuple[str, str]:
     """(source, name) of the built-in kernel folding ``n`` elements into ``parts`` partials
-    (arguments: x, partial, has, n, parts; launched over ``parts`` work items)."""
+    of dtype ``acc`` (default :func:`partial_dtype`; arguments: x, partial, has, n, parts;
+    launched over ``parts`` work items)."""
     if op not in BUILTIN_OPS:
         raise InputError(f"reduce={op!r}: with a kernel use 'sum', 'min' or 'max'")
     if element.name not in _C_TYPES:
@@ -68,7 +81,7 @@ def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
             f"cannot reduce elements of dtype {element} on the device (the built-in fold "
             f"takes {', '.join(sorted(_C_TYPES))}): have the kernel write its values as "
             f"float32 (declare that buffer float*), or reduce with a Python callable")
-    acc = partial_dtype(element, op)
+    acc = partial_dtype(element, op) if acc is None else acc
     t_in, t_acc = _C_TYPES[element.name], _C_TYPES[acc.name]
     if backend == "cuda":
         t_in, t_acc = _CUDA_TYPES[t_in], _CUDA_TYPES[t_acc]
@@ -80,7 +93,7 @@ def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
         "min": f"acc = (v < acc{nan}) ? v : acc;",
         "max": f"acc = (v > acc{nan}) ? v : acc;",
     }
-    name = f"conveyor_reduce_{op}_{element.name}"
+    name = f"conveyor_reduce_{op}_{element.name}_{acc.name}"
     body = f"""
     {{
         {t_acc} acc = ({t_acc})0;
@@ -100,7 +113,9 @@ def kernel_source(backend: str, element: np.dtype, op: str) -> tuple[str, str]:
             f"+ threadIdx.x;\n    if (i >= parts) return;"
         )
     else:
-        head = (
+        head = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                if "double" in (t_in, t_acc) else "")
+        head += (
             f"__kernel void {name}(__global const {t_in}* x, __global {t_acc}* partial, "
             f"__global uchar* has, ulong n, ulong parts) {{\n"
             f"    ulong i = get_global_id(0);\n    if (i >= parts) return;"
@@ -137,11 +152,21 @@ def combine(
 ) -> Any:
     """Fold the blocks' partials, in block order. With none: ``sum`` gives
     :func:`empty_sum` of ``element`` (0, as NumPy does), a function gives None."""
-    present = [p for p in partials if p is not None]
+    blocks = [k for k, p in enumerate(partials) if p is not None]
+    present = [partials[k] for k in blocks]
     if not present:
         return empty_sum(element, kernel=kernel) if op == "sum" else None
+    if not isinstance(op, str):
+        return functools.reduce(_returning(op), present)
+    # Lists and tuples fold element by element, as min and max already did ("sum" joined
+    # them end to end); every partial must have the first one's shape (NumPy broadcast a
+    # one-bin np.bincount partial into every bin of the others, with no error).
+    present = [np.asarray(p) if isinstance(p, list | tuple) else p for p in present]
+    _check_shapes(op, blocks, present)
     if op == "sum":
         present = [widened(p) for p in present]
+    elif all(type(p) is int for p in present):  # past int64, np.minimum raises OverflowError
+        return (min if op == "min" else max)(present)
     try:
         return functools.reduce(combiner(op), present)
     except TypeError as exc:  # dict partials, say: np.add has no loop for them
@@ -152,6 +177,38 @@ def combine(
             f"reduce={op!r} cannot fold the callable's partials ({', '.join(kinds)}: {exc}): "
             f"return a number or a numeric array, or pass reduce=f, a function that folds "
             f"two partials") from exc
+
+
+def _check_shapes(op: str, blocks: list[int], partials: list[Any]) -> None:
+    """InputError when a partial's shape differs from the first block's (NumPy would
+    broadcast a shape of one, or fail with a raw ValueError)."""
+    first = np.shape(partials[0]) if _numeric(partials[0]) else None
+    for block, partial in zip(blocks[1:], partials[1:], strict=True):
+        if first is None or not _numeric(partial):
+            return  # dicts and such: the fold's TypeError names them
+        if np.shape(partial) != first:
+            raise InputError(
+                f"reduce={op!r}: the callable's partial of block {block} has shape "
+                f"{np.shape(partial)}, block {blocks[0]}'s {first}: every block must return "
+                f"a partial of one shape (for counts, np.bincount(x, minlength=K))")
+
+
+def _numeric(partial: Any) -> bool:
+    return isinstance(partial, int | float | complex | np.ndarray | np.generic)
+
+
+def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``f``, with an InputError where it returns None (a forgotten ``return``): the next
+    fold would get None, and a stream of two blocks would give None as its result."""
+    def checked(a: Any, b: Any) -> Any:
+        folded = f(a, b)
+        if folded is None:
+            name = getattr(f, "__name__", "f")
+            raise InputError(
+                f"reduce={name} returned None: it must return the folded value of its two "
+                f"arguments (a function that adds into its first one ends with 'return a')")
+        return folded
+    return checked
 
 
 def widened(partial: Any) -> Any:
@@ -225,6 +282,9 @@ class Reduction:
         self.element = element
         self.fallback = fallback  # the type of an empty callable sum (the input's)
         self.kernel: Any = None
+        #: The partials' dtype (a float32 sum's falls back from float64 at ``build`` on a
+        #: device without doubles; sized for float64 until then).
+        self.acc = None if element is None else partial_dtype(element, str(op))
         self.parts = 0
         self.partials: list[Any] = []
         self.indices: list[int] = []  # the block of each partial (several devices: merged)
@@ -251,14 +311,15 @@ class Reduction:
         exactly these), so they count against the memory limit."""
         if self.element is None:
             return {}
-        acc = partial_dtype(self.element, str(self.op))
+        assert self.acc is not None
         return {"scratch_row_bytes": row_items * self.element.itemsize,
-                "partial_bytes": (acc.itemsize, 1)}
+                "partial_bytes": (self.acc.itemsize, 1)}
 
     def build(self, device: Any, block_elements: int) -> None:
         """Compile the fold kernel (before the first block)."""
         if self.element is not None:
-            source, name = kernel_source(device.backend, self.element, str(self.op))
+            self.acc = partial_dtype(self.element, str(self.op), fp64=has_fp64(device))
+            source, name = kernel_source(device.backend, self.element, str(self.op), self.acc)
             self.kernel = device.compile(source, name)
             self.parts = partials_for(block_elements)
 
@@ -269,7 +330,8 @@ class Reduction:
         others where the engine's release finds them."""
         if self.element is None:
             return
-        acc = partial_dtype(self.element, str(self.op))
+        acc = self.acc
+        assert acc is not None
         slot.scratch = scratch = Scratch()
         scratch.values = acquire(value_bytes)
         scratch.partial = acquire(self.parts * acc.itemsize)
@@ -288,8 +350,8 @@ class Reduction:
             [scratch.values, scratch.partial, scratch.has, np.uint64(n), np.uint64(self.parts)],
             wait_for=[after])
         records.append(("compute", block, event, 0))
-        acc = partial_dtype(self.element or self.fallback, str(self.op))
-        nbytes = self.parts * acc.itemsize
+        assert self.acc is not None
+        nbytes = self.parts * self.acc.itemsize
         copies = []
         for dst, src in ((scratch.pin_partial.array[:nbytes], scratch.partial),
                          (scratch.pin_has.array[: self.parts], scratch.has)):
@@ -306,7 +368,8 @@ class Reduction:
             self.partials.append(partial)
             return
         assert scratch is not None
-        acc = partial_dtype(self.element, str(self.op))
+        acc = self.acc
+        assert acc is not None
         values = scratch.pin_partial.array[: self.parts * acc.itemsize].view(acc)
         has = scratch.pin_has.array[: self.parts]
         self.partials.append(fold_partials(str(self.op), values, has))

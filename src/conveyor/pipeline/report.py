@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,10 @@ from conveyor.trace.ceiling import LinkCeiling, link_ceiling
 from conveyor.trace.timeline import WORK_LANES, Span, Timeline
 
 _UNREAD: Any = object()
+#: Held while a report builds its timeline: two threads reading ``timeline`` at once could
+#: otherwise have one find the sources already cleared by the other and store an empty
+#: timeline over the real one (reentrant: a merged report builds its devices' timelines).
+_TIMELINE_LOCK = threading.RLock()
 
 
 @dataclass
@@ -55,15 +60,16 @@ class Report:
     @property
     def timeline(self) -> Timeline:
         """Every span of the stream on one clock (built on first access)."""
-        if self._timeline is None:
-            if self.timeline_source is not None:
-                self._timeline = self.timeline_source()
-            else:
-                spans = self.spans_source() if self.spans_source is not None else []
-                self._timeline = Timeline(spans)
-            self.timeline_source = None
-            self.spans_source = None
-        return self._timeline
+        with _TIMELINE_LOCK:
+            if self._timeline is None:
+                if self.timeline_source is not None:
+                    self._timeline = self.timeline_source()
+                else:
+                    spans = self.spans_source() if self.spans_source is not None else []
+                    self._timeline = Timeline(spans)
+                self.timeline_source = None
+                self.spans_source = None
+            return self._timeline
 
     @property
     def block_ranges(self) -> Any:

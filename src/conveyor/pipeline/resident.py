@@ -95,7 +95,7 @@ class Resident(Closeable):
         is not on the device (the queue orders the upload before the stream's launches)."""
         with self._lock:
             self._bind(device)
-            host = self.array.reshape(-1).view(np.uint8)
+            host = self.current().reshape(-1).view(np.uint8)
             if self.buffer is None:
                 pool = device.memory_pool
                 buffer = pool.acquire(self.nbytes)
@@ -112,6 +112,15 @@ class Resident(Closeable):
                 queue.copy_in(self.buffer, host)
             self.users += 1
             return self.buffer
+
+    def current(self) -> np.ndarray:
+        """The C-contiguous table to upload: where nothing is on the device yet, a strided
+        or Fortran-order table is copied again now (the copy made by ``cv.resident`` held the
+        values from then: changes made before the first stream were never uploaded)."""
+        with self._lock:
+            if self.buffer is None and self.array is not self.source:
+                self.array = np.ascontiguousarray(self.source)
+            return self.array
 
     def done(self) -> None:
         """A stream has finished with the table."""
