@@ -111,3 +111,20 @@ class InputError(ConveyorError, ValueError):
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
+
+
+#: The note on an exception raised after a stream's outputs were renamed into place (a Ctrl-C
+#: while its trace or plot was written): the outputs are whole, and a caller must not say
+#: otherwise.
+OUTPUTS_WRITTEN = "conveyor: raised after the stream's outputs were written"
+
+
+def note_outputs_written(exc: BaseException) -> None:
+    """Add :data:`OUTPUTS_WRITTEN` to ``exc``'s notes (once)."""
+    if OUTPUTS_WRITTEN not in getattr(exc, "__notes__", ()):
+        exc.add_note(OUTPUTS_WRITTEN)
+
+
+def outputs_written(exc: BaseException) -> bool:
+    """True when ``exc`` was raised after the stream's outputs were written."""
+    return OUTPUTS_WRITTEN in getattr(exc, "__notes__", ())

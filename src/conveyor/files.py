@@ -81,7 +81,28 @@ def output_target(path: PathLike, what: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{what}: folder {folder} is not writable: write elsewhere or fix "
                          f"its permissions")
+    longest = _name_max(folder) - _PART_EXTRA
+    if len(os.fsencode(target.name)) > longest:
+        # Found only at the end otherwise: the temporary file's name did not fit (exit 1
+        # after the work), or a trace was not written.
+        raise InputError(f"{what}: the name {target.name[:40]}... is "
+                         f"{len(os.fsencode(target.name))} bytes; conveyor writes it through a "
+                         f"temporary file named {_PART_EXTRA} bytes longer, and this file "
+                         f"system's names hold {longest + _PART_EXTRA}: shorten it to "
+                         f"{longest} bytes or fewer")
     return target
+
+
+#: Bytes a part file's name adds to its target's: "." + "." + 8 random characters + ".part".
+_PART_EXTRA = 15
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name ``folder``'s file system holds, in bytes (255 where unknown)."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 255
 
 
 def _refuse_streams(path: PathLike, target: Path, what: str) -> None:
@@ -235,7 +256,8 @@ def remove_stale_parts(target: Path) -> list[Path]:
         return []
     for part in (target.parent / n for n in names if pattern.fullmatch(n)):
         try:
-            fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW)
+            # O_NONBLOCK: a FIFO planted under a part's name would block the open for ever.
+            fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue  # gone already, a link, or not ours to read
         try:
@@ -246,12 +268,19 @@ def remove_stale_parts(target: Path) -> list[Path]:
             except BlockingIOError:
                 continue  # a live run is writing it
             size = os.fstat(fd).st_size
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(part)
-                removed.append(part)
-                warnings.warn(f"conveyor: removed {part} ({size} bytes), the temporary file of "
-                              f"an earlier run of {target} that did not finish",
-                              RuntimeWarning, stacklevel=5)  # the caller of cv.stream
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # another user's, say: this run writes a part of its own
+                warnings.warn(f"conveyor: could not remove {part}, the temporary file of an "
+                              f"earlier run of {target} that did not finish ({exc.strerror})",
+                              RuntimeWarning, stacklevel=5)
+                continue
+            removed.append(part)
+            warnings.warn(f"conveyor: removed {part} ({size} bytes), the temporary file of "
+                          f"an earlier run of {target} that did not finish",
+                          RuntimeWarning, stacklevel=5)  # the caller of cv.stream
         finally:
             os.close(fd)
     return removed
@@ -263,14 +292,21 @@ def commit_part(fd: int, part: Path, target: Path, durable: bool = True) -> None
     after the rename: another writer of ``target``, removing the parts of dead runs first,
     took an unlocked part for one and deleted it (FileNotFoundError after all the work)."""
     try:
-        if durable:
-            os.fsync(fd)
-        os.fchmod(fd, target_mode(target))
-        # Checked when the sink was made; again in case a node took the file's place since.
-        output_target(target, f"output {target}")
+        ready_part(fd, target, durable)
         os.replace(part, target)
     finally:
         os.close(fd)
+
+
+def ready_part(fd: int, target: Path, durable: bool = True) -> None:
+    """Everything of :func:`commit_part` but the rename (which can then hardly fail): fsync
+    (when ``durable``), the mode of the file it replaces, and ``target`` checked again in
+    case a node took the file's place since the output was opened. A stream readies every
+    output before it renames the first, so a refused one leaves the others as they were."""
+    if durable:
+        os.fsync(fd)
+    os.fchmod(fd, target_mode(target))
+    output_target(target, f"output {target}")
 
 
 def target_mode(target: Path) -> int:

@@ -26,6 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     try:
         try:
+            _open_closed_std_streams()
             from conveyor.cli.commands import run
 
             return run(sys.argv[1:] if argv is None else list(argv))
@@ -44,3 +45,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 141
+
+
+def _open_closed_std_streams() -> None:
+    """Make a closed standard stream (``2>&-``, ``>&-``) ``/dev/null``. Python leaves
+    ``sys.stderr`` None then: a map failed silently, and a success ended in a traceback at
+    the last flush of stdout; a file the command opened could also land on fd 1 or 2 and
+    receive its messages."""
+    import os
+
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free fd: this one, in order
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 (for the process)

@@ -14,7 +14,7 @@ from typing import Any
 import conveyor
 from conveyor.cli import parser as cli_parser
 from conveyor.cli import words
-from conveyor.errors import CompileError, ConveyorError, InputError
+from conveyor.errors import CompileError, ConveyorError, InputError, outputs_written
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -42,8 +42,13 @@ def run(argv: Sequence[str]) -> int:
     except InputError as exc:
         return _fail(options, exc, f"{_one_line(exc)}", 2)
     except KeyboardInterrupt as exc:
-        return _fail(options, exc, "interrupted; no output was written"
-                     if options.command == "map" else "interrupted", 130)
+        if options.command != "map":
+            said = "interrupted"
+        elif outputs_written(exc):
+            said = f"interrupted after writing {', '.join(options.outputs)}"
+        else:
+            said = "interrupted; no output was written"
+        return _fail(options, exc, said, 130)
     except CompileError as exc:
         # The log as the compiler wrote it, its lines naming the kernel file.
         print(f"conveyor {options.command}: {exc}", file=sys.stderr)
@@ -123,7 +128,10 @@ def _say_json(options: argparse.Namespace, exc: BaseException, message: str,
 def _print_json_error(message: str, kind: str, code: int) -> None:
     import json
 
-    print(json.dumps({"error": message, "type": kind, "exit_code": code}))
+    try:
+        print(json.dumps({"error": message, "type": kind, "exit_code": code}))
+    except OSError:  # stdout is what failed (a full disk): the message is on stderr already
+        pass
 
 
 def _os_advice(exc: OSError) -> str:

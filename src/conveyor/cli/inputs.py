@@ -4,6 +4,7 @@ Parquet/Arrow, ``--dtype``/``--shape`` for raw binary, and ``--cast`` as they ar
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +29,7 @@ class Input:
         # FILE:COLUMN only where FILE is a table and the whole text names no file. "FILE:"
         # names the table with no column (open_input asks for one).
         if (sep and Path(head).suffix.lower() in TABLE_SUFFIXES
-                and not Path(text).exists()):
+                and not os.path.exists(text)):  # Path.exists raises for a long name
             self.path = head
             self.columns = [c for c in tail.split(",") if c] or None
 
@@ -121,6 +122,10 @@ class CastSource(Source):
         self.shape = inner.shape
         self.name = f"{inner.name} as {dtype}"
         self.where = where or f"--cast {dtype}"
+        if np.dtype(inner.dtype).kind not in "biufc":
+            raise InputError(f"{self.where}: input {inner.name} holds {inner.dtype} values, "
+                             f"not numbers, which have no {dtype} value: write the file's "
+                             f"values as numbers first")
         if np.dtype(inner.dtype).kind == "c" and dtype.kind != "c":
             raise InputError(f"{self.where}: the input holds complex {inner.dtype} values, "
                              f"which have no {dtype} value: cast to a complex type, or keep "
@@ -219,7 +224,11 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
-        return tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
+        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
     except ValueError as exc:
         raise InputError(f"--shape {text!r}: give integers separated by commas, e.g. -1,3")\
             from exc
+    if not shape:
+        raise InputError(f"--shape {text!r} names no axis: give integers separated by commas, "
+                         f"e.g. -1,3 (rows of 3), or leave --shape out for one value per row")
+    return shape

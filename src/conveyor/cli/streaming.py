@@ -29,7 +29,7 @@ from conveyor.cli.files import (
     refuse_writing_what_is_read,
 )
 from conveyor.cli.inputs import Input, apply_casts, check_options, open_input
-from conveyor.errors import CompileError, InputError
+from conveyor.errors import CompileError, InputError, note_outputs_written
 
 KERNEL_SUFFIXES = {".cl": "opencl", ".cu": "cuda"}
 
@@ -69,6 +69,16 @@ def run_map(options: argparse.Namespace) -> int:
     if cluster.on_cluster(options):
         return cluster.run(options, list(options.outputs), None)
     report = _stream(options, outputs=[cv.npy_out(p) for p in options.outputs])
+    try:
+        _after_map(options, report)
+    except BaseException as exc:  # a Ctrl-C, say: the outputs are whole, and stay
+        note_outputs_written(exc)
+        raise
+    return 0
+
+
+def _after_map(options: argparse.Namespace, report: cv.Report) -> None:
+    """What ``conveyor map`` does once its outputs are written: the plot, then the figures."""
     if options.plot:
         from conveyor.trace.plot import plot_timeline
 
@@ -82,7 +92,6 @@ def run_map(options: argparse.Namespace) -> int:
             print(f"trace written to {options.trace}")
         if options.plot:
             print(f"timeline written to {options.plot}")
-    return 0
 
 
 def run_reduce(options: argparse.Namespace) -> int:
@@ -118,6 +127,9 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
     if backend is None:
         raise InputError(f"{kernel_path}: name OpenCL C sources .cl and CUDA C sources .cu")
     source = read_kernel(kernel_path)
+    if not source.lstrip("\ufeff \t\r\n"):
+        raise InputError(f"kernel file {kernel_path} is empty: write the kernel "
+                         f"{options.kernel!r} in it (or name the file that has it)")
     # A wrong --kernel fails before any file is read, unless the device's macros may decide.
     name_settled = check_kernel_name(source, options.kernel)
     inputs = [Input(text) for text in options.inputs]
@@ -241,13 +253,20 @@ _CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif)\b", re.M)
 
 def _number(text: str) -> int | float:
     try:
-        return int(text)
+        whole = int(text)
     except ValueError:
         pass
+    else:  # "-0" is the float -0.0 (its sign matters to a float parameter), 0 to an int one
+        return -0.0 if whole == 0 and text.strip().startswith("-") else whole
     try:
-        return float(text)
+        value = float(text)
     except ValueError as exc:
         raise InputError(f"--arg {text!r} is not a number: pass scalars like 2 or 2.5") from exc
+    if math.isinf(value) and text.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        # float("1e400") is inf: a number past every float would otherwise run as infinity
+        raise InputError(f"--arg {text} is past the largest float (1.8e308): it would be "
+                         f"infinity; pass a smaller number, or inf if infinity is meant")
+    return value
 
 
 def _plain(value: Any) -> Any:

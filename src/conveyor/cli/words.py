@@ -17,6 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 _Rule = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
 
 _RULES: list[_Rule] = [
+    # A dtype that is no \w+ word (strings, records, dates) left after _ASTYPE: no --cast
+    # or a.astype the command can do makes numbers of it.
+    (re.compile(r"(but input \d+ has dtype .+?): pass an array of (\w+) \(e\.g\. "
+                r"a\.astype\(np\.\w+\)\)(?: or declare the parameter \S+)?"),
+     r"\1, which the command cannot convert to \2 (--cast converts plain numbers only): "
+     r"write the file's values as plain numbers first"),
     (re.compile(r"use smaller blocks \(block_bytes=\), a lower depth, or raise memory_limit"),
      "use smaller blocks (--block-bytes), a lower --depth, or raise --memory-limit"),
     (re.compile(r"use block_bytes >= (\d+)"), r"use --block-bytes \1 or more"),

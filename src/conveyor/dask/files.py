@@ -27,7 +27,7 @@ from conveyor.dask.worker import Job, KernelSpec, as_job, run, worker_name
 from conveyor.errors import InputError
 from conveyor.files import same_file
 from conveyor.pipeline.io import FileRows, FileSource
-from conveyor.pipeline.sinks import FileSink, Sink
+from conveyor.pipeline.sinks import FileSink, Sink, commit_all
 
 #: A file as workers get it: (path, dtype string, shape of the whole array, data offset).
 FileRef = tuple[str, str, tuple[int, ...], int]
@@ -172,8 +172,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
         except BaseException:
             client.cancel(futures)
             raise
-        for sink in sinks:
-            sink.commit()
+        commit_all(sinks)
     except BaseException:
         for sink in sinks:
             sink.abort()

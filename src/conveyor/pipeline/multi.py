@@ -50,7 +50,7 @@ from conveyor.pipeline.plan import Plan, make_plan
 from conveyor.pipeline.progress import Progress
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
-from conveyor.pipeline.sinks import Sink
+from conveyor.pipeline.sinks import Sink, commit_all
 from conveyor.pipeline.stage import default_workers
 from conveyor.pipeline.supply import SCHEDULES, Supply
 
@@ -293,8 +293,7 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
         for bound in residents:
             if bound is not None:
                 bound.release()  # closes the copies made for the stream (twice is fine)
-    for sink in sinks:
-        sink.commit()
+    commit_all(sinks)
     return report
 
 

@@ -52,6 +52,10 @@ class Sink:
     def open(self) -> None:
         """Prepare to receive rows (a file sink creates its temporary file)."""
 
+    def prepare(self) -> None:
+        """Every row is written: all that may fail before ``commit`` (a file's flush and
+        checks), so that a stream commits its outputs only once each is ready."""
+
     def commit(self) -> None:
         """Every row is written: make the output visible."""
 
@@ -104,6 +108,7 @@ class FileSink(Sink):
         self.offset = 0
         self._fd: int | None = None
         self._tmp: Path | None = None
+        self._ready = False  # prepare() done: commit() only renames
         # The file replaced at commit: a symlink's target (written through), never a node.
         self.target = files.output_target(self.path, f"output {self.name}")
 
@@ -184,16 +189,29 @@ class FileSink(Sink):
         while done < len(view):
             done += os.pwritev(self._fd, [view[done:]], position + done)
 
-    def commit(self) -> None:
-        """Flush to disk and rename over the target, keeping the mode of the file it
-        replaces."""
+    def prepare(self) -> None:
+        """Flush to disk, take the mode of the file it replaces, check the target again."""
         assert self._fd is not None and self._tmp is not None
+        files.ready_part(self._fd, self.target, self.durable)
+        self._ready = True
+
+    def commit(self) -> None:
+        """Rename over the target (:meth:`prepare` first, where it was not called); the
+        part's lock is held through the rename (see files.commit_part)."""
+        assert self._fd is not None and self._tmp is not None
+        if not self._ready:
+            self.prepare()
+        self._ready = False
         fd, self._fd = self._fd, None
-        files.commit_part(fd, self._tmp, self.target, self.durable)  # locked through the rename
+        try:
+            os.replace(self._tmp, self.target)
+        finally:
+            os.close(fd)
         self._tmp = None
 
     def abort(self) -> None:
         """Close and delete the temporary file."""
+        self._ready = False
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
@@ -202,6 +220,15 @@ class FileSink(Sink):
             with contextlib.suppress(OSError):
                 self._tmp.unlink()
             self._tmp = None
+
+
+def commit_all(sinks: Sequence[Sink]) -> None:
+    """Make every output visible: each readied first, so that one refused (its file's place
+    taken by a folder, a full disk at the flush) leaves every earlier output as it was."""
+    for sink in sinks:
+        sink.prepare()
+    for sink in sinks:
+        sink.commit()
 
 
 def _out_dtype(name: str, dtype: Any) -> np.dtype | None:

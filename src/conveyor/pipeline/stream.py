@@ -11,7 +11,7 @@ import numpy as np
 
 from conveyor import files
 from conveyor.backends.base import Device, Kernel
-from conveyor.errors import InputError
+from conveyor.errors import InputError, note_outputs_written
 from conveyor.memory import hostmem
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
@@ -22,7 +22,7 @@ from conveyor.pipeline.plan import Plan, make_plan
 from conveyor.pipeline.reduce import Reduction
 from conveyor.pipeline.report import Report
 from conveyor.pipeline.shaped import Shaped, ShapedSink
-from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink
+from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink, commit_all
 from conveyor.pipeline.step import check_offsets
 
 
@@ -243,6 +243,9 @@ def stream(
             except OSError as exc:  # the outputs are committed: a side file must not lose them
                 warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
                               f"itself succeeded", RuntimeWarning, stacklevel=2)
+            except BaseException as exc:  # a Ctrl-C: raised, saying the outputs are whole
+                note_outputs_written(exc)
+                raise
         return report
     finally:
         # A cv.iterate input refused before its stream began (a bad option, a later input
@@ -298,8 +301,7 @@ def open_sinks(sinks: Sequence[Sink], plan: Plan, reduction: Reduction | None, d
         sink.open()
     if plan.block_count:
         return None
-    for sink in sinks:
-        sink.commit()
+    commit_all(sinks)
     return Report(device=device, depth=depth, outputs=[s.result for s in sinks],
                   block_rows=plan.block_rows,
                   result=reduction.result() if reduction is not None else None)
@@ -397,8 +399,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
                     in_place=in_place, residents=residents)
     report = engine.run()
-    for sink in sinks:
-        sink.commit()
+    commit_all(sinks)
     return report
 
 

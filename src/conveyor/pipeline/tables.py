@@ -68,7 +68,8 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     try:
         file = pq.ParquetFile(target)
     except Exception as exc:
-        raise InputError(f"{path} is not a Parquet file ({exc})") from exc
+        raise InputError(f"{path} is not a Parquet file ({exc}): write one with "
+                         f"pyarrow.parquet.write_table(table, path)") from exc
     names = _column_names(str(path), columns)
     schema = file.schema_arrow
     dtype = _column_dtype(str(path), schema, names)
@@ -86,7 +87,7 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     stamp = _stamp(target)
 
     def load(index: int) -> np.ndarray:
-        with _read_guard(str(path), target, stamp):
+        with _read_guard(str(path), target, stamp, f"row group {index}"):
             table = file.read_row_group(index, columns=names)
         return _table_rows(str(path), table, names, dtype)
 
@@ -107,7 +108,10 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
         batches = ipcfile.record_batches(target)
         reader = pa.open_file(pyarrow.OSFile(str(target)))
     except Exception as exc:
-        raise InputError(f"{path} is not an Arrow IPC file ({exc})") from exc
+        raise InputError(f"{path} is not an Arrow IPC file ({exc}): write one with "
+                         f"pyarrow.feather.write_feather(table, path) (an Arrow IPC stream, "
+                         f"written by pyarrow.ipc.new_stream, is read by neither: write it "
+                         f"again with pyarrow.ipc.new_file)") from exc
     names = _column_names(str(path), columns)
     dtype = _column_dtype(str(path), reader.schema, names)
     for name in names:
@@ -117,7 +121,7 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     stamp = _stamp(target)
 
     def load(index: int) -> np.ndarray:
-        with _read_guard(str(path), target, stamp):
+        with _read_guard(str(path), target, stamp, f"record batch {index}"):
             batch = reader.get_batch(index)
         return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
 
@@ -192,10 +196,22 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _damaged(exc: BaseException) -> bool:
+    """True for PyArrow's errors of decoding a file (ArrowInvalid, its thrift and page errors,
+    raised as OSError), not the system's (a permission, a vanished file)."""
+    import pyarrow
+
+    if isinstance(exc, OSError):  # the system's carry an errno; PyArrow's decoding ones none
+        return exc.errno is None
+    return isinstance(exc, pyarrow.ArrowException)
+
+
 @contextlib.contextmanager
-def _read_guard(name: str, path: Path, stamp: tuple[int, int, int]) -> Iterator[None]:
+def _read_guard(name: str, path: Path, stamp: tuple[int, int, int], part: str = ""
+                ) -> Iterator[None]:
     """A failed read of a file that is now shorter than when its metadata was read is an
-    InputError (as a .npy's is); other failures pass as they are. After a read, a file of
+    InputError (as a .npy's is); so is one that PyArrow finds damaged (``part`` names what
+    was read: "row group 2"); other failures pass as they are. After a read, a file of
     the same inode whose size or modification time changed was written in place meanwhile
     (a same-size rewrite read its new row groups against the old metadata, with no error):
     an InputError. A file replaced by another (a rename over it) is still read whole from the
@@ -211,6 +227,10 @@ def _read_guard(name: str, path: Path, stamp: tuple[int, int, int]) -> Iterator[
         if now < size:
             raise InputError(f"{name} got shorter while it was read: rerun on a complete "
                              f"file") from exc
+        if _damaged(exc):
+            what = " ".join(str(exc).split()) or type(exc).__name__
+            where = f" ({part})" if part else ""
+            raise InputError(f"{name} is damaged{where}: {what}: write the file again") from exc
         raise
     try:
         after = _stamp(path)
