@@ -686,6 +686,20 @@ class Device(base.Device):
             pass
         for extension in str(self.cl_device.extensions).split():
             macros[extension] = "1"
+        # What OpenCL C compilers predefine besides (a typedef chosen by "#ifdef
+        # __opencl_c_fp64" or "#if defined(CL_VERSION_1_2)" was read as the #else type).
+        for version in ("1_0", "1_1", "1_2", "2_0", "3_0"):
+            macros[f"CL_VERSION_{version}"] = version.replace("_", "") + "0"
+        try:
+            if self.cl_device.image_support:
+                macros["__IMAGE_SUPPORT__"] = "1"
+        except cl.Error:
+            pass
+        try:  # OpenCL 3.0 devices list their optional features: __opencl_c_fp64, ...
+            for feature in self.cl_device.opencl_c_features:
+                macros[str(feature.name)] = "1"
+        except (cl.Error, AttributeError):
+            pass
         return macros
 
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:

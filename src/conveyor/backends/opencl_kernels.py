@@ -62,6 +62,13 @@ def _required_local_size(cl_kernel: cl.Kernel, device: Device, name: str) -> int
             f"kernel {name!r} declares reqd_work_group_size{required}, but conveyor launches "
             f"1-D work: declare reqd_work_group_size(N, 1, 1) or remove the attribute"
         )
+    largest = int(cl_kernel.get_work_group_info(
+        cl.kernel_work_group_info.WORK_GROUP_SIZE, device.cl_device))
+    if required[0] > largest:  # every launch would fail with INVALID_WORK_GROUP_SIZE
+        raise InputError(
+            f"kernel {name!r} declares reqd_work_group_size({required[0]}, 1, 1), but "
+            f"{device.name} runs work groups of at most {largest} work items of this kernel: "
+            f"declare {largest} or fewer, or remove the attribute")
     return required[0]
 
 
@@ -98,6 +105,14 @@ def load_kernel(device: Device, binary: bytes, name: str, options: Sequence[str]
                       cache_dir=False)
         cl_kernel = cl.Kernel(program, name)
     except cl.Error as exc:
+        if exc.code == cl.status_code.INVALID_KERNEL_NAME:  # the compiler's names, listed
+            try:
+                names = str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
+            except cl.Error:
+                names = []
+            listing = ", ".join(n for n in names if n) or "none"
+            raise InputError(f"no kernel named {name!r} in the program the compiler built "
+                             f"(after its macros and #if); kernels it has: {listing}") from exc
         raise CompileError(
             f"could not load kernel {name!r} from its binary on {device.name}: "
             f"{_code_name(exc.code)}"

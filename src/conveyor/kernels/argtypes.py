@@ -61,7 +61,9 @@ def from_driver(kernel: str, source_params: Sequence[Param],
         if dtype is None and source is not None and source.base == base:
             dtype, width = source.dtype, source.width  # a typedef the source resolves
         name = arg.name or (source.name if source is not None else "") or f"arg{index}"
-        if _WIDE.search(base):
+        # "wide" of "typedef long long wide" is long long too (the source says what it is).
+        if _WIDE.search(base) or (source is not None and source.base == base
+                                  and _WIDE.search(source.spelled)):
             raise InputError(
                 f"kernel {kernel!r} parameter {name!r} is {arg.type_name}: OpenCL C's long long "
                 f"is 128 bits wide and no NumPy type matches it, so conveyor cannot pass or "

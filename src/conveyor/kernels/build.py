@@ -75,6 +75,14 @@ def source_params(
                                                                options, source))[0]
 
 
+def expanded_source(device: Device, source: str, options: Sequence[str]) -> str:
+    """``source`` preprocessed as ``device``'s compiler would (memoized; the raw text where
+    the preprocessor failed on it)."""
+    macros = tuple(sorted(device.source_macros().items()))
+    key = cache_key(build_identity(device), options, source)
+    return expand_checked(source, tuple(options), macros, key)[0]
+
+
 def _read_params(
     device: Device, source: str, name: str, options: Sequence[str], key: str
 ) -> tuple[tuple[Param, ...], bool]:
@@ -87,8 +95,14 @@ def _read_params(
         return parse_params(text, name), expanded
     except InputError:
         # Not found after expansion (an #if conveyor's preprocessor decided otherwise than
-        # the compiler will): the raw text, or its error naming the kernels it has.
-        return parse_params(source, name), False
+        # the compiler will): the raw text; if not there either, the error names the
+        # kernels of the expanded text, as the compiler names them (``KNAME`` is mykernel).
+        try:
+            return parse_params(source, name), False
+        except InputError:
+            if not expanded:
+                raise
+            return parse_params(text, name), expanded
 
 
 class _Params:

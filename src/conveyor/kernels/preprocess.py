@@ -72,7 +72,8 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
     try:
         pre = _Quiet()
         pre.line_directive = None
-        for name, value in (*macros, *_defines(options)):
+        implied = [("__FAST_RELAXED_MATH__", "1")] if "-cl-fast-relaxed-math" in options else []
+        for name, value in (*macros, *implied, *_defines(options)):
             pre.define(f"{name} {value}")
         for path in include_dirs(options):  # the directories the cache key follows too
             pre.add_path(str(path))

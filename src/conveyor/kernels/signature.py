@@ -39,7 +39,17 @@ _QUALIFIERS = {
     "__write_only", "read_only", "write_only", "struct",
 }  # fmt: skip
 
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# Comments, and string and character literals (whose text may look like code: a printf of
+# "kernel void s(" was read as kernel s's parameters), blanked by code_only.
+_NOT_CODE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
+
+
+def code_only(source: str) -> str:
+    """``source`` with its comments blanked and its string and character literals emptied."""
+    def blank(match: re.Match[str]) -> str:
+        text = match.group(0)
+        return '""' if text[0] == '"' else "' '" if text[0] == "'" else " "
+    return _NOT_CODE.sub(blank, source)
 
 # OpenCL C's (2, 3, 4, 8, 16 lanes) and CUDA's (1 to 4 lanes) vector types.
 _VECTOR = re.compile(
@@ -61,7 +71,7 @@ _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
 
 
 #: Bump when Param's fields change: older ``.sig`` entries then read as absent.
-_SIGNATURE_VERSION = 1
+_SIGNATURE_VERSION = 2  # 2: ``spelled``; "* const" no longer const; OpenCL's predefined macros
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class Param:
     ("global", "local", "constant", "private") where known, else "". ``origin`` says where
     the type came from: "source" (the preprocessed text), "driver" (OpenCL's argument info)
     or "source+sizes" (the text, checked against the CUDA kernel's argument sizes).
+    ``spelled`` is the builtin type a typedef name in ``base`` stands for (``long long`` for
+    ``typedef long long wide``: 128 bits in OpenCL C), "" where ``base`` is not a typedef.
     """
 
     name: str
@@ -86,6 +98,7 @@ class Param:
     base: str = ""
     address: str = ""
     origin: str = "source"
+    spelled: str = ""
 
     @property
     def type_name(self) -> str:
@@ -105,7 +118,7 @@ class Param:
 
 def parse_params(source: str, name: str) -> tuple[Param, ...]:
     """The parameters of kernel ``name`` in ``source``; InputError if no such kernel."""
-    text = _COMMENTS.sub(" ", source)
+    text = code_only(source)
     pattern = re.compile(_KERNEL_HEAD + re.escape(name) + r"\s*\(")
     match = pattern.search(text)
     if match is None:
@@ -128,7 +141,7 @@ def parse_params(source: str, name: str) -> tuple[Param, ...]:
 def typedefs(source: str) -> dict[str, str]:
     """Every ``typedef TYPE NAME;`` and ``using NAME = TYPE;`` of ``source``, NAME -> TYPE
     (pointer typedefs are left out: a parameter of one is not an element type)."""
-    text = _COMMENTS.sub(" ", source)
+    text = code_only(source)
     # name -> (brace depth, targets at that depth): a typedef at file scope wins over one of
     # the same name inside a function (``{ typedef int T; }`` must not retype a kernel's T).
     found: dict[str, tuple[int, set[str]]] = {}
@@ -169,9 +182,20 @@ def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | 
     return None, 1
 
 
+def spelling(base: str, names: dict[str, str]) -> str:
+    """The type a chain of typedefs in ``names`` from ``base`` ends at (``base`` itself when
+    it is no typedef), without qualifiers."""
+    for _ in range(16):
+        base = " ".join(w for w in base.split() if w not in _QUALIFIERS)
+        if base not in names:
+            break
+        base = names[base]
+    return base
+
+
 def kernel_names(source: str) -> list[str]:
     """Every kernel name defined in ``source``, in order."""
-    text = _COMMENTS.sub(" ", source)
+    text = code_only(source)
     return re.findall(_KERNEL_HEAD + r"(\w+)", text)
 
 
@@ -191,12 +215,16 @@ def _parse_one(text: str, names: dict[str, str]) -> Param:
         # ``float,`` or ``const real,``: the last word is the type, and there is no name (an
         # OpenCL driver asked for such an argument's name crashes: backends/opencl.py).
         words, name = [*words, name], ""
-    is_const = "const" in words
+    # The data is const where "const" comes before the first "*" ("const float *x", "float
+    # const *x"); "float * const y" is a const pointer to data the kernel may write.
+    is_const = "const" in (tokens[:tokens.index("*")] if is_pointer else words)
     base = " ".join(w for w in words if w not in _QUALIFIERS)
     dtype, width = resolve(base, names)
     address = next((_ADDRESS[w] for w in words if w in _ADDRESS), "")
+    final = spelling(base, names)
     return Param(name=name, is_pointer=is_pointer, dtype=dtype, is_const=is_const,
-                 type_text=text, width=width, base=base, address=address)
+                 type_text=text, width=width, base=base, address=address,
+                 spelled=final if final != base else "")
 
 
 def _unnamed(words: list[str], last: str) -> bool:
@@ -231,7 +259,7 @@ def params_to_json(params: Sequence[Param]) -> bytes | None:
         if dtype is not None and np.dtype(dtype) != p.dtype:
             return None
         rows.append([p.name, p.is_pointer, dtype, p.is_const, p.type_text, p.width, p.base,
-                     p.address, p.origin])
+                     p.address, p.origin, p.spelled])
     return json.dumps([_SIGNATURE_VERSION, rows]).encode()
 
 
@@ -243,8 +271,9 @@ def params_from_json(data: bytes) -> tuple[Param, ...] | None:
         if version != _SIGNATURE_VERSION:
             return None
         params = []
-        for name, is_pointer, dtype, is_const, type_text, width, base, address, origin in rows:
-            fields = (name, type_text, base, address, origin)
+        for (name, is_pointer, dtype, is_const, type_text, width, base, address, origin,
+             spelled) in rows:
+            fields = (name, type_text, base, address, origin, spelled)
             if not all(isinstance(f, str) for f in fields) or not isinstance(width, int):
                 return None
             if not isinstance(is_pointer, bool) or not isinstance(is_const, bool):
@@ -253,7 +282,7 @@ def params_from_json(data: bytes) -> tuple[Param, ...] | None:
             if resolved is not None and (resolved.kind not in "biufc" or resolved.fields):
                 return None  # never a dtype source reading makes (object, structured, ...)
             params.append(Param(name, is_pointer, resolved, is_const, type_text, width, base,
-                                address, origin))
+                                address, origin, spelled))
         return tuple(params)
     except (ValueError, TypeError, RecursionError):
         return None

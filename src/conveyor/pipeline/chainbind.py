@@ -242,7 +242,8 @@ def _check_kernel_link(where: str, kernel: Kernel, device: Device, reads: list[R
         dtype = known[ref.name][2]
         try:
             validate.check_buffer(kernel.name, param, f"buffer {ref.name!r}", dtype,
-                                  kernel.source)
+                                  validate.struct_source(kernel) if param.dtype is None
+                                  else None)
         except InputError as exc:
             fix = (f" (or declare temp {ref.name!r} as {param.dtype} in temps=)"
                    if ref.kind == "temp" and param.dtype is not None else "")

@@ -260,7 +260,13 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
                                  f"({param.type_text}) but receives a resident array: declare "
                                  f"it as a pointer, or pass a scalar")
             continue
-        native = _device_array(value, kernel)
+        if param.address == "local":
+            raise InputError(
+                f"args[{index}] (kernel parameter {param.name!r}, {param.type_text}) is "
+                f"__local memory, which conveyor does not pass (a launch's arguments are "
+                f"buffers and scalars): declare a fixed-size __local array inside the kernel "
+                f"instead (e.g. __local float tile[256];)")
+        native = _device_array(value, kernel, param, index)
         if native is not None:
             device_arrays[index] = native
             continue
@@ -269,13 +275,14 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
             if not isinstance(value, np.ndarray):
                 raise InputError(
                     f"args[{index}]: kernel parameter {param.name!r} is a pointer "
-                    f"({param.type_text}) but receives {type(value).__name__} {value!r:.40}: "
+                    f"({param.type_text}) but receives {_described(value)}: "
                     f"pass an array (uploaded once, passed to every launch) or "
                     f"cv.resident(array)")
             _table(value, f"args[{index}] (kernel parameter {param.name!r})")
             handle = Resident(value)
             owned.append(handle)
-        _check(param, index, handle, kernel.source)
+        _check(param, index, handle,
+               structs.struct_source(kernel) if param.dtype is None else None)
         handles[index] = handle
     return ResidentArgs(handles, device_arrays, owned)
 
@@ -300,9 +307,6 @@ def _table(value: Any, what: str) -> np.ndarray:
 
 def _check(param: Param, index: int, handle: Resident, source: str | None) -> None:
     where = f"args[{index}] (kernel parameter {param.name!r}, {param.type_text})"
-    if param.address == "local":
-        raise InputError(f"{where} is __local memory but receives an array: declare it "
-                         f"__global const or __constant")
     read_only = param.is_const or param.address == "constant"
     if not read_only and not handle.writable:
         raise InputError(
@@ -321,13 +325,61 @@ def _check(param: Param, index: int, handle: Resident, source: str | None) -> No
         validate.check_struct(where, handle.dtype, source, param.base)
 
 
-def _device_array(value: Any, kernel: Kernel) -> Any:
-    """What a launch takes for a device array (None for anything else)."""
+def _device_array(value: Any, kernel: Kernel, param: Param, index: int) -> Any:
+    """What a launch takes for a device array (None for anything else); InputError for one
+    the kernel would misread: another dtype than the parameter's (float64 read as float),
+    not C-contiguous or not at the start of its buffer (the launch passes the whole buffer
+    from its first byte), or of another device's context (PyOpenCL hung in set_args)."""
     backend = kernel.device.backend
-    if getattr(value, "__cuda_array_interface__", None) is not None and backend == "cuda":
-        return value  # the CUDA backend passes its data pointer
-    if backend == "opencl" and type(value).__module__.startswith("pyopencl"):
+    interface = getattr(value, "__cuda_array_interface__", None)
+    native = None
+    if interface is not None and backend == "cuda":
+        dtype = np.dtype(interface["typestr"])
+        contiguous = interface.get("strides") is None or _c_strides(
+            tuple(interface["shape"]), tuple(interface["strides"]), dtype.itemsize)
+        at_start = True  # its data pointer is where the launch starts
+        native = value  # the CUDA backend passes its data pointer
+    elif backend == "opencl" and type(value).__module__.startswith("pyopencl"):
         data = getattr(value, "base_data", None)
-        if data is not None and getattr(value, "offset", 0) == 0:
-            return data
-    return None
+        if data is None or not hasattr(value, "dtype"):
+            return None
+        dtype = np.dtype(value.dtype)
+        contiguous = bool(value.flags.c_contiguous)
+        at_start = getattr(value, "offset", 0) == 0
+        context = getattr(kernel.device, "context", None)
+        if context is not None and value.context.int_ptr != context.int_ptr:
+            raise InputError(f"args[{index}] (kernel parameter {param.name!r}) is "
+                             f"{_described(value)} of another OpenCL context than "
+                             f"{kernel.device.spec}'s: pass a NumPy array (uploaded once) or "
+                             f"an array made on that device")
+        native = data
+    else:
+        return None
+    where = f"args[{index}] (kernel parameter {param.name!r}, {param.type_text})"
+    if param.dtype is not None and dtype != param.dtype:
+        raise InputError(f"{where} takes {param.dtype} elements but receives "
+                         f"{_described(value)}: pass a device array of {param.dtype}")
+    if not contiguous or not at_start:
+        raise InputError(f"{where} receives {_described(value)}, a view that is not "
+                         f"C-contiguous from the start of its buffer: the kernel would read "
+                         f"the buffer from its first byte. Pass a contiguous copy "
+                         f"(.copy() of the view)")
+    return native
+
+
+def _c_strides(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    expected = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if dim > 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def _described(value: Any) -> str:
+    """``value`` for messages, without its repr (a device array's repr downloads it)."""
+    kind = type(value).__name__
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"a {kind} of shape {tuple(shape)} and dtype {dtype}"
+    return f"{kind} {value!r:.40}"

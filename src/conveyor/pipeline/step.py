@@ -51,6 +51,29 @@ def check_offsets(first_row: int, rows: int, row_items: int) -> None:
         f"ulong offset wraps around and gives rows the offsets of other rows; {fits}")
 
 
+def check_counts_fit(kernel: Kernel, plan: Plan, first_row: int) -> None:
+    """InputError, before any block, when the kernel's ``offset`` or ``n`` parameter (its
+    last two) is an integer type too narrow for the largest value this stream passes (a
+    ``uchar n`` with blocks of 300 elements): found at the launch of the block that needs it
+    before, after earlier blocks had written their rows."""
+    params = list(getattr(kernel, "params", ()))
+    if len(params) < 2 or not plan.block_count:
+        return
+    row_items = plan.inputs[0].row_items
+    largest = {"offset": (first_row + (plan.block_count - 1) * plan.block_rows) * row_items,
+               "n": min(plan.block_rows, plan.rows) * row_items}
+    for param, (what, value) in zip(params[-2:], largest.items(), strict=True):
+        dtype = param.dtype
+        if dtype is None or dtype.kind not in "iu" or value < 0:  # negative: wraps as asked
+            continue
+        top = int(np.iinfo(dtype).max)
+        if value > top:
+            raise InputError(
+                f"kernel {kernel.name!r}: parameter {param.name!r} ({param.type_text}) "
+                f"receives {what}, up to {value} in this stream, past its type's largest "
+                f"value {top}: declare it ulong")
+
+
 class Step:
     """Enqueues one block's compute; returns the event that ends it. ``first_row`` is known
     to keep every offset within a signed 64-bit integer (``cv.stream`` checks it with
@@ -83,6 +106,7 @@ class KernelStep(Step):
                  first_row: int = 0) -> None:
         super().__init__(plan, args, records, first_row)
         self.kernel = kernel
+        check_counts_fit(kernel, plan, first_row)
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> Event:

@@ -511,7 +511,10 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
             f"(not files) and no array with fewer elements per block than input 0"
             + (f" ({', '.join(narrow)} has fewer)" if narrow else "")
         )
-    return possible if wanted is None else wanted
+    # In place, zero-copy makes a kernel's input and output one buffer: a kernel that reads
+    # its input element again after writing its output (``y[i] = 0; y[i] += w * x[i]``)
+    # would read its own result. Only an explicit zero_copy=True takes that (README).
+    return possible and not pairs if wanted is None else wanted
 
 
 def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.dtype,

@@ -45,6 +45,28 @@ _MEMBER = re.compile(r"((?:(?:unsigned|signed)\s+)?(?:long\s+long|\w+))\s+(.+)",
 _DECLARATOR = re.compile(r"\s*(\w+)\s*((?:\[\s*\d+\s*\]\s*)*)")
 
 
+def packs(source: str) -> bool:
+    """True when ``source`` (its code: see :func:`struct_source`) packs a struct, with
+    ``__attribute__((packed))`` or ``#pragma pack``: the word in a comment did not count."""
+    return bool(re.search(r"__attribute__\s*\(\(\s*(?:__)?packed(?:__)?\b|"
+                          r"#\s*pragma\s+pack\b", source))
+
+
+def struct_source(kernel: Any) -> str | None:
+    """The code of ``kernel``'s source as its compiler reads it, where struct definitions
+    are read from: preprocessed with the device's macros and the kernel's options (the
+    branch of an ``#ifdef`` the compiler takes), comments and string literals blanked (a
+    commented-out old definition decided the layout). None without a source."""
+    source = getattr(kernel, "source", None)
+    if source is None:
+        return None
+    from conveyor.kernels.build import expanded_source
+    from conveyor.kernels.signature import code_only
+
+    options = getattr(kernel, "options", None) or ()
+    return code_only(expanded_source(kernel.device, source, options))
+
+
 def _members(source: str, type_name: str
              ) -> tuple[str, list[tuple[str, str, tuple[int, ...]]]] | None:
     """(name, members) of the struct ``type_name`` from its definition in ``source``
@@ -110,7 +132,7 @@ def c_dtype(source: str, type_name: str) -> np.dtype | None:
     fields = [(field, C_DTYPES[ctype], dims) if dims else (field, C_DTYPES[ctype])
               for field, ctype, dims in found[1]]
     try:
-        return np.dtype(fields, align=not re.search(r"\bpack(ed)?\b", source))
+        return np.dtype(fields, align=not packs(source))
     except (TypeError, ValueError):  # a member named twice: the kernel would not build
         return None
 
@@ -154,7 +176,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     record size, or, with as many fields as members, a field at another offset. Not judged
     (no error) where :func:`c_layout` cannot read the struct, the source is unknown (None),
     or it mentions ``pack`` (``__attribute__((packed))``, ``#pragma pack``)."""
-    if not dtype.names or source is None or re.search(r"\bpack(ed)?\b", source):
+    if not dtype.names or source is None or packs(source):
         return
     layout = c_layout(source, type_name)
     if layout is None:

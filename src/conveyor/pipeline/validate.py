@@ -18,6 +18,7 @@ from conveyor.kernels.signature import Param
 from conveyor.pipeline.plan import ArraySpec
 from conveyor.pipeline.reduce import BUILTIN_OPS
 from conveyor.pipeline.structs import check_struct as _check_layout
+from conveyor.pipeline.structs import struct_source
 
 
 def _foreign(value: Any, role: str) -> str | None:
@@ -282,9 +283,20 @@ def check_kernel(
     arrays += [(f"output {i}", a.dtype, None) for i, a in enumerate(outputs)]
     if reduce is not None:
         arrays.append(("the per-element reduce buffer", None, None))
+    # Struct layouts are read from the code the compiler sees (preprocessed, no comments).
+    code = (struct_source(kernel) if any(p.is_pointer and p.dtype is None for p in params)
+            else None)
     for index, (param, (what, dtype, given)) in enumerate(zip(params, arrays, strict=False)):
         if index not in images:
-            check_buffer(kernel.name, param, what, dtype, kernel.source, given)
+            check_buffer(kernel.name, param, what, dtype, code, given)
+        if index >= len(inputs) and (param.is_const or param.address == "constant"):
+            # The kernel cannot write it: the stream would copy back what the device buffer
+            # held (the chain refuses the same, chainbind).
+            raise InputError(
+                f"kernel {kernel.name!r} receives {what} through parameter {param.name!r} "
+                f"({param.type_text}), which is const: the kernel cannot write it, and the "
+                f"stream would return what the device buffer held. Drop const (and "
+                f"__constant) from that parameter")
     check_args(params[buffers:], args)
     for param in params[buffers + len(args):]:
         if param.is_pointer:
