@@ -53,7 +53,7 @@ ICD_VENDORS_VAR = "OCL_ICD_VENDORS"
 #: the kernel cache key must cover it, or a binary built under it is served to runs without it.
 PYOPENCL_BUILD_OPTIONS_VAR = "PYOPENCL_BUILD_OPTIONS"
 # gpu, cpu, cuda, opencl, cuda:N, opencl:P, opencl:P:D (the specs backends.device() takes)
-_DEVICE_SPEC = re.compile(r"(gpu|cpu|cuda|opencl)|cuda:\d+|opencl:\d+(:\d+)?")
+_DEVICE_SPEC = re.compile(r"(gpu|cpu|cuda|opencl)|cuda:\d+|opencl:\d+(:\d+)?", re.ASCII)
 # A size: a number, then optional unit; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024
 # (a bare K/M/G/T is refused: it means either).
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([a-z]*)", re.IGNORECASE | re.ASCII)
@@ -116,12 +116,17 @@ def parse_size(name: str, value: str) -> int:
                          f"'64MiB'")
     if match is None or unit not in _SIZE_UNITS:
         raise InputError(f"{name}={value!r} is not a size: use {SIZE_FORMS}")
-    whole_digits = len(match.group(1).partition(".")[0].lstrip("0"))
+    whole, _, fraction = match.group(1).partition(".")
+    whole, fraction = whole.lstrip("0"), fraction.rstrip("0")
     exponent = (match.group(2) or "0").lstrip("0") or "0"
-    if len(exponent) > 2 or whole_digits + int(exponent) > _SIZE_DIGITS:
+    if len(exponent) > 2 or len(whole) + int(exponent) > _SIZE_DIGITS:
         raise InputError(f"{name}={value!r} is larger than any memory (10**"
                          f"{_SIZE_DIGITS} bytes or more): use {SIZE_FORMS}")
-    number = Fraction(match.group(1)) * 10 ** int(match.group(2) or 0) * _SIZE_UNITS[unit]
+    if len(fraction) > 60:  # Python refuses int() of 4,300 digits or more
+        raise InputError(f"{name}={value!r} has more digits after its point than any size "
+                         f"needs: use {SIZE_FORMS}")
+    number = (Fraction(f"{whole or 0}.{fraction or 0}") * 10 ** int(exponent)
+              * _SIZE_UNITS[unit])
     if number.denominator != 1:
         raise InputError(f"{name}={value!r} is not a whole number of bytes: use {SIZE_FORMS}")
     return check_size_cap(name, value, int(number))
@@ -188,6 +193,14 @@ def warmup_bytes() -> int | None:
     return size
 
 
+def check_all() -> None:
+    """Read every ``CONVEYOR_*`` setting a stream may use: InputError naming the first one
+    that is malformed, wherever (or whether) a stream would read it."""
+    for reader in (pool_keep, warmup_bytes, prefault_mode, pinned_alloc_mode, pinned_budget,
+                   numa_mode, ring_grow, switch_interval, strict_mode, cache_disabled):
+        reader()
+
+
 def switch_interval() -> float | None:
     """``CONVEYOR_SWITCH_INTERVAL``: seconds Python may run one thread before switching while
     a stream runs (default 0.5 ms), or None for ``off`` (Python's own interval stays)."""
@@ -228,7 +241,11 @@ def cache_dir() -> Path:
     """The kernel cache directory: ``CONVEYOR_CACHE_DIR``, else the user's cache dir."""
     override = _get(CACHE_DIR_VAR)
     if override is not None:
-        path = Path(override).expanduser()
+        try:
+            path = Path(override).expanduser()
+        except RuntimeError as exc:  # "~nosuchuser/x": no such home
+            raise InputError(f"{CACHE_DIR_VAR}={override!r}: its ~ names no home directory "
+                             f"here: give an absolute path") from exc
         if not path.is_absolute():
             raise InputError(f"{CACHE_DIR_VAR}={override!r} must be an absolute path")
         return path

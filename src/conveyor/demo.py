@@ -100,8 +100,8 @@ def run(device_spec: str | None, mib: int, trace: str | None, plot: str | None) 
     print(f"result checked against NumPy: all {rows} elements equal")
     print(f"peak device memory {size_text(report.peak_device_bytes)} "
           f"<= limit {size_text(memory_limit)}")
-    if trace:
-        print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+    if report.trace_file:
+        print(f"trace written to {report.trace_file} (open it in https://ui.perfetto.dev)")
     if not trace and not plot:
         print("to see the timeline: add --trace demo.json --plot demo.png")
     if plot:

@@ -54,7 +54,7 @@ _MAX_LINKS = 40
 _SHARED = stat.S_ISVTX | stat.S_IWOTH
 
 
-def output_target(path: PathLike, what: str) -> Path:
+def output_target(path: PathLike, what: str, *, probe: bool = True) -> Path:
     """The file that writing ``path`` replaces (a symlink resolved to its target, see
     :func:`resolve`); InputError naming ``what`` (e.g. "output 0 c.npy") if a link on the way
     may have been planted by another user, if it is this process's standard output or error
@@ -81,6 +81,8 @@ def output_target(path: PathLike, what: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{what}: folder {folder} is not writable: write elsewhere or fix "
                          f"its permissions")
+    if probe:
+        _probe_folder(folder, what)
     longest = _name_max(folder) - _PART_EXTRA
     if len(os.fsencode(target.name)) > longest:
         # Found only at the end otherwise: the temporary file's name did not fit (exit 1
@@ -91,6 +93,19 @@ def output_target(path: PathLike, what: str) -> Path:
                          f"system's names hold {longest + _PART_EXTRA}: shorten it to "
                          f"{longest} bytes or fewer")
     return target
+
+
+def _probe_folder(folder: Path, what: str) -> None:
+    """InputError when no file can be made in ``folder``: ``os.access`` says yes to root for
+    /sys or a read-only mount, and the output, trace or plot then failed after the work."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".conveyor-probe-")
+    except OSError as exc:
+        raise InputError(f"{what}: cannot write in folder {folder} ({exc.strerror}): write "
+                         f"elsewhere or fix its permissions") from exc
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 #: Bytes a part file's name adds to its target's: "." + "." + 8 random characters + ".part".
@@ -306,7 +321,7 @@ def ready_part(fd: int, target: Path, durable: bool = True) -> None:
     if durable:
         os.fsync(fd)
     os.fchmod(fd, target_mode(target))
-    output_target(target, f"output {target}")
+    output_target(target, f"output {target}", probe=False)  # its part is in the folder
 
 
 def target_mode(target: Path) -> int:

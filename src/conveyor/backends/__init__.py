@@ -107,10 +107,10 @@ def device(spec: str | Device | None = None, *, warm_up: bool = True) -> Device:
 def _device(spec: str | None) -> Device:
     if spec is None:
         spec = config.default_device_spec()
-    # The pools read CONVEYOR_POOL_KEEP when a stream first needs them, mid-stream, and the
-    # warm-up CONVEYOR_WARMUP on its thread: a value that is no size is refused here, first.
-    config.pool_keep()
-    config.warmup_bytes()
+    # The pools read CONVEYOR_POOL_KEEP when a stream first needs them, mid-stream, the
+    # warm-up CONVEYOR_WARMUP on its thread, and the rest only on the paths that use them (a
+    # malformed CONVEYOR_PREFAULT went unseen on a zero-copy device): refused here, first.
+    config.check_all()
     if spec is None or spec.strip().lower() == "gpu":
         # A CUDA GPU ranks first: when CUDA has one, OpenCL need not be started.
         cuda_gpus = [d for d in backend_devices("cuda") if d.kind == "gpu"]

@@ -112,7 +112,7 @@ def load_kernel(device: Device, binary: bytes, name: str, options: Sequence[str]
                 names = []
             listing = ", ".join(n for n in names if n) or "none"
             raise InputError(f"no kernel named {name!r} in the program the compiler built "
-                             f"(after its macros and #if); kernels it has: {listing}") from exc
+                             f"(after its #define and #if); kernels found: {listing}") from exc
         raise CompileError(
             f"could not load kernel {name!r} from its binary on {device.name}: "
             f"{_code_name(exc.code)}"

@@ -88,8 +88,8 @@ def _after_map(options: argparse.Namespace, report: cv.Report) -> None:
     elif not options.quiet:
         print(report)
         print(f"wrote {', '.join(options.outputs)}")
-        if options.trace:
-            print(f"trace written to {options.trace}")
+        if report.trace_file:
+            print(f"trace written to {report.trace_file}")
         if options.plot:
             print(f"timeline written to {options.plot}")
 
@@ -107,8 +107,8 @@ def run_reduce(options: argparse.Namespace) -> int:
         print(_plain(report.result))
     else:
         print(report)
-        if options.trace:
-            print(f"trace written to {options.trace}")
+        if report.trace_file:
+            print(f"trace written to {report.trace_file}")
         print(f"{options.op} = {_plain(report.result)}")
     return 0
 
@@ -298,8 +298,8 @@ def _print_json(options: argparse.Namespace, report: cv.Report, **extra: Any) ->
             "ceiling_ratio_in": report.ceiling_ratio_in,
             "ceiling_ratio_out": report.ceiling_ratio_out,
         })
-    if options.trace:
-        figures["trace"] = options.trace
+    if report.trace_file:
+        figures["trace"] = report.trace_file
     if getattr(options, "plot", None):
         figures["plot"] = options.plot
     print(json.dumps(_finite(figures)))

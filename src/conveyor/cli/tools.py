@@ -36,6 +36,13 @@ def run_devices(options: argparse.Namespace) -> int:
         print("no device found: install pocl-binary-distribution, or a GPU driver")
     for problem in problems(found, probe=True):
         print(f"note: {problem}")
+    from conveyor import config
+
+    for reader in (config.default_device_spec, config.check_all):
+        try:  # every other command refuses these: say so here, where devices are chosen
+            reader()
+        except InputError as exc:
+            print(f"note: {exc}")
     for dev in found:
         if dev.host_place is not None:  # several NUMA nodes (memory/numa.py)
             print(f"{dev.spec}: pinned memory and staging threads on host NUMA "
@@ -193,6 +200,13 @@ def run_cache(options: argparse.Namespace) -> int:
     from conveyor.kernels.build import default_cache
 
     cache = default_cache()
+    if cache is None and options.action == "clear":
+        # Off for builds, but the entries of earlier runs are still on disk: clear them.
+        from conveyor import config
+        from conveyor.kernels.cache import KernelCache
+
+        print("the kernel cache is off (CONVEYOR_NO_CACHE is set); clearing its folder anyway")
+        cache = KernelCache(config.cache_dir())
     if cache is None:
         print("the kernel cache is off (CONVEYOR_NO_CACHE is set)")
         return 0

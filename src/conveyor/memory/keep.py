@@ -79,8 +79,14 @@ def configure(*, pinned_budget: int | str | None = None) -> dict[str, int]:
     "8GiB"; lowering it releases the least recently used ones at once."""
     global _budget
     if pinned_budget is not None:
-        if isinstance(pinned_budget, str):
-            pinned_budget = config.parse_size("pinned_budget", pinned_budget)
+        from conveyor.pipeline.options import size
+
+        try:  # an int, a NumPy integer, an integral float or a size string, as cv.stream's
+            pinned_budget = size("pinned_budget", pinned_budget)
+        except InputError:
+            if isinstance(pinned_budget, str):
+                raise  # the size's own message
+            # anything else is refused below, with this option's own advice
         if isinstance(pinned_budget, bool) or not isinstance(pinned_budget, int) \
                 or pinned_budget < 0:
             raise InputError(f"pinned_budget={pinned_budget!r}: use 0 or more bytes (an int "

@@ -211,6 +211,22 @@ def _address(array: np.ndarray) -> int:
     return int(array.__array_interface__["data"][0])
 
 
+def file_backed(array: np.ndarray) -> bool:
+    """True when ``array``'s memory is a mapping of a file (np.memmap, an mmap)."""
+    return _file_backed(array)
+
+
+def read_maps() -> list[tuple[int, int, int, str]]:
+    """This process's file mappings (see :func:`_read_maps`)."""
+    return _read_maps()
+
+
+def mapped_path(array: np.ndarray, maps: list[tuple[int, int, int, str]]) -> str | None:
+    """The path of the file behind file-backed ``array`` (None where not found)."""
+    low = byte_bounds(array)[0]
+    return next((path for start, end, _, path in maps if start <= low < end), None)
+
+
 def _file_backed(array: np.ndarray) -> bool:
     base: object = array
     while base is not None:

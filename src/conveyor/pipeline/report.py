@@ -54,6 +54,9 @@ class Report:
     #: Several devices: the latest device's finish minus the earliest's, as a share of wall
     #: time (0 is perfectly even); None on one device.
     imbalance: float | None = None
+    #: The Chrome trace file written (``trace=``); None when none was asked for or it could
+    #: not be written (a warning said why).
+    trace_file: str | None = None
     _timeline: Timeline | None = field(default=None, repr=False)
     _ceiling: Any = field(default=_UNREAD, repr=False)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import files
+from conveyor import config, files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError, note_outputs_written
 from conveyor.memory import hostmem
@@ -166,6 +166,7 @@ def stream(
                                    zero_copy=zero_copy, progress=progress, strict=strict,
                                    warmup=warmup, boundary=boundary, first_row=first_row)
         keep_pinned = flag("keep_pinned", keep_pinned)  # "no" or a callback is no True
+        config.check_all()  # every CONVEYOR_* variable, used on this stream's paths or not
         inputs, outputs = as_inputs(inputs), as_outputs(outputs)
         if isinstance(compute, KernelFuture):
             compute = compute.result()  # load now, before any block is in flight
@@ -240,6 +241,7 @@ def stream(
 
             try:
                 save_chrome_trace(report.timeline, trace)
+                report.trace_file = trace
             except OSError as exc:  # the outputs are committed: a side file must not lose them
                 warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
                               f"itself succeeded", RuntimeWarning, stacklevel=2)
@@ -303,16 +305,22 @@ def open_sinks(sinks: Sequence[Sink], plan: Plan, reduction: Reduction | None, d
         return None
     commit_all(sinks)
     return Report(device=device, depth=depth, outputs=[s.result for s in sinks],
-                  block_rows=plan.block_rows,
+                  block_rows=plan.block_rows, rows=plan.rows,
                   result=reduction.result() if reduction is not None else None)
 
 
 def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:
     """InputError when ``trace`` names a file the stream reads or writes: the trace, written
     last, would replace it."""
+    maps = None
     for kind, ends in (("input", sources), ("output", sinks)):
         for index, end in enumerate(ends):
             path = getattr(end, "path", None)
+            array = getattr(end, "array", None)
+            if path is None and isinstance(array, np.ndarray) and overlap.file_backed(array):
+                # A memmap's file (np.load(mmap_mode=), open_memmap): the trace replaced it.
+                maps = overlap.read_maps() if maps is None else maps
+                path = overlap.mapped_path(array, maps)
             if path is not None and files.same_file(trace, path):
                 raise InputError(f"trace={trace!r} names the same file as {kind} {index} "
                                  f"({path}): the trace would replace it; write the trace "

@@ -18,6 +18,8 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +76,21 @@ def _read(path: Path) -> Any:
     """The JSON document in ``path``; None when it cannot be read or parsed (nesting too deep
     for the parser included: json raises RecursionError, no ValueError, for it)."""
     try:
-        return json.loads(path.read_text())
+        # Non-blocking, and only a regular file of at most 1 MiB: a FIFO put in its place
+        # hung every str(report), and a link to /dev/zero would read until memory ran out.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 1 << 20:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            return json.loads(handle.read(1 << 20).decode())
     except (OSError, ValueError, RecursionError):
         return None
+    finally:
+        os.close(fd)
 
 
 def link_ceiling(spec: str, name: str, cache_dir: Path | None = None) -> LinkCeiling | None:

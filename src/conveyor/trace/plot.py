@@ -152,6 +152,8 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
             axes.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, alpha=alpha,
                              edgecolor="none")
     axes.set_yticks(range(len(rows)), labels=[label for label, _, _ in rows])
+    for tick in axes.get_yticklabels():  # "$...$" in a link's name is text, not mathtext
+        tick.set_parse_math(False)
     axes.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # journey order, top to bottom
     if not rows:  # a stream of zero-length inputs ran no block: say so, not an empty grid
         axes.text(0.5, 0.5, "no blocks: the inputs are empty", transform=axes.transAxes,
