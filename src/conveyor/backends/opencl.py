@@ -716,7 +716,11 @@ class Device(base.Device):
         import pyopencl.array as cl_array
 
         assert isinstance(queue, Queue)
-        return cl_array.Array(queue._q, shape, dtype, data=_cl_buf(buf))
+        # A Buffer object of its own, holding its own reference to the memory: conveyor
+        # releases its buffer when the block retires or the pool trims, and an array the
+        # callable kept (or a traceback's repr of it) then read freed memory: a SIGSEGV.
+        own = cl.Buffer.from_int_ptr(_cl_buf(buf).int_ptr, retain=True)
+        return cl_array.Array(queue._q, shape, dtype, data=own)
 
     # Images live in opencl_images.py (this file keeps the buffer backend's shape).
     def image_limits(self) -> base.ImageLimits:

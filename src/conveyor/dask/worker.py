@@ -13,6 +13,7 @@ state crosses a fork (the OpenCL backend refuses use after a fork anyway).
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.errors import InputError
+from conveyor.errors import CompileError, InputError
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
     KernelSpec or a callable is sent as is. InputError for anything else."""
     from conveyor.backends.base import Device, Kernel
     from conveyor.kernels.build import KernelFuture
-    from conveyor.pipeline.options import StreamOptions
+    from conveyor.pipeline.options import StreamOptions, flag
 
     spec: str | None
     if device is None or isinstance(device, str):
@@ -112,7 +113,10 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
                                                         "memory_limit", "workers")})
     kept = {"depth": parsed.depth, "block_bytes": parsed.block_bytes,
             "memory_limit": parsed.memory_limit, "workers": parsed.workers,
-            **{k: v for k, v in options.items() if k in ("strict", "zero_copy")}}
+            # Checked here, on the client: refused on every worker, a file stream had made
+            # its part files first (zero_copy=None means "decide", as in cv.stream).
+            **{k: (v if v is None and k == "zero_copy" else flag(k, v))
+               for k, v in options.items() if k in ("strict", "zero_copy")}}
     return Job(what, spec, _tables(parsed.args), kept)
 
 
@@ -173,16 +177,19 @@ def warm(compute: Any, *, client: Any = None, device: Any = None) -> dict[str, s
     return result
 
 
-def _warm_here(job: Job) -> str:
+def _warm_here(job: Job, dask_worker: Any = None) -> str:
+    """Build ``job``'s kernel on this worker (``client.run`` passes the worker as
+    ``dask_worker``: ``get_worker()`` does not answer inside it)."""
     assert isinstance(job.compute, KernelSpec)
     try:
         dev, _ = resolve(job)
     except Exception as exc:
         exc.add_note(f"conveyor.dask: building kernel {job.compute.name!r}, on worker "
-                     f"{worker_name()}")
-        _travel_light(exc)
-        raise
-    return str(dev.spec)
+                     f"{worker_name(dask_worker)}")
+        failure = _ready_to_travel(exc)
+    else:
+        return str(dev.spec)
+    raise failure  # outside the handler: no __context__ (Dask pickles it, with tblib)
 
 
 def cached_kernels() -> int:
@@ -203,8 +210,8 @@ def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, wher
                          args=job.args, first_row=first_row, **job.options)
     except Exception as exc:
         exc.add_note(f"conveyor.dask: {where}, on worker {worker_name()}")
-        _travel_light(exc)
-        raise
+        failure = _ready_to_travel(exc)
+    raise failure  # outside the handler: no __context__ (Dask pickles it, with tblib)
 
 
 def _travel_light(exc: BaseException) -> None:
@@ -221,12 +228,60 @@ def _travel_light(exc: BaseException) -> None:
     exc.__suppress_context__ = True
 
 
-def worker_name() -> str:
-    """This Dask worker's name and address (or the process id outside a worker)."""
+def _ready_to_travel(exc: BaseException) -> BaseException:
+    """``exc`` as it can reach the client with its message and notes: its chain cut
+    (:func:`_travel_light`), its text shortened under Dask's ``max-error-length`` (longer, Dask
+    replaced it with "Long error message" and dropped the notes), and, where it still cannot
+    be pickled (PyOpenCL's errors hold an ``_ErrorRecord``; Dask then sent a bare
+    ``Exception`` of its repr), a BackendError carrying its type, message and notes."""
+    _travel_light(exc)
+    _fit_text(exc)
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        from conveyor.errors import BackendError
+
+        plain = BackendError(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+        for note in getattr(exc, "__notes__", ()):
+            plain.add_note(note)
+        plain.__traceback__ = exc.__traceback__  # where it was raised, for the client
+        _fit_text(plain)
+        return plain
+
+
+def _fit_text(exc: BaseException) -> None:
+    """Shorten ``exc``'s message (a CompileError's build log first) to Dask's
+    ``distributed.admin.max-error-length``, saying how much was cut."""
+    try:
+        import dask
+
+        limit = int(dask.config.get("distributed.admin.max-error-length", 10_000))
+    except Exception:
+        limit = 10_000
+    over = len(str(exc)) - (limit - 100)  # room for the line that says what was cut
+    if over <= 0:
+        return
+    if isinstance(exc, CompileError) and len(exc.log) > over:
+        exc.log = f"{exc.log[:len(exc.log) - over]}\n... ({over} more characters of the log)"
+        return
+    for attr in ("message",):
+        text = getattr(exc, attr, None)
+        if isinstance(text, str) and len(text) > over:
+            setattr(exc, attr, f"{text[:len(text) - over]} ... ({over} more characters)")
+            return
+    if len(exc.args) == 1 and isinstance(exc.args[0], str) and len(exc.args[0]) > over:
+        text = exc.args[0]
+        exc.args = (f"{text[:len(text) - over]} ... ({over} more characters)",)
+
+
+def worker_name(worker: Any = None) -> str:
+    """This Dask worker's name and address (or the process id outside a worker); ``worker``
+    where the caller has it (``client.run`` passes it)."""
     try:
         from distributed import get_worker
 
-        worker = get_worker()
+        worker = worker if worker is not None else get_worker()
     except (ImportError, ValueError):
         return f"pid {os.getpid()}"
     return f"{worker.name} ({worker.address}, pid {os.getpid()})"

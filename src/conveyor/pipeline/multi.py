@@ -238,6 +238,12 @@ def _chain_several(chain: Chain, sources: list[Source], sinks: list[Sink],
     device, its temps counted in the one plan."""
     bound = [_chain_for(chain, dev, homes).bind(dev, sources, sinks, opts.args, opts.reduce)
              for dev in devices]
+    for link in getattr(bound[0], "links", ()):
+        if getattr(getattr(link, "residents", None), "device_arrays", None):
+            # As for one kernel (_residents): one device's pointer would reach the others.
+            raise InputError(f"{link.where()}: a device array in args= lives on one device: "
+                             f"with several devices pass a NumPy array or "
+                             f"cv.resident(array), uploaded to each")
     first = sources[0]
     reduction = Reduction.make(opts.reduce, bound[0].element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
@@ -252,8 +258,12 @@ def _chain_for(chain: Chain, device: Device, homes: _Homes) -> Chain:
     links: list[Any] = []
     for item in chain.links:
         if isinstance(item, Link):
-            links.append(replace(item, compute=kernel_for(item.compute, device),
-                                 args=tuple(_args_for(item.args, device, homes))))
+            compute = kernel_for(item.compute, device)
+            # A callable link gets its args as given, the handle on every device (as a plain
+            # callable over several devices does): only a kernel's are device tables.
+            args = (tuple(_args_for(item.args, device, homes)) if isinstance(compute, Kernel)
+                    else item.args)
+            links.append(replace(item, compute=compute, args=args))
         else:
             links.append(kernel_for(item, device))
     made = copy.copy(chain)
