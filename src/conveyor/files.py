@@ -23,6 +23,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import stat
 import tempfile
 import warnings
@@ -54,7 +55,7 @@ _MAX_LINKS = 40
 _SHARED = stat.S_ISVTX | stat.S_IWOTH
 
 
-def output_target(path: PathLike, what: str, *, probe: bool = True) -> Path:
+def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
     """The file that writing ``path`` replaces (a symlink resolved to its target, see
     :func:`resolve`); InputError naming ``what`` (e.g. "output 0 c.npy") if a link on the way
     may have been planted by another user, if it is this process's standard output or error
@@ -98,14 +99,19 @@ def output_target(path: PathLike, what: str, *, probe: bool = True) -> Path:
 def _probe_folder(folder: Path, what: str) -> None:
     """InputError when no file can be made in ``folder``: ``os.access`` says yes to root for
     /sys or a read-only mount, and the output, trace or plot then failed after the work."""
+    probe = folder / f".conveyor-probe-{os.getpid()}-{secrets.token_hex(6)}"
+    ours = True  # until the open says the name was another's (EEXIST)
     try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".conveyor-probe-")
-    except OSError as exc:
-        raise InputError(f"{what}: cannot write in folder {folder} ({exc.strerror}): write "
-                         f"elsewhere or fix its permissions") from exc
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError as exc:
+            ours = exc.errno != errno.EEXIST
+            raise InputError(f"{what}: cannot write in folder {folder} ({exc.strerror}): "
+                             f"write elsewhere or fix its permissions") from exc
+    finally:  # a Ctrl-C right after the file was made must not leave it
+        if ours:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
 
 
 #: Bytes a part file's name adds to its target's: "." + "." + 8 random characters + ".part".
@@ -321,7 +327,7 @@ def ready_part(fd: int, target: Path, durable: bool = True) -> None:
     if durable:
         os.fsync(fd)
     os.fchmod(fd, target_mode(target))
-    output_target(target, f"output {target}", probe=False)  # its part is in the folder
+    output_target(target, f"output {target}")
 
 
 def target_mode(target: Path) -> int:

@@ -179,7 +179,7 @@ def test_a_refused_commit_of_a_later_output_leaves_the_earlier_one_as_it_was(dev
 
     def plant(x, y, z, offset=0, n=None, **_):
         # On the last block, a folder takes b.npy's place: its commit must be refused.
-        if offset + len(x) >= 1000 and not b.is_dir():
+        if offset + n >= 1000 and not b.is_dir():
             b.unlink()
             b.mkdir()
 

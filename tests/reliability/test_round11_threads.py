@@ -538,13 +538,19 @@ def test_overlapping_kept_views_and_changes_through_one_of_them(device, monkeypa
     # guard: two kept views that overlap; a stream of either, of their common rows, or of
     # rows neither covers alone is exact, also after the host changes the rows through the
     # other view between streams.
+    # On the GPU run of round eleven, NVIDIA's OpenCL read rows changed through `second` stale
+    # in a stream of `first`: a block's copy went through `second`'s registration, which the
+    # stream had not synced. CUDA refuses to register memory already registered in part.
     chosen = _chosen(monkeypatch)
     x = data((40_000,), np.float32, 18)
     first, second = x[:30_000], x[10_000:]
-    assert cv.keep_pinned(first, device=device) and cv.keep_pinned(second, device=device)
-    assert keep.kept_bytes() == first.nbytes + second.nbytes
+    assert cv.keep_pinned(first, device=device)
+    both = cv.keep_pinned(second, device=device)
+    assert both == (device.backend != "cuda")
+    assert keep.kept_bytes() == first.nbytes + (second.nbytes if both else 0)
     k = kernel(device, "add")
-    for view, path in ((x, "StagedIn"), (first, "DirectIn"), (second, "DirectIn"),
+    for view, path in ((x, "StagedIn"), (first, "DirectIn"),
+                       (second, "DirectIn" if both else "StagedIn"),
                        (x[5_000:35_000], "StagedIn"), (x[10_000:30_000], "DirectIn")):
         out = np.zeros_like(view)
         chosen.clear()

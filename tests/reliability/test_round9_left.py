@@ -241,12 +241,16 @@ def test_a_table_without_fields_for_a_struct_pointer_is_refused(device):
     np.testing.assert_array_equal(out, x + np.tile(per, 2).astype(np.float32))
 
 
-def test_a_struct_the_source_does_not_define_is_not_judged(device):
-    # A guard: from a macro (or a header) conveyor cannot lay the struct out, so a table
-    # without fields streams as before.
+def test_a_struct_a_macro_defines_is_judged_as_the_compiler_sees_it(device):
+    # Struct layouts are read from the preprocessed code since round eleven: a struct that a
+    # macro defines is laid out too, so a table without fields is refused as for a struct
+    # written out (it streamed unchecked before), and the records' dtype streams.
     rec_lut = _kernel(device, _MACRO, "rec_lut")
     x = np.zeros(8, np.float32)
-    cv.stream(rec_lut, [x], [np.float32], args=(np.zeros(8, np.float32),), device=device)
+    with pytest.raises(cv.InputError, match="has no fields"):
+        cv.stream(rec_lut, [x], [np.float32], args=(np.zeros(8, np.float32),), device=device)
+    records = np.zeros(8, np.dtype([("a", "u1"), ("b", "<f4")], align=True))
+    cv.stream(rec_lut, [x], [np.float32], args=(records,), device=device)
     assert_clean(device)
 
 

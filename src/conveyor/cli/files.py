@@ -19,7 +19,7 @@ def refuse_to_replace(named: Sequence[tuple[str, str | None]], force: bool) -> N
     would come after the outputs were written."""
     given = [(option, path) for option, path in named if path is not None]
     for option, path in given:
-        output_target(path, f"{option} {path}")
+        output_target(path, f"{option} {path}", probe=True)
     if force:
         return
     for _, path in given:

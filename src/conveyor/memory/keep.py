@@ -276,13 +276,14 @@ def release_device(device: Device) -> None:
 
 def find(device: Device, array: np.ndarray, *, written: bool = False) -> Kept | None:
     """The kept registration that covers all of ``array`` on ``device`` (one the device may
-    write, for ``written``), or None."""
+    write, for ``written``), or None; of several (overlapping kept views), the one a stream
+    held last (:func:`hold` moves what it holds to the end)."""
     if not _kept:
         return None
     start = int(array.__array_interface__["data"][0])
     end = start + array.nbytes
     with _lock:
-        for kept in _kept.values():
+        for kept in reversed(_kept.values()):
             if kept.device is device and kept.address <= start \
                     and end <= kept.address + kept.nbytes and (kept.writable or not written):
                 return kept
@@ -349,6 +350,21 @@ def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()
                 _kept.move_to_end(kept.key)
                 if not w:
                     read[id(kept)] = kept
+        # Every other kept view over the bytes read is told too: a block's copy may go
+        # through any registration that covers it (NVIDIA's OpenCL keeps a copy per
+        # registration: rows changed through one overlapping view were read stale).
+        # (Held too: the stream may copy through them.)
+        for array, w in zip(arrays, writes, strict=True):
+            if w or not array.flags.c_contiguous or not array.nbytes:
+                continue
+            low = int(array.__array_interface__["data"][0])
+            high = low + array.nbytes
+            for other in list(_kept.values()):
+                if (other.device is device and other.address < high and not other.doomed
+                        and low < other.address + other.nbytes and id(other) not in read):
+                    other.holds += 1
+                    held.append(other)
+                    read[id(other)] = other
     # Only what the stream reads: an output's every byte is written (and mapped back per
     # block), and on a driver that keeps its own copy this sync uploads the whole array.
     holds = Holds(held)

@@ -191,7 +191,7 @@ def stream(
         if trace is not None:
             # A str or pathlib.Path, as report.timeline.save takes.
             trace = files.path_text(trace, "trace=")
-            files.output_target(trace, f"trace={trace!r}")  # before any work, not after it
+            files.output_target(trace, f"trace={trace!r}", probe=True)  # before any work
         sources: list[Source] = []
         sinks: list[Sink] = []
         try:

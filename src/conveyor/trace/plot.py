@@ -120,10 +120,10 @@ def plot_file(path: str | os.PathLike[str], what: str) -> str:
                          f"to write, e.g. {os.path.join(text, 'timeline.png')!r}")
     beside = final_path(text)[0] != text  # x given, x.png written
     if not (beside and os.path.isdir(text)):
-        files.output_target(path, what)
+        files.output_target(path, what, probe=True)
     target = plot_target(path)
     if beside:
-        files.output_target(target, what)
+        files.output_target(target, what, probe=True)
     return target
 
 

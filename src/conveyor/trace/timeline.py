@@ -298,7 +298,7 @@ class Timeline:
         from conveyor import files
         from conveyor.trace.export import save_chrome_trace
 
-        files.output_target(path, _call("save", path))
+        files.output_target(path, _call("save", path), probe=True)
         save_chrome_trace(self, path)
 
     def plot(self, path: str | os.PathLike[str], *, title: str | None = None,
