@@ -289,6 +289,8 @@ def check_kernel(
     for index, (param, (what, dtype, given)) in enumerate(zip(params, arrays, strict=False)):
         if index not in images:
             check_buffer(kernel.name, param, what, dtype, code, given)
+        if index < len(inputs) and dtype == np.bool_ and param.dtype == np.bool_:
+            _check_bool_bytes(what, given)
         if index >= len(inputs) and (param.is_const or param.address == "constant"):
             # The kernel cannot write it: the stream would copy back what the device buffer
             # held (the chain refuses the same, chainbind).
@@ -373,6 +375,20 @@ def check_args(params: Sequence[Param], args: Sequence[Any]) -> None:
                 f"({param.type_text}) but receives a resident array: declare it as a "
                 f"pointer (__global const {param.type_text}*), or pass a scalar")
         _check_arg(param, index, value)
+
+
+def _check_bool_bytes(what: str, source: Any) -> None:
+    """InputError for a bool array holding bytes other than 0 and 1 (``np.frombuffer(raw,
+    bool)``, ``u8.view(bool)``): NumPy reads every nonzero byte as True, but a kernel's
+    ``bool`` load is the compiler's (PoCL's reads the low bit: 2 was false, NVIDIA's reads
+    nonzero). Arrays in memory are checked; files and iterables are read as they stream."""
+    array = getattr(source, "array", None)
+    if isinstance(array, np.ndarray) and array.size and bool(
+            np.any(np.ascontiguousarray(array).view(np.uint8) > 1)):
+        raise InputError(
+            f"{what} is a bool array holding bytes other than 0 and 1, which NumPy reads as "
+            f"True but a kernel's bool load may not: pass np.not_equal(a.view(np.uint8), 0) "
+            f"(NumPy's own bools), or declare the parameter uchar* and test != 0")
 
 
 def check_count(param: Param) -> None:
