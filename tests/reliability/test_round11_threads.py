@@ -670,7 +670,7 @@ def test_two_threads_reading_a_report_timeline_at_once_both_get_it(device):
         def local(frame, event, arg):
             if event == "line" and frame.f_lineno in held_at and not paused.is_set():
                 paused.set()
-                resume.wait(2)  # the fix holds a lock here: this thread waits it out
+                resume.wait(0.5)  # the fix holds a lock here: this thread waits it out
             return local
         return local
 
