@@ -193,3 +193,20 @@ def _cupy_stream(queue):
     if hasattr(cupy.cuda.Stream, "from_external"):
         return cupy.cuda.Stream.from_external(queue)
     return cupy.cuda.ExternalStream(int(queue.handle))
+
+
+def record_paths(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], list[str]]]:
+    """From now on (until ``monkeypatch`` undoes it), each stream's path classes: one
+    ``([input path classes], [output path classes])`` per stream, appended as it chooses."""
+    from conveyor.pipeline import paths as paths_module
+
+    chosen: list[tuple[list[str], list[str]]] = []
+    real = paths_module.choose
+
+    def choose(*args, **kwargs):
+        ins, outs = real(*args, **kwargs)
+        chosen.append(([type(p).__name__ for p in ins], [type(p).__name__ for p in outs]))
+        return ins, outs
+
+    monkeypatch.setattr(paths_module, "choose", choose)
+    return chosen

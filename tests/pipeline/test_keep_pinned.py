@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from streamkit import add_reference, data, kernel, stencil_reference
+from streamkit import add_reference, data, kernel, record_paths, stencil_reference
 
 import conveyor as cv
 from conveyor.memory import keep
@@ -32,15 +32,8 @@ def nothing_kept_before_or_after():
 
 def _paths(device, monkeypatch, run):
     """Run ``run()`` (one stream); return the classes of its input and output paths."""
-    chosen: list[tuple[list[str], list[str]]] = []
     real = paths_module.choose
-
-    def choose(*args, **kwargs):
-        ins, outs = real(*args, **kwargs)
-        chosen.append(([type(p).__name__ for p in ins], [type(p).__name__ for p in outs]))
-        return ins, outs
-
-    monkeypatch.setattr(paths_module, "choose", choose)
+    chosen = record_paths(monkeypatch)
     try:
         run()
     finally:

@@ -7,11 +7,10 @@ import threading
 
 import numpy as np
 import pytest
-from streamkit import add_reference, kernel
+from streamkit import add_reference, kernel, record_paths
 
 import conveyor as cv
 from conveyor import closing
-from conveyor.pipeline import paths as paths_module
 from conveyor.pipeline import staged as staged_module
 from conveyor.pipeline.options import StreamOptions
 
@@ -20,15 +19,7 @@ ROWS = 4096
 
 def _chosen(device, monkeypatch, inputs, outputs, **kw):
     """Stream an add; return the path classes chosen for inputs and outputs."""
-    chosen: list[tuple[list[str], list[str]]] = []
-    real = paths_module.choose
-
-    def choose(*args, **kwargs):
-        ins, outs = real(*args, **kwargs)
-        chosen.append(([type(p).__name__ for p in ins], [type(p).__name__ for p in outs]))
-        return ins, outs
-
-    monkeypatch.setattr(paths_module, "choose", choose)
+    chosen = record_paths(monkeypatch)
     cv.stream(kernel(device, "add"), inputs, outputs, device=device, block_bytes=4096, **kw)
     assert len(chosen) == 1  # once per stream, not per block
     return chosen[0]

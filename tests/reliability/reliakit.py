@@ -19,6 +19,7 @@ from streamkit import (  # noqa: E402
     data,
     in_use,
     kernel,
+    record_paths,
     stage_threads,
     stencil_reference,
     store,
@@ -29,7 +30,8 @@ import conveyor as cv  # noqa: E402
 
 __all__ = [
     "Boom", "add_reference", "assert_clean", "data", "in_use", "kernel", "next_stream_right",
-    "stage_threads", "stencil_reference", "store", "to_host", "vadd_arrays",
+    "opencl_c_only", "record_paths", "stage_threads", "stencil_reference", "store", "to_host",
+    "vadd_arrays",
 ]
 
 
@@ -41,6 +43,15 @@ def vadd_arrays(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """Inputs a, b and a zeroed output c for the add kernel."""
     a, b = data((n,), np.float32, seed), data((n,), np.float32, seed + 1)
     return a, b, np.zeros_like(a)
+
+
+def opencl_c_only(device: cv.Device) -> None:
+    """Skip on CUDA: the test's kernels are OpenCL C (atomic_add, __constant, get_global_id
+    without cv.portable); the behaviour they guard is the engine's, tried on OpenCL."""
+    import pytest
+
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels")
 
 
 def assert_clean(device: cv.Device) -> None:

@@ -35,17 +35,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, compiled, store, to_host  # noqa: E402
+from reliakit import assert_clean, compiled, opencl_c_only, store, to_host  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
-
-
-def _opencl_c_only(device) -> None:
-    """Skip on CUDA: the test's kernels are OpenCL C (atomic_add, __constant, get_global_id
-    without cv.portable); the behaviour they guard is the engine's, tried on OpenCL."""
-    if device.backend != "opencl":
-        pytest.skip("OpenCL C kernels")
 
 KERNELS = """
 __kernel void inc(__global const float *x, __global float *y, ulong offset, ulong n) {
@@ -224,7 +217,7 @@ def test_a_device_array_a_callable_link_kept_does_not_crash_the_process(device, 
 def test_guard_a_temp_written_by_several_links_in_turn(device, zero_copy):
     # guard: a temp written four times (read and written by one link, written by a link
     # that reads nothing) holds the last value at the link that reads it; so does an output
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = values(10_007)
     y = np.zeros_like(x)
     chain = cv.chain(cv.link(k(device, "dbl"), "in0", "t0"),
@@ -247,7 +240,7 @@ def test_guard_a_temp_written_by_several_links_in_turn(device, zero_copy):
 def test_guard_the_halo_read_by_the_second_link_only(device, boundary):
     # guard: link 0 ignores the halo rows (reads each row's centre into a temp), link 1 reads
     # the rows h before and after from the input again
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = (np.arange(1003 * 3, dtype=np.float32) % 17).reshape(1003, 3)
     h = 2
     p = padded(x, h, boundary)
@@ -263,7 +256,7 @@ def test_guard_the_halo_read_by_the_second_link_only(device, boundary):
 def test_guard_reads_in_an_order_no_link_can_run_are_refused(device):
     # guard: a temp read before it is written (also by the link that writes it), an output
     # read by a link before the later link that writes it: InputError before any work
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = values(100)
     y = np.full_like(x, 7)
     cases = [
@@ -285,7 +278,7 @@ def test_guard_reads_in_an_order_no_link_can_run_are_refused(device):
 def test_guard_a_chain_in_place_with_a_halo(device, boundary, zero_copy):
     # guard: in == out with halo 2, the output written by the first link and the input read
     # again (halo rows included) by the second: NumPy's answer on every path
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x0 = (np.arange(1003 * 3, dtype=np.float32) % 17).reshape(1003, 3)
     h = 2
     p = padded(x0, h, boundary)
@@ -305,7 +298,7 @@ def test_guard_a_chain_in_place_with_a_halo(device, boundary, zero_copy):
 @pytest.mark.parametrize("zero_copy", [None, False])
 def test_guard_a_chain_that_swaps_two_arrays_in_place(device, halo, zero_copy):
     # guard: inputs=[a, b], outputs=[b, a]; link 1 reads b after link 0 wrote it (as out0)
-    _opencl_c_only(device)
+    opencl_c_only(device)
     a0 = np.arange(5000, dtype=np.float32)
     b0 = a0 * 3 + 1
     a, b = a0.copy(), b0.copy()
@@ -329,7 +322,7 @@ def test_guard_a_chain_that_swaps_two_arrays_in_place(device, halo, zero_copy):
 # -- guards: one link, twenty links ------------------------------------------------------------
 def test_guard_a_chain_of_one_link_is_the_kernel(device):
     # guard: cv.chain(k), cv.chain([k]) and cv.chain(cv.link(k, ...)) equal cv.stream(k)
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = values(10_007)
     for chain in (cv.chain(k(device, "inc")), cv.chain([k(device, "inc")]),
                   cv.chain(cv.link(k(device, "inc"), "in0", "out0"))):
@@ -353,7 +346,7 @@ def test_guard_twenty_links_of_one_kernel_object_on_one_and_two_devices(pair):
 # -- guards: reductions and records at the end -------------------------------------------------
 def test_guard_kernel_reductions_ending_a_chain_with_a_halo(device):
     # guard: the last link folds values made from the input's halo rows and a temp
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = (np.arange(1003 * 3, dtype=np.float32) % 17).reshape(1003, 3)
     h = 1
     p = padded(x, h, "nearest")
@@ -381,7 +374,7 @@ def test_guard_a_reduction_with_a_ratio_output_beside_it_over_two_devices(pair):
 def test_guard_a_per_block_record_read_by_a_later_link(device):
     # guard: link 0 writes each block's mean into a cv.per_block record; link 1 reads the
     # record (a device buffer of one record) to centre the block
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = values(10_007)
     chain = cv.chain(cv.link(k(device, "mean"), "in0", "out0"),
                      cv.link(k(device, "less"), ("in0", "out0"), "out1"))
@@ -397,7 +390,7 @@ def test_guard_a_per_block_record_read_by_a_later_link(device):
 def test_guard_an_upsampled_output_read_by_a_later_link(device):
     # guard: a cv.rows(ratio=(2, 1)) output written by a kernel or returned by a callable,
     # then read by the next link
-    _opencl_c_only(device)
+    opencl_c_only(device)
     import pyopencl.array as cla
 
     x = values(10_007)
@@ -416,7 +409,7 @@ def test_guard_an_upsampled_output_read_by_a_later_link(device):
 
 def test_guard_a_temp_wider_than_input_rows_between_a_kernel_and_a_callable(device):
     # guard: a ((4,), float32) temp per float32 element of input 0
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = values(10_007)
 
     def row_sums(t, y, *, queue, offset, n):
@@ -431,7 +424,7 @@ def test_guard_a_temp_wider_than_input_rows_between_a_kernel_and_a_callable(devi
 
 # -- guards: resident tables -------------------------------------------------------------------
 def test_guard_one_writable_table_counted_into_by_two_links(device):
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = values(10_007)
     counts = np.zeros(8, np.int32)
     y = np.zeros_like(x)

@@ -40,16 +40,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import compiled, to_host  # noqa: E402
+from reliakit import compiled, opencl_c_only, to_host  # noqa: E402
 
 import conveyor as cv  # noqa: E402
-
-
-def _opencl_c_only(device) -> None:
-    """Skip on CUDA: the test's kernels are OpenCL C (atomic_add, __constant, get_global_id
-    without cv.portable); the behaviour they guard is the engine's, tried on OpenCL."""
-    if device.backend != "opencl":
-        pytest.skip("OpenCL C kernels")
 
 LUT = """
 __kernel void lut(__global const float *x, __global float *y, __global const float *t,
@@ -77,7 +70,7 @@ def _lut_ref(x: np.ndarray, table: np.ndarray, first: int = 0) -> np.ndarray:
 # == 1. resident tables ======================================================================
 @pytest.mark.parametrize("layout", ["strided", "fortran"])
 def test_a_non_contiguous_handle_uploads_its_values_at_its_first_stream(device, layout):
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = np.zeros(1000, np.float32)
     if layout == "strided":
         base = np.arange(20, dtype=np.float32)
@@ -95,7 +88,7 @@ def test_a_non_contiguous_handle_uploads_its_values_at_its_first_stream(device, 
 
 def test_guard_a_contiguous_handle_uploads_its_values_at_its_first_stream(device):
     # guard: the contiguous counterpart of the xfail above
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = np.zeros(1000, np.float32)
     table = np.arange(10, dtype=np.float32)
     with cv.resident(table) as handle:
@@ -109,7 +102,7 @@ def test_guard_a_table_changed_between_chunks_is_seen_by_the_next_stream(device)
     # guard: a table is uploaded once, before the first block: a cv.iterate generator that
     # changes it between chunks does not change the stream it feeds; the next stream (a plain
     # array, and a handle after refresh()) sees the new values.
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = np.arange(1000, dtype=np.float32)
     k = compiled(device, LUT, "lut")
     table = np.arange(7, dtype=np.float32)
@@ -146,7 +139,7 @@ def test_guard_a_table_viewing_the_in_place_array_or_an_output_holds_the_old_val
     # guard: the table is uploaded before any block writes, so a table that is a view of an
     # in-place input (or of an output) reads the values from before the stream (NumPy's
     # answer).
-    _opencl_c_only(device)
+    opencl_c_only(device)
     k = compiled(device, LUT, "lut")
     old = np.arange(1000, dtype=np.float32)
     a = old.copy()
@@ -162,7 +155,7 @@ def test_guard_a_table_viewing_the_in_place_array_or_an_output_holds_the_old_val
 def test_guard_memmap_large_and_repeated_tables(device, tmp_path):
     # guard: a read-only memmap table; a table 750 times a block; one array (or handle) for
     # two pointer parameters, __global const and __constant.
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = np.arange(1000, dtype=np.float32)
     k, k2 = compiled(device, LUT, "lut"), compiled(device, LUT, "lut2")
     np.save(tmp_path / "t.npy", np.arange(5, dtype=np.float32) * 2)
@@ -185,7 +178,7 @@ def test_guard_memmap_large_and_repeated_tables(device, tmp_path):
 def test_guard_tables_no_device_buffer_holds_are_refused_naming_the_parameter(device, tmp_path):
     # guard: a path, a file input, a list, a scalar, an empty array, the wrong dtype or byte
     # order: InputErrors that name the parameter, before any work.
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = np.arange(100, dtype=np.float32)
     k = compiled(device, LUT, "lut")
     np.save(tmp_path / "t.npy", np.arange(3, dtype=np.float32))
@@ -200,7 +193,7 @@ def test_guard_tables_no_device_buffer_holds_are_refused_naming_the_parameter(de
 
 def test_guard_a_writable_table_that_is_also_the_input_counts_the_old_input(device):
     # guard: the input is read before the table is copied back into the same array.
-    _opencl_c_only(device)
+    opencl_c_only(device)
     hist = np.zeros(1000, np.uint32)
     hist[::3] = 1
     want = np.zeros(1000, np.uint32)
@@ -379,7 +372,7 @@ def test_guard_kernel_reduction_with_a_halo_folds_only_the_block(device):
 
 def test_guard_a_callable_reduction_with_an_allocated_output_beside_it(device):
     # guard: the partials fold while the callable fills an output conveyor allocated
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = np.arange(1000, dtype=np.float32)
 
     def double_and_sum(a, y, queue, offset, n):
@@ -599,7 +592,7 @@ def test_guard_halo_rows_of_bool_half_and_complex_inputs_are_np_pads(device):
 def test_guard_allocated_outputs_of_any_dtype_are_new_distinct_arrays(device):
     # guard: dtypes a kernel cannot declare still make arrays of input 0's rows for a
     # callable; two outputs of one dtype are two arrays; a kernel's mismatch is refused
-    _opencl_c_only(device)
+    opencl_c_only(device)
     x = np.arange(60, dtype=np.float32).reshape(20, 3)
 
     def fill(a, y, z, queue, offset, n):

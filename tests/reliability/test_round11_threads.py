@@ -40,6 +40,7 @@ from reliakit import (  # noqa: E402
     data,
     kernel,
     next_stream_right,
+    record_paths,
     stencil_reference,
     store,
     to_host,
@@ -47,7 +48,6 @@ from reliakit import (  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.memory import keep  # noqa: E402
-from conveyor.pipeline import paths as paths_module  # noqa: E402
 from conveyor.pipeline import report as report_module  # noqa: E402
 
 ROWS = 20_000
@@ -503,16 +503,7 @@ def test_one_iterate_input_given_twice_to_one_stream_is_read_once(device):
 # -- 5. kept arrays: views, overlaps, twice, release under a stream -----------------------------
 def _chosen(monkeypatch):
     """Record the path classes each stream chooses (inputs, outputs)."""
-    chosen: list[tuple[list[str], list[str]]] = []
-    real = paths_module.choose
-
-    def choose(*args, **kwargs):
-        ins, outs = real(*args, **kwargs)
-        chosen.append(([type(p).__name__ for p in ins], [type(p).__name__ for p in outs]))
-        return ins, outs
-
-    monkeypatch.setattr(paths_module, "choose", choose)
-    return chosen
+    return record_paths(monkeypatch)
 
 
 def test_views_of_kept_arrays_at_odd_byte_offsets_go_direct_and_exact(device, monkeypatch):
