@@ -73,9 +73,14 @@ def in_place_pairs(sources: Sequence[Source], sinks: Sequence[Sink]
         return frozenset()
     if _any_file(outputs) and _any_file(present):
         maps = _read_maps()
+        written = {id(r) for r in outputs if r is not None}
         for region in present:
             if region.array is not None and region.file is None:
-                region.file = _mapped_file(region.array, maps)
+                # An output in a private (copy-on-write) map writes its own pages, never the
+                # file: compared by memory only. (An input in one still shows the file's
+                # bytes it has not written: compared by file too.)
+                region.file = _mapped_file(region.array, maps,
+                                           shared_only=id(region) in written)
     for j, first in enumerate(outputs):
         for k in range(j + 1, len(outputs)):
             second = outputs[k]
@@ -216,15 +221,19 @@ def file_backed(array: np.ndarray) -> bool:
     return _file_backed(array)
 
 
-def read_maps() -> list[tuple[int, int, int, str]]:
+#: A file mapping of this process: (start, end, file offset, path, private).
+Mapping = tuple[int, int, int, str, bool]
+
+
+def read_maps() -> list[Mapping]:
     """This process's file mappings (see :func:`_read_maps`)."""
     return _read_maps()
 
 
-def mapped_path(array: np.ndarray, maps: list[tuple[int, int, int, str]]) -> str | None:
+def mapped_path(array: np.ndarray, maps: list[Mapping]) -> str | None:
     """The path of the file behind file-backed ``array`` (None where not found)."""
     low = byte_bounds(array)[0]
-    return next((path for start, end, _, path in maps if start <= low < end), None)
+    return next((path for start, end, _, path, _ in maps if start <= low < end), None)
 
 
 def _file_backed(array: np.ndarray) -> bool:
@@ -243,9 +252,9 @@ def _any_file(regions: Sequence[_Region | None]) -> bool:
                for r in regions)
 
 
-def _read_maps() -> list[tuple[int, int, int, str]]:
-    """This process's file mappings: (start, end, file offset, path); empty where the system
-    has no /proc/self/maps."""
+def _read_maps() -> list[Mapping]:
+    """This process's file mappings: (start, end, file offset, path, private); empty where
+    the system has no /proc/self/maps."""
     try:
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()
@@ -257,18 +266,21 @@ def _read_maps() -> list[tuple[int, int, int, str]]:
         if len(fields) < 6 or not fields[5].startswith("/"):
             continue
         start, end = (int(x, 16) for x in fields[0].split("-"))
-        maps.append((start, end, int(fields[2], 16), fields[5]))
+        maps.append((start, end, int(fields[2], 16), fields[5], fields[1][3:4] == "p"))
     return maps
 
 
-def _mapped_file(array: np.ndarray, maps: list[tuple[int, int, int, str]]
+def _mapped_file(array: np.ndarray, maps: list[Mapping], *, shared_only: bool = False
                  ) -> FileRange | None:
-    """The file bytes behind a file-backed array, or None."""
+    """The file bytes behind a file-backed array, or None (also, with ``shared_only``, for a
+    private map)."""
     if not _file_backed(array):
         return None
     low, high = byte_bounds(array)
-    for start, end, offset, path in maps:
+    for start, end, offset, path, private in maps:
         if start <= low < end:
+            if private and shared_only:
+                return None
             try:
                 stat = os.stat(path)  # a deleted file (" (deleted)") is no longer shared
             except OSError:

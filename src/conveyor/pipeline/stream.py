@@ -207,7 +207,7 @@ def stream(
                 else as_sink(o, i, rows, sources[0].shape[1:],
                              _file_dtype(compute,
                                          len(sources) + image.sampler_params(dev, sources),
-                                         i, sources[0].dtype, len(outputs or ())))
+                                         i, sources[0].dtype, len(outputs or ()), o))
                 for i, o in enumerate(outputs or ())
             ]
             _check_files(sources, sinks, compute)
@@ -526,7 +526,7 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
 
 
 def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.dtype,
-                outputs: int = 0) -> np.dtype:
+                outputs: int = 0, given: Any = None) -> np.dtype:
     """The element type of a file output whose dtype is not given: the kernel's output
     parameter type where it declares one (in a chain: the first kernel link that writes it),
     else input 0's dtype."""
@@ -536,4 +536,21 @@ def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.
         param = compute.params[inputs + index]
         if param.is_pointer and param.dtype is not None:
             return param.dtype
+        if param.is_pointer and _dtype_not_given(given):
+            # A struct: input 0's dtype was then refused as "cannot check that it matches".
+            raise InputError(
+                f"output {index} is a file for kernel parameter {param.name!r} "
+                f"({param.type_text}), whose records conveyor cannot infer: give their dtype, "
+                f"cv.npy_out(path, dtype=np.dtype([...], align=True)) with the struct's "
+                f"members")
     return fallback
+
+
+def _dtype_not_given(output: Any) -> bool:
+    """True for a file output whose element type the stream must choose (a path, or a
+    FileSink made without ``dtype=``)."""
+    import os
+
+    if isinstance(output, str | os.PathLike):
+        return True
+    return isinstance(output, FileSink) and output.dtype is None

@@ -453,6 +453,12 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
             f"{dtype.str}, not in this machine's byte order (kernels read native order): "
             f"{native_order_fix(given, dtype)}"
         )
+    if dtype.kind == "c" and param.dtype == np.dtype(f"f{dtype.itemsize // 2}"):
+        # a.astype(float) would drop the imaginary parts (NumPy only warns).
+        raise InputError(
+            f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
+            f"{dtype}: kernels have no complex type; pass a.view(np.{param.dtype}), the real "
+            f"and imaginary parts interleaved (2 elements per value: offset and n count them)")
     if param.dtype != dtype:
         # Suggest a C declaration only for a dtype that has one (not datetime64, structured).
         declare = (f" or declare the parameter {_c_name(dtype)}*"
