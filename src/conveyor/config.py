@@ -62,10 +62,11 @@ _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([a-z]*)", re.IGNORECASE
 _SIZE_DIGITS = 30
 _SIZE_UNITS = {
     "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
 }
-SIZE_FORMS = "bytes as an int, or a string like '512MiB', '2GiB', '1.5GB' (KiB = 1024, KB = 1000)"
+SIZE_FORMS = ("bytes as an int, or a string like '512MiB', '2GiB', '1.5GB' (B, KiB, MiB, "
+              "GiB, TiB, PiB = powers of 1024; KB, MB, GB, TB, PB = powers of 1000)")
 
 
 def _get(name: str) -> str | None:

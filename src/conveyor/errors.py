@@ -81,11 +81,14 @@ class OutOfMemoryError(ConveyorError):
         self.where = where
 
     def __str__(self) -> str:
-        limit = "no limit" if self.limit is None else f"limit {_mib(self.limit)}"
+        limit = "no limit" if self.limit is None else f"limit {_size(self.limit)}"
+        # A larger memory_limit plans a larger ring: the fix is a smaller one (or more room).
+        room = (" or raise the pool's limit (device.memory_pool.limit / "
+                "device.pinned_pool.limit)" if self.limit is not None else "")
         return (
-            f"out of {self.where} memory: asked for {_mib(self.requested)} with "
-            f"{_mib(self.in_use)} in use ({limit}); use smaller blocks (block_bytes=), "
-            f"a lower depth, or raise memory_limit"
+            f"out of {self.where} memory: asked for {_size(self.requested)} with "
+            f"{_size(self.in_use)} in use ({limit}); use a lower memory_limit, smaller "
+            f"blocks (block_bytes=) or a lower depth{room}"
         )
 
 
@@ -109,8 +112,12 @@ class InputError(ConveyorError, ValueError):
     """The caller's input cannot be used; the message says what to change."""
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
+def _size(nbytes: int) -> str:
+    """``nbytes`` readable at any size: bytes, KiB, MiB, GiB ("0.0 MiB" said nothing)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
 
 
 #: The note on an exception raised after a stream's outputs were renamed into place (a Ctrl-C

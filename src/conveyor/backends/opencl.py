@@ -373,11 +373,18 @@ class Queue(base.Queue):
                              f"pyopencl.array.Array")
         offset = int(getattr(src, "offset", 0))
         target = _cl_buf(dst)
+        if data.context.int_ptr != target.context.int_ptr:
+            raise InputError(f"the callable returned a {type(src).__name__} of another OpenCL "
+                             f"context than {self.device.spec}'s: make it on the queue it is "
+                             f"given (its context)")
         if (data.int_ptr, offset) == (target.int_ptr, 0) or not nbytes:
             return self.marker(wait_for)  # the callable returned the output it was given
+        # PyOpenCL arrays carry the events of the work that made them (enqueued on a queue of
+        # the callable's own, say): the copy waits for them, as PyOpenCL's own operations do.
+        made = [e for e in getattr(src, "events", ()) if isinstance(e, cl.Event)]
         try:
             ev = cl.enqueue_copy(self._q, target, data, byte_count=nbytes, src_offset=offset,
-                                 wait_for=_events(wait_for))
+                                 wait_for=(_events(wait_for) or []) + made or None)
         except cl.Error as exc:
             raise _backend_error(exc, "clEnqueueCopyBuffer") from exc
         return Event(ev)
@@ -612,6 +619,11 @@ class Device(base.Device):
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         _check_not_forked()
+        if nbytes > self.max_alloc_bytes:
+            raise InputError(
+                f"{nbytes} bytes of pinned memory is more than {self.name}'s largest "
+                f"allocation ({self.max_alloc_bytes} bytes): use a smaller array, or keep a "
+                f"pageable one page-locked (cv.keep_pinned)")
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
         try:
             with self._host_lock:

@@ -23,8 +23,8 @@ _RULES: list[_Rule] = [
                 r"a\.astype\(np\.\w+\)\)(?: or declare the parameter \S+)?"),
      r"\1, which the command cannot convert to \2 (--cast converts plain numbers only): "
      r"write the file's values as plain numbers first"),
-    (re.compile(r"use smaller blocks \(block_bytes=\), a lower depth, or raise memory_limit"),
-     "use smaller blocks (--block-bytes), a lower --depth, or raise --memory-limit"),
+    (re.compile(r"use a lower memory_limit, smaller blocks \(block_bytes=\) or a lower depth"),
+     "use a lower --memory-limit, smaller blocks (--block-bytes) or a lower --depth"),
     (re.compile(r"use block_bytes >= (\d+)"), r"use --block-bytes \1 or more"),
     (re.compile(r"block_bytes=(\d+)"), r"--block-bytes \1"),
     (re.compile(r"a smaller block_bytes or depth"), "a smaller --block-bytes or --depth"),

@@ -138,9 +138,16 @@ class BlockPool(Generic[B]):
         return self._limit
 
     @limit.setter
-    def limit(self, value: int | None) -> None:
-        if value is not None and value <= 0:
-            raise InputError(f"pool limit must be a positive number of bytes, got {value}")
+    def limit(self, value: int | str | None) -> None:
+        if isinstance(value, str):  # "64MiB", as every size conveyor takes
+            value = config.parse_size("pool limit", value)
+        elif value is not None and not isinstance(value, bool | int) \
+                and hasattr(value, "__index__"):
+            value = int(value.__index__())  # a NumPy integer
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):
+            raise InputError(f"pool limit must be None or a positive number of bytes (an int "
+                             f"or a size like '64MiB'), got {value!r}")
         self._limit = value
 
     @property

@@ -95,6 +95,11 @@ class BoundChain:
         self.reduces = reduces
         self.residents = ChainResidents(links)
 
+    @property
+    def has_callables(self) -> bool:
+        """Whether any link calls a Python callable (which gets writable device arrays)."""
+        return any(not link.is_kernel for link in self.links)
+
     def temp_row_bytes(self) -> tuple[int, ...]:
         """Device bytes per row of input 0 of each temp: its own row, but never fewer than
         input 0's elements per row of its type, so a link that keeps to ``i < n`` never

@@ -16,7 +16,7 @@ from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
-from conveyor.pipeline.step import Step, _describe, _what, partial_of, warm_up_rows
+from conveyor.pipeline.step import Step, _describe, _what, partial_of, unalias, warm_up_rows
 from conveyor.trace.timeline import Between
 
 
@@ -106,19 +106,34 @@ class ChainStep(Step):
                 f"{bound.where()} returned {len(values)} value(s) for its {len(bound.writes)} "
                 f"write(s) {[r.name for r in bound.writes]}: return None (it wrote them), or "
                 f"one device array per write (a tuple for several)")
-        for ref, value, out, buf in zip(bound.writes, values, given, found[len(bound.reads):],
-                                        strict=True):
-            if value is out:
-                continue
+        copies: list[Any] = []
+        sizes: list[int] = []
+        for ref, value, out in zip(bound.writes, values, given, strict=True):
             shape, dtype = self._shape(ref, block)
+            sizes.append(int(np.prod(shape)) * dtype.itemsize)
+            if value is out or (value is None and len(values) > 1):
+                copies.append(None)  # written in place
+                continue
             got_shape, got_dtype, contiguous = _describe(value)
             if got_shape != shape or got_dtype != dtype or not contiguous:
                 raise InputError(
-                    f"{bound.where()} returned {_what(got_shape, got_dtype, contiguous)} for "
-                    f"{ref.name!r}, which holds a C-contiguous {dtype} array of shape {shape} "
-                    f"for a block of {block.rows} rows: return that, or write into the array "
-                    f"it was given and return None")
-            queue.copy_from_device(buf, value, int(np.prod(shape)) * dtype.itemsize)
+                    f"{bound.where()} returned {_what(got_shape, got_dtype, contiguous, value)} "
+                    f"for {ref.name!r}, which holds a C-contiguous {dtype} array of shape "
+                    f"{shape} for a block of {block.rows} rows: return that, or write into the "
+                    f"array it was given and return None")
+            copies.append(value)
+        temps = unalias(queue, self.device, copies, given, sizes)  # returned swapped, say
+        for ref, value, buf, nbytes in zip(bound.writes, copies, found[len(bound.reads):], sizes,
+                                           strict=True):
+            if value is not None:
+                try:
+                    queue.copy_from_device(buf, value, nbytes)
+                except InputError as exc:  # another context, say: name the write
+                    raise InputError(f"{bound.where()}, write {ref.name!r}: {exc}") from None
+        if temps:
+            done = queue.marker()
+            for temp in temps:
+                self.device.memory_pool.release(temp, after=done)
         return result
 
     # -- warm-up -----------------------------------------------------------------------------

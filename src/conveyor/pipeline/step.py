@@ -3,6 +3,7 @@ enqueues its own work on the compute queue."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -135,6 +136,7 @@ class CallableStep(Step):
         self.function = function
         self.device = device
         self.keeps_result = keeps_result
+        check_signature(function, len(plan.inputs) + len(plan.outputs) + len(self.args))
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> Event:
@@ -149,17 +151,26 @@ class CallableStep(Step):
         offset = (self.first_row + block.start) * self.row_items
         result = self.function(*arrays, *self.args, queue=queue.native, offset=offset,
                                n=block.rows * self.row_items)
+        temps: list[Any] = []
         if self.keeps_result:
             slot.partial = partial_of(result, block)
         elif result is not None:
             slot.returned = result
             outputs = arrays[len(self.plan.inputs):]
-            for i, value in enumerate(self._returned(result, outputs, block)):
+            values = self._returned(result, outputs, block)
+            sizes = [(hi - lo) * spec.row_bytes for (lo, hi), spec in zip(
+                (self.plan.output_rows(i, block) for i in range(len(values))),
+                self.plan.outputs, strict=True)]
+            temps = unalias(queue, self.device, values, outputs, sizes)
+            for i, value in enumerate(values):
                 if value is not None:
-                    lo, hi = self.plan.output_rows(i, block)
-                    nbytes = (hi - lo) * self.plan.outputs[i].row_bytes
-                    queue.copy_from_device(slot.dev_out[i], value, nbytes)
+                    try:
+                        queue.copy_from_device(slot.dev_out[i], value, sizes[i])
+                    except InputError as exc:  # another context, say: name the output
+                        raise InputError(f"output {i}: {exc}") from None
         event = queue.marker()
+        for temp in temps:
+            self.device.memory_pool.release(temp, after=event)
         self.records.append(("compute", block.index, Between(before, event), 0))
         return event
 
@@ -185,15 +196,16 @@ class CallableStep(Step):
                 f"for several), or pass reduce= if the value is a partial result")
         found: list[Any] = []
         for i, (value, out, spec) in enumerate(zip(values, given, specs, strict=True)):
-            if value is out:
-                found.append(None)
+            if value is out or (value is None and len(values) > 1):
+                found.append(None)  # None in a tuple: that output was written in place
                 continue
             shape, dtype, contiguous = _describe(value)
             lo, hi = self.plan.output_rows(i, block)
             expected = (hi - lo, *spec.shape[1:])
             if shape != expected or dtype != spec.dtype or not contiguous:
                 raise InputError(
-                    f"output {i}: the callable returned {_what(shape, dtype, contiguous)} for "
+                    f"output {i}: the callable returned "
+                    f"{_what(shape, dtype, contiguous, value)} for "
                     f"a block of {block.rows} rows, which needs a C-contiguous {spec.dtype} "
                     f"array of "
                     f"shape {expected}: return that (or write into the output array it was "
@@ -238,6 +250,57 @@ class CallableStep(Step):
                 pool.release(buffer)
 
 
+def check_signature(function: Callable[..., Any], positional: int) -> None:
+    """InputError, before any work, when ``function`` cannot take ``positional`` arrays and
+    args and the ``queue=``, ``offset=``, ``n=`` keywords (Python's own TypeError, from the
+    first call, named neither conveyor's convention nor the fix). A function whose
+    signature Python cannot read is left to its first call."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*([None] * positional), queue=None, offset=0, n=0)
+    except TypeError as exc:
+        name = getattr(function, "__name__", type(function).__name__)
+        raise InputError(
+            f"the callable {name}{signature} cannot take this stream's call ({exc}): it gets "
+            f"{positional} positional arrays and args (inputs, outputs, then args=), then the "
+            f"keywords queue=, offset= and n=; declare them, e.g. "
+            f"def f(x, y, *, queue, offset, n), or take **kwargs") from None
+
+
+def unalias(queue: Queue, device: Device, values: list[Any], given: Sequence[Any],
+            sizes: Sequence[int]) -> list[Any]:
+    """Copy into temporary device buffers (first, in queue order) each returned value that is
+    another output's own array: returned swapped (``return b, a``), the copy of ``b`` into
+    output 0 overwrote ``a`` before ``a`` was copied into output 1. ``values`` is changed in
+    place to the temporaries' arrays; the temporaries are returned, for the caller to release
+    after the block's copies."""
+    owners = {_address(array): j for j, array in enumerate(given) if _address(array)}
+    temps: list[Any] = []
+    for i, value in enumerate(values):
+        j = owners.get(_address(value)) if value is not None else None
+        if j is None or j == i or not sizes[i]:
+            continue
+        temp = device.memory_pool.acquire(sizes[i])
+        temps.append(temp)
+        queue.copy_from_device(temp, value, sizes[i])
+        values[i] = device.device_array(temp, given[i].shape, np.dtype(given[i].dtype), queue)
+    return temps
+
+
+def _address(array: Any) -> tuple[Any, ...] | None:
+    """Where a device array's data starts (None for anything else)."""
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is not None:
+        return ("cuda", int(interface["data"][0]))
+    data = getattr(array, "base_data", None)
+    if data is not None and hasattr(data, "int_ptr"):
+        return ("opencl", int(data.int_ptr), int(getattr(array, "offset", 0)))
+    return None
+
+
 def warm_up_rows(plan: Plan) -> int:
     """Rows of input 0 a warm-up call gets: at most ``WARMUP_ROWS``, a block and the input,
     in whole rows of every output (a multiple of each ``cv.rows`` ratio's ``q``: 64 rows for
@@ -272,9 +335,14 @@ def _c_strides(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _what(shape: tuple[int, ...], dtype: np.dtype | None, contiguous: bool) -> str:
+def _what(shape: tuple[int, ...], dtype: np.dtype | None, contiguous: bool,
+          value: Any = None) -> str:
     if dtype is None:
-        return "something that is not a device array"
+        if inspect.iscoroutine(value) or inspect.isgenerator(value):
+            return (f"a {type(value).__name__} (conveyor calls the function synchronously: "
+                    f"define it with def, not async def, and return, not yield)")
+        kind = f" ({type(value).__name__})" if value is not None else ""
+        return f"something that is not a device array{kind}"
     return f"{dtype} of shape {shape}" + ("" if contiguous else " (not C-contiguous)")
 
 
@@ -300,7 +368,9 @@ def partial_of(result: Any, block: Block) -> Any:
             f"with reduce=, the callable returns each block's partial value; it returned None "
             f"for block {block.index} (rows {block.start}..{block.stop}): return the block's "
             f"value (e.g. x.sum())")
-    value = _to_host(result)
+    # A tuple or list of device arrays (one partial per figure): each brought to the host.
+    value: Any = (type(result)(_to_host(v) for v in result)
+                  if isinstance(result, tuple | list) else _to_host(result))
     if isinstance(value, str | bytes) or getattr(value, "dtype", None) is not None and \
             value.dtype.kind in "OSUV":
         raise InputError(

@@ -522,7 +522,12 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
     # In place, zero-copy makes a kernel's input and output one buffer: a kernel that reads
     # its input element again after writing its output (``y[i] = 0; y[i] += w * x[i]``)
     # would read its own result. Only an explicit zero_copy=True takes that (README).
-    return possible and not pairs if wanted is None else wanted
+    # A callable gets writable device arrays of its inputs: on the zero-copy path a callable
+    # that changes one in place (x *= 2) changed the caller's array. As for a kernel's
+    # non-const pointer, only an explicit zero_copy=True lets it (README).
+    gets_arrays = (callable(compute) and not isinstance(compute, Kernel)) or bool(
+        getattr(compute, "has_callables", False))
+    return possible and not pairs and not gets_arrays if wanted is None else wanted
 
 
 def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.dtype,
