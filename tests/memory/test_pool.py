@@ -294,8 +294,10 @@ def test_settle_leaves_blocks_in_use_alone(pool):
     pool.keep = 0
     _stream_of(pool, MIB)
     assert pool.stats().in_use_bytes == 2 * MIB
+    # With nothing else in use, an explicit keep holds at once (round twelve: pinned arrays
+    # a program dropped were all held until some stream ended).
     pool.release(kept)
-    assert pool.stats().held_bytes == 2 * MIB  # given back at the next settle
+    assert pool.stats().held_bytes == 0
     pool.settle()
     assert pool.stats().held_bytes == 0
 

@@ -250,6 +250,33 @@ class BlockPool(Generic[B]):
             else:
                 self._free.setdefault(size, []).append(block)
                 self._held_bytes += size
+            # An explicit keep budget holds between streams too, not only when one ends: with
+            # nothing in use (no stream runs), pinned arrays a program makes and drops were
+            # all held, one block per size (keep=0 held megabytes). Within a stream some block
+            # is always in use, so its ring is never trimmed before its own settle().
+            doomed: list[B] = []
+            if self._keep is not None and not self._in_use_bytes \
+                    and self._held_bytes > self._keep:
+                doomed = self._over_budget(self._keep)
+        for idle in doomed:
+            idle.close()
+
+    def _over_budget(self, budget: int) -> list[B]:
+        """Idle blocks taken out (lock held), least recently used sizes first, until the idle
+        bytes fit ``budget``; the caller closes them."""
+        doomed: list[B] = []
+        for size in sorted(self._free, key=lambda s: (self._last_used.get(s, 0), s)):
+            blocks = self._free[size]
+            while blocks and self._held_bytes > budget:
+                doomed.append(blocks.pop())
+                self._held_bytes -= size
+            if not blocks:
+                del self._free[size]
+            if self._held_bytes <= budget:
+                break
+        self._trims += len(doomed)
+        self._trimmed_bytes += sum(block.nbytes for block in doomed)
+        return doomed
 
     def trim(self) -> int:
         """Free every idle block the pool holds; return the bytes freed."""

@@ -288,6 +288,8 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
             halo=opts.halo,
             global_mem_bytes=min(d.global_mem_bytes for d in devices),
             max_alloc_bytes=min(d.max_alloc_bytes for d in devices),
+            pool_limit=min((d.memory_pool.limit for d in devices
+                            if d.memory_pool.limit is not None), default=None),
             **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
             resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
         )

@@ -294,10 +294,13 @@ def make_plan(
     resident_bytes: int = 0,
     temp_row_bytes: tuple[int, ...] = (),
     max_block_rows: int | None = None,
+    pool_limit: int | None = None,
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits (beside
     ``resident_bytes`` of resident arrays, counted against the same limit). Blocks have at
-    most ``max_block_rows`` rows where given (image inputs: the device's image height)."""
+    most ``max_block_rows`` rows where given (image inputs: the device's image height).
+    Without a ``memory_limit``, the ring fits half the device's memory and the device
+    pool's own ``limit`` (``pool_limit``), where one is set."""
     if not inputs:
         raise InputError("a stream needs at least one input array")
     if depth < 1:
@@ -323,6 +326,8 @@ def make_plan(
     limit = memory_limit
     if limit is None:
         limit = int(global_mem_bytes * DEFAULT_MEMORY_FRACTION)
+        if pool_limit is not None:  # planned past it, every stream failed with OOM
+            limit = min(limit, pool_limit)
     if limit <= 0:
         raise InputError(f"memory_limit must be a positive number of bytes, got {limit}")
     total_limit, limit = limit, limit - resident_bytes

@@ -393,6 +393,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         memory_limit=opts.memory_limit,
         halo=opts.halo,
         global_mem_bytes=dev.global_mem_bytes,
+        pool_limit=dev.memory_pool.limit,
         max_alloc_bytes=dev.max_alloc_bytes,
         **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
         resident_bytes=residents.nbytes if residents is not None else 0,
