@@ -691,7 +691,7 @@ def test_guard_kernel_files_with_a_bom_or_crlf_build_and_nul_or_utf16_are_refuse
 
 # -- guards: option values ------------------------------------------------------------------------
 @pytest.mark.parametrize(("option", "value", "phrase"), [
-    ("--memory-limit", "1PiB", "is not a size"),
+    ("--memory-limit", "1QiB", "is not a size"),
     ("--memory-limit", "1e-3", "is not a size"),
     ("--memory-limit", "nan", "is not a size"),
     ("--block-bytes", "1.5B", "not a whole number of bytes"),

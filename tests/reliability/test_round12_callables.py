@@ -50,10 +50,15 @@ BLOCK = 4000  # bytes: 1000 float32 rows of a 1-D input
 
 
 @pytest.fixture
-def ocl(device):
-    """The device under test, when it is OpenCL (the callables here use PyOpenCL arrays)."""
+def ocl(device, request):
+    """The device under test, when it is OpenCL (the callables here use PyOpenCL arrays);
+    zero_copy=True cases only where the device shares the host's memory (refused elsewhere)."""
     if device.backend != "opencl":
         pytest.skip("PyOpenCL callables")
+    params = getattr(request.node, "callspec", None)
+    if params is not None and params.params.get("zero_copy") is True \
+            and not device.host_unified:
+        pytest.skip("zero_copy=True needs a device in host memory")
     return device
 
 

@@ -81,6 +81,21 @@ __kernel void mk(__global const float *x, __global rec *r, ulong offset, ulong n
 }
 """
 
+
+@pytest.fixture(autouse=True)
+def _opencl_c_and_zero_copy(request):
+    """Skip on CUDA (the kernels here are OpenCL C: vload_half, __global), and the
+    zero_copy=True cases on a device that does not share the host's memory (refused there)."""
+    if "device" not in request.fixturenames:
+        return
+    device = request.getfixturevalue("device")
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels")
+    params = getattr(request.node, "callspec", None)
+    if params is not None and params.params.get("zero_copy") is True \
+            and not device.host_unified:
+        pytest.skip("zero_copy=True needs a device in host memory")
+
 N = 3000
 X = np.arange(N, dtype=np.float32)
 SC = X * 2 + 1  # what "sc" makes of X

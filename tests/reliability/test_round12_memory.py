@@ -308,6 +308,8 @@ def test_every_allocation_failing_from_the_nth_on_raises_out_of_memory_and_leaks
 
 def test_a_writable_table_is_left_as_it_was_when_the_device_runs_out(device, monkeypatch):
     # guard: no copy-back of a stream that never ran; the handle works afterwards
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernel (atomic_add)")
     src = cv.portable("""
 __kernel void count8(__global const float *x, __global float *y, __global int *h,
                      ulong offset, ulong n) {
@@ -492,7 +494,10 @@ def test_a_device_used_and_closed_thirty_times_leaks_no_thread_or_descriptor(dev
 
 
 def test_new_contexts_made_used_and_closed_leak_no_thread_or_descriptor(device):
-    # guard
+    # guard (PoCL: NVIDIA's OpenCL opens driver device files per context, kept by the
+    # driver, which this descriptor count would take for a leak)
+    if device.kind != "cpu":
+        pytest.skip("descriptors counted on PoCL's CPU device")
     a, b, c = vadd_arrays(20_000)
 
     def one() -> None:
