@@ -730,8 +730,9 @@ class Device(base.Device):
     def _release(self) -> None:
         self._current()
         self._reference_stream.sync()
-        self._reference_stream.close()
-        self._events.close()
+        # The spares only: a device is usable after close() (its pools are made again), and a
+        # closed pool destroyed every event given back, two driver calls more per command.
+        self._events.drain()
 
 
 def _argument_sizes(core_kernel: Any) -> list[int] | None:

@@ -76,6 +76,10 @@ class EventPool:
         self.closed = True
         self._drain()
 
+    def drain(self) -> None:
+        """Destroy the spare events; the pool stays open (a closed device is used again)."""
+        self._drain()
+
     def _drain(self) -> None:
         for spare in self._spare:
             while True:
