@@ -164,6 +164,11 @@ class FileSource(Source):
         st = os.fstat(fd)
         if (st.st_size, st.st_mtime_ns) == self._stamp or _mapped_writable(st):
             return
+        if st.st_size < self._stamp[0]:
+            # Shorter than stamped: said as a read past the new end says it (which of the
+            # two a truncate meets first depends on which block's read it lands between).
+            raise InputError(f"{self.name} got shorter while it was read: rerun on a "
+                             f"complete file")
         raise InputError(f"{self.name} changed while it was read (written or truncated by "
                          f"another program: now {st.st_size} bytes): the rows read may mix "
                          f"its old and new contents; rerun once nothing writes the file, or "
