@@ -70,12 +70,13 @@ def hot_path(device: Any, *, strict: bool) -> Iterator[None]:
     stack: list[tuple[Any, bool]] | None = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
-    stack.append((device, strict))
-    _local.watched = _innermost(stack)
-    try:
+    depth = len(stack)
+    try:  # the push inside: a Ctrl-C between it and the try left the device watched for good
+        stack.append((device, strict))
+        _local.watched = _innermost(stack)
         yield
     finally:
-        stack.pop()
+        del stack[depth:]
         _local.watched = _innermost(stack)
 
 
