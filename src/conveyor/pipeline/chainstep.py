@@ -16,7 +16,15 @@ from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
 from conveyor.pipeline.stage import copy_rows
-from conveyor.pipeline.step import Step, _describe, _what, partial_of, unalias, warm_up_rows
+from conveyor.pipeline.step import (
+    Step,
+    _describe,
+    _what,
+    partial_of,
+    release_temps,
+    unalias,
+    warm_up_rows,
+)
 from conveyor.trace.timeline import Between
 
 
@@ -123,17 +131,17 @@ class ChainStep(Step):
                     f"array it was given and return None")
             copies.append(value)
         temps = unalias(queue, self.device, copies, given, sizes)  # returned swapped, say
-        for ref, value, buf, nbytes in zip(bound.writes, copies, found[len(bound.reads):], sizes,
-                                           strict=True):
-            if value is not None:
-                try:
-                    queue.copy_from_device(buf, value, nbytes)
-                except InputError as exc:  # another context, say: name the write
-                    raise InputError(f"{bound.where()}, write {ref.name!r}: {exc}") from None
-        if temps:
-            done = queue.marker()
-            for temp in temps:
-                self.device.memory_pool.release(temp, after=done)
+        try:
+            for ref, value, buf, nbytes in zip(bound.writes, copies, found[len(bound.reads):],
+                                               sizes, strict=True):
+                if value is not None:
+                    try:
+                        queue.copy_from_device(buf, value, nbytes)
+                    except InputError as exc:  # another context, say: name the write
+                        raise InputError(f"{bound.where()}, write {ref.name!r}: {exc}") \
+                            from None
+        finally:
+            release_temps(self.device, temps, queue)
         return result
 
     # -- warm-up -----------------------------------------------------------------------------

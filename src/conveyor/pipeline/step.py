@@ -162,15 +162,16 @@ class CallableStep(Step):
                 (self.plan.output_rows(i, block) for i in range(len(values))),
                 self.plan.outputs, strict=True)]
             temps = unalias(queue, self.device, values, outputs, sizes)
-            for i, value in enumerate(values):
-                if value is not None:
-                    try:
-                        queue.copy_from_device(slot.dev_out[i], value, sizes[i])
-                    except InputError as exc:  # another context, say: name the output
-                        raise InputError(f"output {i}: {exc}") from None
+            try:
+                for i, value in enumerate(values):
+                    if value is not None:
+                        try:
+                            queue.copy_from_device(slot.dev_out[i], value, sizes[i])
+                        except InputError as exc:  # another context, say: name the output
+                            raise InputError(f"output {i}: {exc}") from None
+            finally:
+                release_temps(self.device, temps, queue)
         event = queue.marker()
-        for temp in temps:
-            self.device.memory_pool.release(temp, after=event)
         self.records.append(("compute", block.index, Between(before, event), 0))
         return event
 
@@ -279,15 +280,29 @@ def unalias(queue: Queue, device: Device, values: list[Any], given: Sequence[Any
     after the block's copies."""
     owners = {_address(array): j for j, array in enumerate(given) if _address(array)}
     temps: list[Any] = []
-    for i, value in enumerate(values):
-        j = owners.get(_address(value)) if value is not None else None
-        if j is None or j == i or not sizes[i]:
-            continue
-        temp = device.memory_pool.acquire(sizes[i])
-        temps.append(temp)
-        queue.copy_from_device(temp, value, sizes[i])
-        values[i] = device.device_array(temp, given[i].shape, np.dtype(given[i].dtype), queue)
+    try:
+        for i, value in enumerate(values):
+            j = owners.get(_address(value)) if value is not None else None
+            if j is None or j == i or not sizes[i]:
+                continue
+            temp = device.memory_pool.acquire(sizes[i])
+            temps.append(temp)
+            queue.copy_from_device(temp, value, sizes[i])
+            values[i] = device.device_array(temp, given[i].shape, np.dtype(given[i].dtype),
+                                            queue)
+    except BaseException:
+        release_temps(device, temps, queue)
+        raise
     return temps
+
+
+def release_temps(device: Device, temps: list[Any], queue: Queue) -> None:
+    """Give ``unalias``'s temporaries back once the queue's work so far has finished (also on
+    a failure: a copy that raised left them taken, and the pool never back at zero)."""
+    if temps:
+        done = queue.marker()
+        for temp in temps:
+            device.memory_pool.release(temp, after=done)
 
 
 def _address(array: Any) -> tuple[Any, ...] | None:
