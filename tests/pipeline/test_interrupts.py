@@ -1,4 +1,4 @@
-"""Ctrl-C while a staging thread starts (pipeline/interrupts.py): every thread a stream starts
+"""Ctrl-C while a staging thread starts (interrupts.py): every thread a stream starts
 is joined, however early the interrupt lands."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from streamkit import kernel
 
 import conveyor as cv
-from conveyor.pipeline.interrupts import deferred_sigint, start_thread
+from conveyor import interrupts
+from conveyor.interrupts import checkpoint, deferred_sigint, interruptible, start_thread
 
 
 def test_a_sigint_inside_is_raised_as_the_block_ends() -> None:
@@ -37,6 +38,95 @@ def test_the_programs_own_handler_gets_it() -> None:
         assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_an_inner_deferral_leaves_the_delivery_to_the_outer_one() -> None:
+    steps: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_sigint():
+            with deferred_sigint():
+                os.kill(os.getpid(), signal.SIGINT)
+            steps.append("past the inner one")
+        steps.append("not reached")
+    assert steps == ["past the inner one"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_checkpoint_raises_what_was_held_there_and_only_once() -> None:
+    steps: list[str] = []
+    with deferred_sigint():
+        checkpoint()  # nothing held: nothing happens
+        os.kill(os.getpid(), signal.SIGINT)
+        steps.append("held")
+        with pytest.raises(KeyboardInterrupt):
+            checkpoint()
+        checkpoint()  # delivered already: not again
+        steps.append("after")
+    assert steps == ["held", "after"]
+
+
+def test_a_wait_in_a_deferral_is_stopped_by_ctrl_c() -> None:
+    cond = threading.Condition()
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_sigint(), cond:
+            timer.start()
+            for _ in range(1200):  # a minute at most, were the interrupt lost
+                interrupts.wait(cond)
+    timer.join()
+
+
+def test_an_event_wait_in_a_deferral_is_stopped_by_ctrl_c() -> None:
+    never = threading.Event()
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    done = threading.Timer(60, never.set)  # were the interrupt lost, the test ends anyway
+    done.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with deferred_sigint():
+                timer.start()
+                interrupts.wait_event(never)
+    finally:
+        done.cancel()
+        timer.join()
+    assert not never.is_set()
+
+
+def test_interruptible_lets_ctrl_c_into_a_users_long_function() -> None:
+    # A callable step runs the user's code under the stream's deferral; a loop in it must
+    # still stop on Ctrl-C, there and then.
+    spins = 0
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+    with deferred_sigint():
+        with pytest.raises(KeyboardInterrupt):
+            with interruptible():
+                timer.start()
+                while spins < 10**9:  # long enough to be stopped, short enough to end
+                    spins += 1
+        os.kill(os.getpid(), signal.SIGINT)  # held again once the block is over
+        with pytest.raises(KeyboardInterrupt):
+            checkpoint()
+    timer.join()
+    assert spins < 10**9
+
+
+def test_a_callable_that_loops_for_ever_is_stopped_by_ctrl_c(device) -> None:
+    a = np.arange(4096, dtype=np.float32)
+    calls: list[int] = []
+
+    def spin(x, y, *, queue, offset, n):
+        calls.append(n)
+        while len(calls) < 10**9:  # until Ctrl-C
+            threading.Event().wait(0.01)
+
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cv.stream(spin, [a], [np.float32], device=device, block_bytes=4096)
+    finally:
+        timer.cancel()
+    assert len(calls) == 1
 
 
 def test_a_thread_that_interrupts_its_own_start_is_started_whole() -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from conveyor import config, hazards
 from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
+from conveyor.interrupts import deferred_sigint
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, DeviceBuffer, Event  # noqa: F401
@@ -169,30 +170,51 @@ class BlockPool(Generic[B]):
 
     # -- acquire / release ----------------------------------------------------------------
     def acquire(self, nbytes: int) -> B:
-        """A block of at least ``nbytes`` (exactly its size class). OutOfMemoryError if none."""
+        """A block of at least ``nbytes`` (exactly its size class). OutOfMemoryError if none.
+
+        Whole under Ctrl-C (interrupts.py): a KeyboardInterrupt raised between marking a
+        block in use and handing it over left it in use for good (a CI run's interrupt test
+        found a pool not back at zero); one that arrives meanwhile is raised as acquire
+        returns, with the block given back first."""
         if nbytes <= 0:
             raise InputError(f"cannot allocate {nbytes} bytes: ask for at least 1")
         size = self._bin_size(nbytes)
-        with self._lock:
-            self._collect_done()
-            free = self._free.get(size)
-            if free:
-                block = free.pop()
-                self._held_bytes -= size
-                self._hits += 1
-                return self._mark_in_use(block, size)
-            self._misses += 1
-        hazards.pool_allocation(getattr(self, "device", None), self._where, size)
-        return self._allocate_with_ladder(size)
+        block: B | None = None
+        try:
+            with deferred_sigint():
+                block = self._take_idle(size)
+                if block is None:
+                    hazards.pool_allocation(getattr(self, "device", None), self._where, size)
+                    block = self._allocate_with_ladder(size)
+        except BaseException:
+            if block is not None:
+                self.release(block)
+            raise
+        return block
 
     def try_acquire(self, nbytes: int) -> B | None:
         """A block of at least ``nbytes`` if one is idle in the pool, else None (never
-        allocates: what a growing staging ring takes at once, pipeline/ring.py)."""
+        allocates: what a growing staging ring takes at once, pipeline/ring.py). Whole under
+        Ctrl-C, as :meth:`acquire` is."""
         size = self._bin_size(max(nbytes, 1))
+        block: B | None = None
+        try:
+            with deferred_sigint():
+                block = self._take_idle(size, count=False)
+        except BaseException:
+            if block is not None:
+                self.release(block)
+            raise
+        return block
+
+    def _take_idle(self, size: int, count: bool = True) -> B | None:
+        """An idle block of ``size`` marked in use, or None (a miss, counted if ``count``)."""
         with self._lock:
             self._collect_done()
             free = self._free.get(size)
             if not free:
+                if count:
+                    self._misses += 1
                 return None
             block = free.pop()
             self._held_bytes -= size
@@ -237,8 +259,15 @@ class BlockPool(Generic[B]):
         return made
 
     def release(self, block: B, after: Event | None = None) -> None:
-        """Give ``block`` back; it is reused only once ``after`` (if any) has completed."""
+        """Give ``block`` back; it is reused only once ``after`` (if any) has completed.
+        Whole under Ctrl-C (an interrupt between taking it out of use and filing it as idle
+        lost it); a caller giving back several blocks defers Ctrl-C around its loop, or one
+        raised as the first returns leaves the rest in use."""
         size = block.nbytes
+        with deferred_sigint():
+            self._give_back(block, size, after)
+
+    def _give_back(self, block: B, size: int, after: Event | None) -> None:
         with self._lock:
             if self._in_use.pop(id(block), None) is None:
                 raise InputError("block released twice, or to a pool it did not come from")

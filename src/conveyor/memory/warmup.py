@@ -136,7 +136,7 @@ class WarmUp:
     def start(self) -> WarmUp:
         """Start the thread (once; not after :meth:`stop`). A request the pool gets from now
         on stops the pinned part, even one made before the thread gets going."""
-        from conveyor.pipeline.interrupts import start_thread
+        from conveyor.interrupts import start_thread
 
         if self._stop.is_set() or self._thread.ident is not None:
             return self

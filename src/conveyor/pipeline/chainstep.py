@@ -11,6 +11,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Queue
 from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint, interruptible
 from conveyor.pipeline.chainbind import BoundChain, BoundLink, Ref
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
@@ -101,7 +102,8 @@ class ChainStep(Step):
         for ref, buf in zip(refs, found, strict=True):
             shape, dtype = self._shape(ref, block)
             arrays.append(self.device.device_array(buf, shape, dtype, queue))
-        result = bound.compute(*arrays, *args, queue=queue.native, offset=offset, n=n)
+        with interruptible():  # the user's code: Ctrl-C lands in it as usual
+            result = bound.compute(*arrays, *args, queue=queue.native, offset=offset, n=n)
         if bound is self.last and self.chain.reduces:
             slot.partial = partial_of(result, block)
             return None
@@ -170,8 +172,9 @@ class ChainStep(Step):
                            self.first_row * self.row_items, rows * self.row_items, found)
                 queue.finish()
         finally:
-            for buffer in held.values():
-                pool.release(buffer)
+            with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
+                for buffer in held.values():
+                    pool.release(buffer)
 
     def _warm_buffer(self, pool: Any, queue: Queue, ref: Ref, block: Block,
                      sources: Sequence[Source]) -> Any:

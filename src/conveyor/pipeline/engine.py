@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from conveyor import hazards
+from conveyor import hazards, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Event, Queue
 from conveyor.closing import Closeable
+from conveyor.interrupts import deferred_sigint
 from conveyor.pipeline import paths, step, switching
-from conveyor.pipeline.interrupts import deferred_sigint
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.options import StreamOptions
 from conveyor.pipeline.paths import Path, Records, Slot
@@ -95,9 +95,24 @@ class Engine(Closeable):
             args = self.residents.upload(dev, self.copy_in_q, args)
             self.peak_device_bytes += self.residents.nbytes
             self.copy_in_q.finish()  # on the device before any launch, whatever its path
+        interrupts.checkpoint()
         self.step = step.choose(self.compute, dev, plan, args, self.records,
                                 reduce=self.reduction is not None,
                                 first_row=self.options.first_row)
+        interrupts.checkpoint()
+        # No checkpoint inside: every ring, pinned halo row and slot buffer is owned by the
+        # engine (its paths, its slots) from the moment it is taken, so _release gives it back.
+        # An interrupt that landed between a path's ring and paths.choose returning, or
+        # between a pool handing a buffer over and the slot storing it, left pinned or device
+        # blocks in use for good (a CI run's interrupt test: a pool not back at zero).
+        self._take_buffers()
+        interrupts.checkpoint()
+        if self.options.warmup:
+            self.step.warm_up(dev, self.compute_q, self.sources)
+
+    def _take_buffers(self) -> None:
+        """The stream's paths (their staging rings) and every slot's device buffers."""
+        dev, plan = self.device, self.plan
         rings = StagingRings(dev, plan, self.sources, self.sinks, self.stager,
                              self.host_spans, self.nvtx, self.records, self.blocks)
         self.inputs, self.outputs = paths.choose(
@@ -120,8 +135,6 @@ class Engine(Closeable):
                                         plan.block_rows * plan.scratch_row_bytes)
             for nbytes in plan.temp_slot_bytes:  # a chain's temps
                 slot.temps.append(self._acquire(nbytes))
-        if self.options.warmup:
-            self.step.warm_up(dev, self.compute_q, self.sources)
 
     def _queue(self) -> Queue:
         queue = self.device.create_queue()
@@ -138,7 +151,11 @@ class Engine(Closeable):
         """Stream every block; return the report. Cleans up on success and on failure."""
         # A shorter thread switch interval while the stream runs: its threads give up the GIL
         # many times per block and would wait 5 ms for each return behind a busy Python thread.
-        with switching.quick_switches():
+        # The whole stream under one deferral (interrupts.py): a Ctrl-C is raised only where
+        # stopping is safe, between blocks and in the engine's waits (checkpoint), never in
+        # the middle of taking a buffer or inside threading's locks, where it left pool blocks
+        # in use and a staging thread waiting for a lock nobody would release.
+        with switching.quick_switches(), deferred_sigint():
             return self._run()
 
     def _run(self) -> Report:
@@ -169,10 +186,7 @@ class Engine(Closeable):
                 self._close_staging()
             finally:
                 try:
-                    # Whole: a Ctrl-C landing in it left the staging rings and the slots'
-                    # device buffers in use for good; it is raised once all are back.
-                    with deferred_sigint():
-                        self._release()
+                    self._release()  # whole: run() defers Ctrl-C, and it has no checkpoint
                 finally:
                     if self._own_progress:
                         self.progress.close()
@@ -185,6 +199,7 @@ class Engine(Closeable):
             path.start()
         issued = 0
         while (block := self.blocks.get(issued)) is not None:
+            interrupts.checkpoint()  # a Ctrl-C held since the last block stops the stream here
             issued += 1
             slot = self.slots[block.seq % plan.depth]
             if slot.block is not None:

@@ -29,6 +29,7 @@ import numpy as np
 from conveyor.backends.base import Device, PinnedBuffer
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint
 from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
@@ -111,10 +112,11 @@ class HaloRows(Closeable):
 
     def close(self) -> None:
         """Give the pinned rows back to the pool."""
-        pinned, self._pinned = self._pinned, []
-        self._pads, self._saved = {}, {}
-        for block in pinned:
-            self._pool.release(block)
+        with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
+            pinned, self._pinned = self._pinned, []
+            self._pads, self._saved = {}, {}
+            for block in pinned:
+                self._pool.release(block)
 
 
 def _save_rows(saved: np.ndarray, source: Source, plan: Plan) -> None:

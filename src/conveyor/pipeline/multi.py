@@ -34,15 +34,16 @@ from typing import Any
 
 import numpy as np
 
+from conveyor import interrupts
 from conveyor.backends.base import Device, Kernel
 from conveyor.closing import finish_uninterrupted, join
 from conveyor.errors import CompileError, InputError
+from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory import hostmem, numa
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain, Link
 from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.engine import Compute, Engine
-from conveyor.pipeline.interrupts import start_thread
 from conveyor.pipeline.io import ArraySource, FileSource, Source
 from conveyor.pipeline.merged import merge_reports
 from conveyor.pipeline.options import StreamOptions
@@ -364,7 +365,16 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
 def _run_engines(engines: list[Engine], supply: Supply,
                  barrier: threading.Barrier) -> list[Report]:
     """Run every engine on its own thread; the first failure stops them all and is raised
-    once every engine has finished and given its buffers back."""
+    once every engine has finished and given its buffers back. Under one deferral of
+    Ctrl-C, as a single engine runs (interrupts.py): one raised just after ``done``'s
+    ``__enter__`` took its lock would leave it held, and every engine thread waiting for it
+    in its ``finally``."""
+    with deferred_sigint():
+        return _run_engines_held(engines, supply, barrier)
+
+
+def _run_engines_held(engines: list[Engine], supply: Supply,
+                      barrier: threading.Barrier) -> list[Report]:
     reports: list[Report | None] = [None] * len(engines)
     failures: list[BaseException] = []
     done = threading.Condition()
@@ -387,7 +397,7 @@ def _run_engines(engines: list[Engine], supply: Supply,
     def wait_all() -> None:
         with done:
             while running[0]:
-                done.wait()
+                interrupts.wait(done)  # a held Ctrl-C is raised here
 
     threads = [threading.Thread(target=main, args=(i,), name=f"conveyor-device-{i}",
                                 daemon=True) for i in range(len(engines))]

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 
 from conveyor import config
 from conveyor.closing import join
+from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory.pinned import PinnedPool
-from conveyor.pipeline.interrupts import deferred_sigint, start_thread
 from conveyor.pipeline.staging import Entry
 
 
@@ -108,9 +108,10 @@ class Ring:
         self.entries.append(entry)
 
     def _release(self, entry: Entry) -> None:
-        for pin in entry:
-            if pin is not None:
-                self.pool.release(pin)
+        with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
+            for pin in entry:
+                if pin is not None:
+                    self.pool.release(pin)
 
     def stop(self) -> None:
         """Stop growing and wait for the thread (an allocation under way finishes first)."""
@@ -122,6 +123,7 @@ class Ring:
     def give_back(self) -> None:
         """Stop growing; return every entry's buffers to the pool (no copy still uses them)."""
         self.stop()
-        entries, self.entries = self.entries, []
-        for entry in entries:
-            self._release(entry)
+        with deferred_sigint():  # every entry, even if Ctrl-C comes (interrupts.py)
+            entries, self.entries = self.entries, []
+            for entry in entries:
+                self._release(entry)

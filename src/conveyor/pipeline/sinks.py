@@ -23,7 +23,7 @@ import numpy as np
 
 from conveyor import files
 from conveyor.errors import InputError
-from conveyor.pipeline.interrupts import deferred_sigint
+from conveyor.interrupts import deferred_sigint
 from conveyor.pipeline.io import FileRows, PathLike
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from conveyor import interrupts
 from conveyor.closing import Closeable, finish_uninterrupted
+from conveyor.interrupts import deferred_sigint
 from conveyor.memory import numa
-from conveyor.pipeline.interrupts import deferred_sigint
 
 PIECE_BYTES = 8 * 2**20
 
@@ -82,7 +83,7 @@ class Batch:
     def wait(self) -> None:
         """Wait for every piece (none still writes after this returns); raise the first
         failure."""
-        self._done.wait()
+        interrupts.wait_event(self._done)  # a Ctrl-C stops the wait at a safe point
         if self.error is not None:
             raise self.error
 

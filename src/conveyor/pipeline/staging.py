@@ -29,10 +29,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from conveyor import interrupts
 from conveyor.backends.base import Event, PinnedBuffer
 from conveyor.closing import Closeable, join
+from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory import numa
-from conveyor.pipeline.interrupts import deferred_sigint, start_thread
 from conveyor.pipeline.plan import Block, BlockSource, ListedBlocks
 from conveyor.pipeline.stage import Batch, Stager, StageTask
 from conveyor.trace.timeline import Span
@@ -127,7 +128,7 @@ class _StagingThread(Closeable):
                 raise _Stopped
             if ready():
                 return
-            self._cond.wait()
+            interrupts.wait(self._cond)
 
     def _raise_failure(self) -> None:
         """On the engine's thread: raise the staging thread's failure, if it had one."""
@@ -232,7 +233,7 @@ class StageAhead(_StagingThread):
         with self._cond:
             while k not in self._ready:
                 self._raise_failure()
-                self._cond.wait()
+                interrupts.wait(self._cond)
             index, batch = self._ready.pop(k)
             block = self._taken.pop(k)
         batch.wait()
@@ -328,7 +329,7 @@ class StageBehind(_StagingThread):
         with self._cond:
             while not self._free:
                 self._raise_failure()
-                self._cond.wait()
+                interrupts.wait(self._cond)
             self._raise_failure()
             index = self._free.popleft()
             self._entry_of[k] = index
@@ -351,5 +352,5 @@ class StageBehind(_StagingThread):
         with self._cond:
             while self._done < self._submitted:
                 self._raise_failure()
-                self._cond.wait()
+                interrupts.wait(self._cond)
             self._raise_failure()

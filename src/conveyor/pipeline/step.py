@@ -12,6 +12,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Kernel, Queue
 from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint, interruptible
 from conveyor.pipeline import image
 from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.io import Source
@@ -149,8 +150,9 @@ class CallableStep(Step):
         arrays += self._outputs(slot.dev_out, block, queue)
         # args= follow the arrays, as they follow the buffers of a kernel.
         offset = (self.first_row + block.start) * self.row_items
-        result = self.function(*arrays, *self.args, queue=queue.native, offset=offset,
-                               n=block.rows * self.row_items)
+        with interruptible():  # the user's code: Ctrl-C lands in it as usual
+            result = self.function(*arrays, *self.args, queue=queue.native, offset=offset,
+                                   n=block.rows * self.row_items)
         temps: list[Any] = []
         if self.keeps_result:
             slot.partial = partial_of(result, block)
@@ -239,16 +241,18 @@ class CallableStep(Step):
                 buffer = pool.acquire(max(spec.block_rows_of(rows) * spec.row_bytes, 1))
                 held.append(buffer)
             arrays += self._outputs(held[len(plan.inputs):], first, queue)
-            result = self.function(*arrays, *self.args, queue=queue.native,
-                                   offset=self.first_row * self.row_items,
-                                   n=rows * self.row_items)
+            with interruptible():  # the user's code: Ctrl-C lands in it as usual
+                result = self.function(*arrays, *self.args, queue=queue.native,
+                                       offset=self.first_row * self.row_items,
+                                       n=rows * self.row_items)
             if not self.keeps_result and result is not None:
                 self._returned(result, arrays[len(plan.inputs):], first)
             queue.finish()
         finally:
             arrays.clear()
-            for buffer in held:
-                pool.release(buffer)
+            with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
+                for buffer in held:
+                    pool.release(buffer)
 
 
 def check_signature(function: Callable[..., Any], positional: int) -> None:
@@ -301,8 +305,9 @@ def release_temps(device: Device, temps: list[Any], queue: Queue) -> None:
     a failure: a copy that raised left them taken, and the pool never back at zero)."""
     if temps:
         done = queue.marker()
-        for temp in temps:
-            device.memory_pool.release(temp, after=done)
+        with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
+            for temp in temps:
+                device.memory_pool.release(temp, after=done)
 
 
 def _address(array: Any) -> tuple[Any, ...] | None:

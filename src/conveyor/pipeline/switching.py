@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from conveyor import config
-from conveyor.pipeline.interrupts import deferred_sigint
+from conveyor.interrupts import deferred_sigint
 
 _lock = threading.Lock()
 _running = 0  # streams inside quick_switches()

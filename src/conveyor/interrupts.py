@@ -1,0 +1,171 @@
+"""Ctrl-C that waits for a few lines: starting threads that must always be joined.
+
+``Thread.start()`` first puts the thread in ``threading``'s limbo, then starts it and waits for
+it to run. A KeyboardInterrupt that lands inside (the wait is interruptible) leaves a thread
+that runs but that ``is_alive()`` calls not started, or one that never leaves limbo and is
+listed by ``threading.enumerate()`` for ever; either way the engine's clean-up cannot join it,
+and a staging thread outlives the stream that Ctrl-C stopped. ``deferred_sigint()`` holds a
+SIGINT that arrives during such a short section and delivers it right after, so the section
+runs whole and the interrupt still comes, to whatever handler the program had.
+
+It swaps handlers through ``_signal``, the C module under ``signal``: ``signal.signal`` wraps
+each handler in an enum (12 us a call against 0.4 us), and the pools take and give blocks
+under a deferral on the main thread (memory/pool.py), some 20 times in a stream's set-up.
+"""
+
+from __future__ import annotations
+
+import _signal
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+#: Signals a program may give a Python handler that raises (a timeout on SIGALRM, a clean
+#: exit on SIGTERM): held as SIGINT is, where such a handler is set. A SIGALRM handler that
+#: raised inside the engine's clean-up left a staging ring's pinned blocks in use for good.
+_OTHERS = tuple(getattr(signal, name) for name in (
+    "SIGTERM", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
+    if hasattr(signal, name))
+
+
+class _Region:
+    """The outermost deferral the main thread is in: the handlers it replaced, the signals it
+    caught, and how deeply deferrals are nested in it (an inner one costs a counter)."""
+
+    def __init__(self, previous: dict[int, Any]) -> None:
+        self.previous = previous
+        self.caught: list[int] = []
+        self.depth = 1
+
+    def hold(self, signum: int, frame: FrameType | None) -> None:
+        self.caught.append(signum)
+
+
+#: The main thread's deferral, while it is in one (only the main thread receives signals).
+_region: _Region | None = None
+
+
+def _on_main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class deferred_sigint:  # noqa: N801 - used as a function: ``with deferred_sigint():``
+    """Run the ``with`` block without a SIGINT (or another signal with a Python handler,
+    ``_OTHERS``) landing in it; one that arrives is raised (through the program's own
+    handler) as the block ends, or earlier at a :func:`checkpoint` inside it. Deferrals
+    nest: an inner one only counts. Only the main thread receives signals, so elsewhere
+    this does nothing."""
+
+    def __enter__(self) -> None:
+        global _region
+        self._outer = False
+        if not _on_main():
+            return
+        if _region is not None:
+            _region.depth += 1
+            return
+        held = [s for s in _OTHERS if callable(_signal.getsignal(s))]
+        if _signal.getsignal(signal.SIGINT) is not None:  # one set outside Python: leave it
+            held.append(signal.SIGINT)  # last: restored last, see __exit__
+        if not held:
+            return
+        region = _Region({})
+        try:
+            for signum in held:
+                region.previous[signum] = _signal.signal(signum, region.hold)
+        except ValueError:  # not the main interpreter
+            for signum, handler in region.previous.items():
+                _signal.signal(signum, handler)
+            return
+        _region = region
+        self._outer = True
+
+    def __exit__(self, *exc: object) -> None:
+        global _region
+        region = _region
+        if region is None or not _on_main():
+            return
+        if not self._outer:
+            region.depth -= 1
+            return
+        _region = None
+        # SIGINT last: once its handler is back, a new Ctrl-C may raise here, and every other
+        # handler must be back by then.
+        for signum, handler in region.previous.items():
+            _signal.signal(signum, handler)
+        for signum in dict.fromkeys(region.caught):  # now to the handlers the program had
+            signal.raise_signal(signum)
+
+
+def checkpoint() -> None:
+    """Inside a deferral on the main thread: run the program's handler now (KeyboardInterrupt,
+    for Ctrl-C) for each signal held so far. The engine calls it where stopping is safe (between
+    blocks, in its waits), so a Ctrl-C still stops a long stream at once while no
+    KeyboardInterrupt lands inside ``threading``'s own code: one raised just after
+    ``Condition.__enter__`` took its lock left the lock held and the stream hung in its
+    clean-up. Signals whose handler is not a Python function wait for the deferral's end."""
+    region = _region
+    if region is None or not region.caught or not _on_main():
+        return
+    caught = list(dict.fromkeys(region.caught))
+    later = [s for s in caught if not callable(region.previous.get(s))]
+    region.caught = later
+    frame = sys._getframe(1)
+    for signum in caught:
+        handler = region.previous.get(signum)
+        if callable(handler):
+            handler(signum, frame)
+
+
+#: How long one wait in a deferral lasts before it looks for a held Ctrl-C (seconds).
+WAIT_SLICE_S = 0.05
+
+
+def wait(cond: threading.Condition) -> None:
+    """``cond.wait()`` (its lock held) that a held Ctrl-C interrupts: inside a deferral on the
+    main thread it waits at most ``WAIT_SLICE_S``, then runs :func:`checkpoint`. The caller
+    loops on its condition, as ``Condition.wait`` wants anyway."""
+    if _region is not None and _on_main():
+        cond.wait(WAIT_SLICE_S)
+        checkpoint()
+    else:
+        cond.wait()
+
+
+def wait_event(event: threading.Event) -> None:
+    """``event.wait()``, interrupted as :func:`wait` is."""
+    if _region is not None and _on_main():
+        while not event.wait(WAIT_SLICE_S):
+            checkpoint()
+        checkpoint()
+    else:
+        event.wait()
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside a deferral, let signals land as usual for the ``with`` block (a user's function,
+    which may loop for as long as it likes): what was held is delivered first, the program's
+    handlers are back for the block, and the deferral's hold returns after it."""
+    region = _region
+    if region is None or not _on_main():
+        yield
+        return
+    checkpoint()
+    for signum, handler in region.previous.items():
+        _signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum in region.previous:
+            _signal.signal(signum, region.hold)
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """``thread.start()``, whole even when Ctrl-C arrives during it (see the module)."""
+    with deferred_sigint():
+        thread.start()
