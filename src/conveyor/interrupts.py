@@ -121,8 +121,10 @@ def checkpoint() -> None:
             handler(signum, frame)
 
 
-#: How long one wait in a deferral lasts before it looks for a held Ctrl-C (seconds).
-WAIT_SLICE_S = 0.05
+#: How long one wait in a deferral lasts before it looks for a held Ctrl-C (seconds): how
+#: late a Ctrl-C may stop a stream that waits. At 50 ms, two H100 engines ran 96 more blocks
+#: after one (tests/pipeline/test_multi.py); a wake-up costs microseconds.
+WAIT_SLICE_S = 0.005
 
 
 def wait(cond: threading.Condition) -> None:

@@ -27,6 +27,9 @@ from streamkit import in_use, kernel
 import conveyor as cv
 from conftest import DEVICES
 
+#: Threads a stream starts and must join (the compile and pre-fault pools outlive streams).
+_STREAM_THREADS = ("conveyor-stage", "conveyor-ring", "conveyor-device")
+
 #: Points where CPython 3.11 runs a pending signal handler (RESUME; CALL's eval-breaker check).
 _POINTS = ("call", "c_return")
 
@@ -122,7 +125,7 @@ def test_ctrl_c_at_every_point_leaves_nothing_behind(shape: str) -> None:
                 sys.setprofile(None)
         except KeyboardInterrupt:
             interrupted += 1
-        left = [t.name for t in threading.enumerate() if t.name.startswith("conveyor-")]
+        left = [t.name for t in threading.enumerate() if t.name.startswith(_STREAM_THREADS)]
         assert not left, f"Ctrl-C at point {at}: threads left running: {left}"
         assert in_use(device) == (0, 0), f"Ctrl-C at point {at}: (device, pinned) bytes in use"
     assert interrupted, "no stream was interrupted: the sweep tried nothing"
