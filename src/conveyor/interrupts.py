@@ -1,16 +1,24 @@
-"""Ctrl-C that waits for a few lines: starting threads that must always be joined.
+"""Ctrl-C that lands only where stopping is safe.
 
-``Thread.start()`` first puts the thread in ``threading``'s limbo, then starts it and waits for
-it to run. A KeyboardInterrupt that lands inside (the wait is interruptible) leaves a thread
-that runs but that ``is_alive()`` calls not started, or one that never leaves limbo and is
-listed by ``threading.enumerate()`` for ever; either way the engine's clean-up cannot join it,
-and a staging thread outlives the stream that Ctrl-C stopped. ``deferred_sigint()`` holds a
-SIGINT that arrives during such a short section and delivers it right after, so the section
-runs whole and the interrupt still comes, to whatever handler the program had.
+CPython runs a Python signal handler (KeyboardInterrupt, for Ctrl-C) at the start of any
+Python function and right after any C function returns, so a Ctrl-C can land between any two
+steps of taking a resource and recording its owner. Found that way (RELIABILITY.md, "Ctrl-C
+at every point of a stream"): a pool block marked in use and never handed over, a staging ring
+made and never given to the engine, a ``Condition``'s lock taken by ``Condition.__enter__``
+(Python code around a C lock) and never released, so the stream hung in its clean-up, and a
+thread stuck in ``threading``'s limbo by an interrupt inside ``Thread.start()``.
 
-It swaps handlers through ``_signal``, the C module under ``signal``: ``signal.signal`` wraps
-each handler in an enum (12 us a call against 0.4 us), and the pools take and give blocks
-under a deferral on the main thread (memory/pool.py), some 20 times in a stream's set-up.
+``deferred_sigint()`` holds such a signal for the ``with`` block and raises it, through the
+program's own handler, as the block ends. The engine runs a whole stream in one
+(pipeline/engine.py), and calls :func:`checkpoint` where stopping is safe: between blocks and,
+through :func:`wait` and :func:`wait_event`, in its waits, which on the main thread wait in
+slices of ``WAIT_SLICE_S``. So a Ctrl-C still stops a stream within milliseconds, always at
+a point its clean-up knows. A user's function runs with the program's handlers back
+(:func:`interruptible`): a loop in it stops on Ctrl-C as it would anywhere. Deferrals nest
+(an inner one only counts), and they swap handlers through ``_signal``, the C module under
+``signal``: ``signal.signal`` wraps each handler in an enum (12 us a call against 0.4 us).
+Only signals with a Python handler are held: under ``SIG_DFL`` Ctrl-C ends the process at
+once, as it should, and under ``SIG_IGN`` it does nothing.
 """
 
 from __future__ import annotations
@@ -68,9 +76,8 @@ class deferred_sigint:  # noqa: N801 - used as a function: ``with deferred_sigin
         if _region is not None:
             _region.depth += 1
             return
-        held = [s for s in _OTHERS if callable(_signal.getsignal(s))]
-        if _signal.getsignal(signal.SIGINT) is not None:  # one set outside Python: leave it
-            held.append(signal.SIGINT)  # last: restored last, see __exit__
+        # SIGINT last: restored last (see __exit__).
+        held = [s for s in (*_OTHERS, signal.SIGINT) if callable(_signal.getsignal(s))]
         if not held:
             return
         region = _Region({})
@@ -107,18 +114,14 @@ def checkpoint() -> None:
     blocks, in its waits), so a Ctrl-C still stops a long stream at once while no
     KeyboardInterrupt lands inside ``threading``'s own code: one raised just after
     ``Condition.__enter__`` took its lock left the lock held and the stream hung in its
-    clean-up. Signals whose handler is not a Python function wait for the deferral's end."""
+    clean-up. A handler that raises leaves the other held signals to the deferral's end."""
     region = _region
     if region is None or not region.caught or not _on_main():
         return
-    caught = list(dict.fromkeys(region.caught))
-    later = [s for s in caught if not callable(region.previous.get(s))]
-    region.caught = later
     frame = sys._getframe(1)
-    for signum in caught:
-        handler = region.previous.get(signum)
-        if callable(handler):
-            handler(signum, frame)
+    for signum in dict.fromkeys(region.caught):
+        region.caught = [s for s in region.caught if s != signum]
+        region.previous[signum](signum, frame)
 
 
 #: How long one wait in a deferral lasts before it looks for a held Ctrl-C (seconds): how

@@ -7,10 +7,11 @@ import os
 import random
 import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
-from streamkit import kernel
+from streamkit import add_reference, kernel
 
 import conveyor as cv
 from conveyor import interrupts
@@ -127,6 +128,73 @@ def test_a_callable_that_loops_for_ever_is_stopped_by_ctrl_c(device) -> None:
     finally:
         timer.cancel()
     assert len(calls) == 1
+
+
+def test_a_stream_under_an_ignored_sigint_ignores_ctrl_c(device) -> None:
+    k = kernel(device, "add")
+    a = np.arange(40_000, dtype=np.float32)
+    b = np.ones_like(a)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        calls = []
+
+        def source_chunks():
+            for start in range(0, len(a), 4000):
+                calls.append(start)
+                if len(calls) == 3:
+                    os.kill(os.getpid(), signal.SIGINT)  # ignored, as the program asked
+                yield a[start:start + 4000]
+
+        c = np.zeros_like(a)
+        cv.stream(k, [cv.iterate(source_chunks(), len(a)), b], [c], device=device,
+                  block_bytes=4096)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    np.testing.assert_array_equal(c, add_reference(a, b))
+
+
+_ENDLESS = """
+import signal, sys, time
+sys.path.insert(0, {pipeline!r})
+import numpy as np
+import conveyor as cv
+from streamkit import kernel
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends this program at once
+dev = cv.device({spec!r})
+k = kernel(dev, "scale")
+rows = 10**7
+def chunks():  # 100 s of input: the stream outlasts the test unless Ctrl-C ends it
+    print("streaming", flush=True)
+    while True:
+        time.sleep(0.01)
+        yield np.ones(1000, np.float32)
+cv.stream(k, [cv.iterate(chunks(), rows)], [np.float32], args=(2.0,), device=dev)
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_sig_dfl_ends_the_program_mid_stream(device, tmp_path) -> None:
+    # SIG_DFL is a program's way to say Ctrl-C ends it at once: a stream holds only signals
+    # with a Python handler, so it does not make such a program wait for the stream's end.
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ENDLESS.format(pipeline=str(Path(__file__).parent),
+                                               spec=device.spec)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CONVEYOR_WARMUP": "0"})
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.strip() == "streaming", line + child.stderr.read()
+        child.send_signal(signal.SIGINT)
+        code = child.wait(timeout=60)  # the stream itself never ends
+    finally:
+        child.kill()
+        child.wait()
+    assert code == -signal.SIGINT
 
 
 def test_a_thread_that_interrupts_its_own_start_is_started_whole() -> None:
