@@ -154,8 +154,10 @@ class Engine(Closeable):
         # The whole stream under one deferral (interrupts.py): a Ctrl-C is raised only where
         # stopping is safe, between blocks and in the engine's waits (checkpoint), never in
         # the middle of taking a buffer or inside threading's locks, where it left pool blocks
-        # in use and a staging thread waiting for a lock nobody would release.
-        with switching.quick_switches(), deferred_sigint():
+        # in use and a staging thread waiting for a lock nobody would release. The switch
+        # interval's change is inside it: a Ctrl-C landing as quick_switches' clean-up began
+        # left the interval low for good (no later stream restored it; seen on the H100).
+        with deferred_sigint(), switching.quick_switches():
             return self._run()
 
     def _run(self) -> Report:
