@@ -24,11 +24,9 @@ once, as it should, and under ``SIG_IGN`` it does nothing.
 from __future__ import annotations
 
 import _signal
-import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -52,6 +50,11 @@ class _Region:
     def hold(self, signum: int, frame: FrameType | None) -> None:
         self.caught.append(signum)
 
+    def holding(self) -> bool:
+        """True while its hold is the handler (not inside :func:`interruptible`, and not a
+        region whose end a Ctrl-C skipped: then a new deferral starts a region of its own)."""
+        return any(_signal.getsignal(s) == self.hold for s in self.previous)
+
 
 #: The main thread's deferral, while it is in one (only the main thread receives signals).
 _region: _Region | None = None
@@ -70,12 +73,15 @@ class deferred_sigint:  # noqa: N801 - used as a function: ``with deferred_sigin
 
     def __enter__(self) -> None:
         global _region
-        self._outer = False
+        self._mine: _Region | None = None  # the region this deferral made, if it made one
+        self._nested: _Region | None = None  # or the one it counts itself in
         if not _on_main():
             return
-        if _region is not None:
+        if _region is not None and _region.holding():
             _region.depth += 1
+            self._nested = _region
             return
+        self._parent = _region
         # SIGINT last: restored last (see __exit__).
         held = [s for s in (*_OTHERS, signal.SIGINT) if callable(_signal.getsignal(s))]
         if not held:
@@ -88,18 +94,16 @@ class deferred_sigint:  # noqa: N801 - used as a function: ``with deferred_sigin
             for signum, handler in region.previous.items():
                 _signal.signal(signum, handler)
             return
-        _region = region
-        self._outer = True
+        _region = self._mine = region
 
     def __exit__(self, *exc: object) -> None:
         global _region
-        region = _region
-        if region is None or not _on_main():
+        if self._nested is not None:
+            self._nested.depth -= 1
+        region = self._mine
+        if region is None:
             return
-        if not self._outer:
-            region.depth -= 1
-            return
-        _region = None
+        _region = self._parent
         # SIGINT last: once its handler is back, a new Ctrl-C may raise here, and every other
         # handler must be back by then.
         for signum, handler in region.previous.items():
@@ -151,23 +155,27 @@ def wait_event(event: threading.Event) -> None:
         event.wait()
 
 
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+class interruptible:  # noqa: N801 - used as a function: ``with interruptible():``
     """Inside a deferral, let signals land as usual for the ``with`` block (a user's function,
     which may loop for as long as it likes): what was held is delivered first, the program's
-    handlers are back for the block, and the deferral's hold returns after it."""
-    region = _region
-    if region is None or not _on_main():
-        yield
-        return
-    checkpoint()
-    for signum, handler in region.previous.items():
-        _signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        for signum in region.previous:
-            _signal.signal(signum, region.hold)
+    handlers are back for the block, and the deferral's hold returns after it, if that
+    deferral is still the one the main thread is in. (A class, not a generator: a generator's
+    clean-up skipped by a Ctrl-C ran when it was collected, after its deferral had ended, and
+    put a dead hold back for good: every later Ctrl-C was swallowed.)"""
+
+    def __enter__(self) -> None:
+        self._region = region = _region if _on_main() else None
+        if region is None:
+            return
+        checkpoint()
+        for signum, handler in region.previous.items():
+            _signal.signal(signum, handler)
+
+    def __exit__(self, *exc: object) -> None:
+        region = self._region
+        if region is not None and region is _region:
+            for signum in region.previous:
+                _signal.signal(signum, region.hold)
 
 
 def start_thread(thread: threading.Thread) -> None:
