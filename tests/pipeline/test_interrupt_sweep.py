@@ -149,7 +149,9 @@ class _Case:
             self.stream = lambda: cv.stream(kernel(device, "add"), [a, b], [np.float32],
                                             **{**opts, "zero_copy": True})
         elif shape == "two-devices":
-            pair = [device, DEVICES[-1]]
+            pair = [d for d in DEVICES if d.backend == device.backend][:2]
+            if len(pair) < 2:
+                pytest.skip("needs two devices of one backend (this machine's two PoCLs)")
             self.scale = 0.3
             self.start = ("_run_engines", "multi.py")
             self.stream = lambda: cv.stream(kernel(device, "add"), [a, b], [np.float32],
@@ -219,7 +221,7 @@ def test_ctrl_c_at_every_point_leaves_nothing_behind(shape: str, tmp_path: Path)
             interrupted += 1
         threads = [t.name for t in threading.enumerate() if t.name.startswith(_STREAM_THREADS)]
         assert not threads, f"Ctrl-C at point {at}: threads left running: {threads}"
-        for dev in {device, DEVICES[-1]}:
+        for dev in DEVICES:
             assert in_use(dev) == (0, 0), f"Ctrl-C at point {at}: {dev.spec} bytes in use"
         assert sys.getswitchinterval() == interval, f"Ctrl-C at point {at}: interval left low"
         assert signal.getsignal(signal.SIGINT) == handler and interrupts._region is None, \
