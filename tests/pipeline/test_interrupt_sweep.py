@@ -41,8 +41,8 @@ _POINTS = ("call", "c_return")
 #: samples over the blocks between. ``CONVEYOR_SWEEP_ALL=1`` tries every point (some 4,000
 #: a stream: minutes).
 SWEEP_ALL = os.environ.get("CONVEYOR_SWEEP_ALL") == "1"
-SETUP_POINTS = 10**9 if SWEEP_ALL else 250
-RUN_SAMPLES = 10**9 if SWEEP_ALL else 40
+SETUP_POINTS = 10**9 if SWEEP_ALL else 150
+RUN_SAMPLES = 10**9 if SWEEP_ALL else 25
 
 
 class _Shot:
@@ -128,31 +128,31 @@ class _Case:
             def twice(x: Any, y: Any, *, queue: Any, offset: int, n: int) -> None:
                 store(y, to_host(x, queue) * 2, queue)
 
-            self.scale = 0.3
+            self.scale = 0.4
             self.stream = lambda: cv.stream(twice, [a], [np.float32], **opts)
         elif shape == "chain":
-            self.scale = 0.3
+            self.scale = 0.4
             chain = cv.chain(cv.link(kernel(device, "ident"), "in0", "t0"),
                              cv.link(kernel(device, "scale"), "t0", "out0", args=(3.0,)),
                              temps=[np.float32])
             self.stream = lambda: cv.stream(chain, [a], [np.float32], **opts)
         elif shape == "files":  # an .npy in, an .npy out: the output is committed at the end
             np.save(folder / "a.npy", a)
-            self.scale = 0.3
+            self.scale = 0.4
             self.start = ("stream", "stream.py")
             self.stream = lambda: cv.stream(kernel(device, "scale"), [folder / "a.npy"],
                                             [self.out], args=(2.0,), **opts)
         elif shape == "zero-copy":  # the device reads host memory: nothing staged
             if not device.host_unified:
                 pytest.skip("zero-copy needs a host-unified device")
-            self.scale = 0.3
+            self.scale = 0.4
             self.stream = lambda: cv.stream(kernel(device, "add"), [a, b], [np.float32],
                                             **{**opts, "zero_copy": True})
         elif shape == "two-devices":
             pair = [d for d in DEVICES if d.backend == device.backend][:2]
             if len(pair) < 2:
                 pytest.skip("needs two devices of one backend (this machine's two PoCLs)")
-            self.scale = 0.3
+            self.scale = 0.4
             self.start = ("_run_engines", "multi.py")
             self.stream = lambda: cv.stream(kernel(device, "add"), [a, b], [np.float32],
                                             **{**opts, "device": pair})

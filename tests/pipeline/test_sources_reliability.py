@@ -220,7 +220,7 @@ def test_one_npy_source_streamed_by_three_threads_at_once(device, tmp_path):
             os.close(os.open(tmp_path / "other.bin", os.O_RDONLY))
 
     def streams():
-        for _ in range(100):
+        for _ in range(60):
             try:
                 report = cv.stream(k, [source], [np.float32], device=device,
                                    block_bytes=8192, args=(2.0,))

@@ -19,9 +19,9 @@ from conveyor.pipeline.stage import Stager
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 PIPELINE = HERE.parent / "pipeline"  # streamkit, for the child
-# 8 rounds per seed (16 before session 13): tests/pipeline/test_interrupt_sweep.py now tries
-# some 2,000 chosen points a run, where these draw them.
-ROUNDS = 8
+# 6 rounds per seed (16 before session 13): tests/pipeline/test_interrupt_sweep.py now tries
+# some 1,500 chosen points a run, where these draw them.
+ROUNDS = 6
 
 sys.path.insert(0, str(HERE))  # reliakit (and, through it, streamkit)
 from reliakit import assert_clean, kernel, next_stream_right, vadd_arrays  # noqa: E402
