@@ -9,12 +9,13 @@ Python function and right after a C function returns; a profile hook (``sys.setp
 exactly those points on the calling thread, and raises SIGINT at the N-th one counted from the
 stream's start, for N across the whole stream, for several kinds of stream. Each stream must
 then either finish or raise KeyboardInterrupt, and leave every pool at zero, no stream thread
-running, the switch interval and the SIGINT handler as they were, and no temporary or partial
-output file; the next stream must be exact.
+running, the switch interval, the SIGINT handler and NumPy's error state as they were, and no
+temporary or partial output file; the next stream must be exact.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -64,6 +65,7 @@ class _Shot:
         code = frame.f_code
         if event == "return" and frame is self.frame:
             sys.setprofile(None)  # past the stream (reading its output is NumPy's business)
+            self.frame = None  # a frame keeps its locals (a pinned array) alive
             return
         if self.at is None and self.on and code.co_name == "_loop" \
                 and code.co_filename.endswith("engine.py"):
@@ -210,6 +212,7 @@ def test_ctrl_c_at_every_point_leaves_nothing_behind(shape: str, tmp_path: Path)
     interrupted = 0
     interval = sys.getswitchinterval()
     handler = signal.getsignal(signal.SIGINT)
+    errors = np.geterr()
     for at in points:
         try:
             sys.setprofile(_Shot(at, case.start))
@@ -226,7 +229,42 @@ def test_ctrl_c_at_every_point_leaves_nothing_behind(shape: str, tmp_path: Path)
         assert sys.getswitchinterval() == interval, f"Ctrl-C at point {at}: interval left low"
         assert signal.getsignal(signal.SIGINT) == handler and interrupts._region is None, \
             f"Ctrl-C at point {at}: a deferral was left in place (a later Ctrl-C is lost)"
+        assert np.geterr() == errors, f"Ctrl-C at point {at}: NumPy's error state left changed"
         problem = case.left(expected)
         assert problem is None, f"Ctrl-C at point {at}: {problem}"
     assert interrupted, "no stream was interrupted: the sweep tried nothing"
     np.testing.assert_array_equal(case.run(), expected)
+
+
+@pytest.mark.skipif(not DEVICES, reason="no usable device")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_ctrl_c_at_every_point_of_a_pinned_allocation_leaves_no_block_in_use() -> None:
+    # A Ctrl-C between the pool handing the block over and its owner (whose finalizer gives
+    # it back) being made left it in use for good.
+    device = DEVICES[0]
+    start = ("empty", "pinned.py")
+
+    def allocate() -> None:
+        cv.pinned.empty((1000, 3), np.float32, device=device)  # dropped at once
+
+    allocate()
+    counter = _Shot(None, start)
+    sys.setprofile(counter)
+    try:
+        allocate()
+    finally:
+        sys.setprofile(None)
+    assert counter.count > 10, "the sweep counts nothing"
+    interrupted = 0
+    for at in range(1, counter.count + 1):
+        try:
+            sys.setprofile(_Shot(at, start))
+            try:
+                allocate()
+            finally:
+                sys.setprofile(None)
+        except KeyboardInterrupt:
+            interrupted += 1
+        gc.collect()  # an array made before the interrupt gives its block back as it goes
+        assert in_use(device) == (0, 0), f"Ctrl-C at point {at}: a pinned block in use"
+    assert interrupted

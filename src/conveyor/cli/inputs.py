@@ -12,6 +12,7 @@ import numpy as np
 
 import conveyor as cv
 from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint
 from conveyor.kernels.signature import Param
 from conveyor.pipeline.io import FileRows, Source, raw_source
 
@@ -180,10 +181,10 @@ def _convert(held: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, int | None]
         # Too large for dtype overflows to inf, which sets the cast's overflow flag: checked at
         # no extra pass. NaN and inf stay themselves (dtype holds them) and set no flag.
         try:
-            with np.errstate(over="raise"):
+            with deferred_sigint(), np.errstate(over="raise"):  # whole: interrupts.py
                 return held.astype(dtype), None
         except FloatingPointError:
-            with np.errstate(over="ignore"):
+            with deferred_sigint(), np.errstate(over="ignore"):
                 converted = held.astype(dtype)
             grown = np.isinf(converted) & ~np.isinf(held)
             return converted, int(np.argmax(grown))

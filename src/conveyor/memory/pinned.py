@@ -24,6 +24,7 @@ from numpy.typing import DTypeLike
 
 from conveyor import config
 from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint
 from conveyor.memory import numa
 from conveyor.memory.pool import BlockPool
 
@@ -169,8 +170,9 @@ def empty(
         )
     dev = _resolve(device)
     pool = svm_pool(dev) if svm else dev.pinned_pool
-    block = pool.acquire(max(nbytes, 1))
-    holder = PinnedOwner(pool, block, nbytes)
+    with deferred_sigint():  # the block has its owner (and finalizer) before a Ctrl-C lands
+        block = pool.acquire(max(nbytes, 1))
+        holder = PinnedOwner(pool, block, nbytes)
     raw = np.asarray(holder)
     return raw.view(dt).reshape(shape_tuple)
 

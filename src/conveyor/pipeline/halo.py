@@ -215,7 +215,8 @@ def constant(boundary: int | float, dtype: np.dtype, name: str) -> np.ndarray:
         else:
             if not math.isfinite(number):
                 return np.array(number, dtype)  # NaN, +inf, -inf: every float type has them
-        with np.errstate(over="ignore"):  # an overflow is refused below, not warned about
+        # Whole under Ctrl-C (interrupts.py); an overflow is refused below, not warned about.
+        with deferred_sigint(), np.errstate(over="ignore"):
             value = np.array(number).astype(part)
         if np.isfinite(value):
             return value.astype(dtype)

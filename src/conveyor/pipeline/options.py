@@ -21,6 +21,7 @@ import numpy as np
 
 from conveyor import config
 from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def _boundary(value: Any) -> str | int | float:
         if isinstance(number, numbers.Integral):
             return int(number)
         try:
-            with np.errstate(over="ignore"):
+            with deferred_sigint(), np.errstate(over="ignore"):  # whole: interrupts.py
                 constant = float(number)
         except OverflowError:  # a Fraction past float64's range
             constant = math.inf
