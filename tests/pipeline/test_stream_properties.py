@@ -14,7 +14,7 @@ from streamkit import DTYPES, add_reference, data, kernel, stencil_reference, to
 import conveyor as cv
 
 SETTINGS = settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 ZERO_COPY = pytest.mark.parametrize("zero_copy", [False, None], ids=["copying", "auto"])
 

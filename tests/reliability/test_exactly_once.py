@@ -168,7 +168,7 @@ def staging_fault(fail_at: int):
         stream_module.Engine = real_engine
 
 
-@_settings(120)
+@_settings(80)
 @given(case=cases(staged=True))
 def test_retry_after_a_staging_fault_equals_numpy(device, case):
     _fail_then_retry(device, case, "staging", staging_fault(case["fail_at"]))
@@ -201,7 +201,7 @@ def launch_fault(device: cv.Device, fail_at: int):
         del device.create_queue
 
 
-@_settings(100)
+@_settings(60)
 @given(case=cases())
 def test_retry_after_a_kernel_launch_fault_equals_numpy(device, case):
     _fail_then_retry(device, case, "launch", launch_fault(device, case["fail_at"]))
@@ -240,7 +240,7 @@ def callable_for(case: dict):
     return make
 
 
-@_settings(100)
+@_settings(60)
 @given(case=cases())
 def test_retry_after_a_callable_fault_equals_numpy(device, case):
     _fail_then_retry(device, case, "callable", contextlib.nullcontext(), callable_for(case))

@@ -19,15 +19,15 @@ from conveyor.pipeline.stage import Stager
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 PIPELINE = HERE.parent / "pipeline"  # streamkit, for the child
-# 6 rounds per seed (16 before session 13): tests/pipeline/test_interrupt_sweep.py now tries
-# some 1,500 chosen points a run, where these draw them.
-ROUNDS = 6
+# One seed of 8 rounds (two of 16 before session 13): tests/pipeline/test_interrupt_sweep.py
+# now tries some 1,500 chosen points a run, where these draw them.
+ROUNDS = 8
 
 sys.path.insert(0, str(HERE))  # reliakit (and, through it, streamkit)
 from reliakit import assert_clean, kernel, next_stream_right, vadd_arrays  # noqa: E402
 
 
-@pytest.mark.parametrize("seed", [8, 1234])
+@pytest.mark.parametrize("seed", [1234])
 def test_sigint_at_random_points_leaves_the_process_usable(device, tmp_path, seed):
     # Prepend: the GPU machine's carried wheels are on the inherited PYTHONPATH.
     path = os.pathsep.join([str(SRC), str(PIPELINE), os.environ.get("PYTHONPATH", "")])
