@@ -13,10 +13,12 @@ program's own handler, as the block ends. The engine runs a whole stream in one
 (pipeline/engine.py), and calls :func:`checkpoint` where stopping is safe: between blocks and,
 through :func:`wait` and :func:`wait_event`, in its waits, which on the main thread wait in
 slices of ``WAIT_SLICE_S``. So a Ctrl-C still stops a stream within milliseconds, always at
-a point its clean-up knows. A user's function runs with the program's handlers back
-(:func:`interruptible`): a loop in it stops on Ctrl-C as it would anywhere. Deferrals nest
-(an inner one only counts), and they swap handlers through ``_signal``, the C module under
-``signal``: ``signal.signal`` wraps each handler in an enum (12 us a call against 0.4 us).
+a point its clean-up knows, and code that runs only inside a stream (its rings, slots, halo
+rows, warm-up buffers) needs no deferral of its own. A user's function runs with the
+program's handlers back (:func:`interruptible`): a loop in it stops on Ctrl-C as it would
+anywhere. Deferrals nest (an inner one does nothing), and they swap handlers through
+``_signal``, the C module under ``signal``: ``signal.signal`` wraps each handler in an enum
+(12 us a call against 0.4 us).
 Only signals with a Python handler are held: under ``SIG_DFL`` Ctrl-C ends the process at
 once, as it should, and under ``SIG_IGN`` it does nothing.
 """
@@ -39,13 +41,12 @@ _OTHERS = tuple(getattr(signal, name) for name in (
 
 
 class _Region:
-    """The outermost deferral the main thread is in: the handlers it replaced, the signals it
-    caught, and how deeply deferrals are nested in it (an inner one costs a counter)."""
+    """The outermost deferral the main thread is in: the handlers it replaced and the signals
+    it caught (a deferral inside it does nothing)."""
 
     def __init__(self, previous: dict[int, Any]) -> None:
         self.previous = previous
         self.caught: list[int] = []
-        self.depth = 1
 
     def hold(self, signum: int, frame: FrameType | None) -> None:
         self.caught.append(signum)
@@ -68,18 +69,13 @@ class deferred_sigint:  # noqa: N801 - used as a function: ``with deferred_sigin
     """Run the ``with`` block without a SIGINT (or another signal with a Python handler,
     ``_OTHERS``) landing in it; one that arrives is raised (through the program's own
     handler) as the block ends, or earlier at a :func:`checkpoint` inside it. Deferrals
-    nest: an inner one only counts. Only the main thread receives signals, so elsewhere
+    nest: an inner one does nothing. Only the main thread receives signals, so elsewhere
     this does nothing."""
 
     def __enter__(self) -> None:
         global _region
         self._mine: _Region | None = None  # the region this deferral made, if it made one
-        self._nested: _Region | None = None  # or the one it counts itself in
-        if not _on_main():
-            return
-        if _region is not None and _region.holding():
-            _region.depth += 1
-            self._nested = _region
+        if not _on_main() or (_region is not None and _region.holding()):
             return
         self._parent = _region
         # SIGINT last: restored last (see __exit__).
@@ -98,8 +94,6 @@ class deferred_sigint:  # noqa: N801 - used as a function: ``with deferred_sigin
 
     def __exit__(self, *exc: object) -> None:
         global _region
-        if self._nested is not None:
-            self._nested.depth -= 1
         region = self._mine
         if region is None:
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,17 @@ def opencl_c_only(device: cv.Device) -> None:
 
     if device.backend != "opencl":
         pytest.skip("OpenCL C kernels")
+
+
+def zero_copy_where_unified(device: cv.Device, request: Any) -> None:
+    """Skip a test's ``zero_copy=True`` case (a parametrized ``zero_copy``) on a device that
+    does not share the host's memory: the stream refuses it there."""
+    import pytest
+
+    params = getattr(request.node, "callspec", None)
+    if params is not None and params.params.get("zero_copy") is True \
+            and not device.host_unified:
+        pytest.skip("zero_copy=True needs a device in host memory")
 
 
 def assert_clean(device: cv.Device) -> None:

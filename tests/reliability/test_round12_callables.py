@@ -38,7 +38,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import add_reference, assert_clean, data, kernel, next_stream_right  # noqa: E402
+from reliakit import (  # noqa: E402
+    add_reference,
+    assert_clean,
+    data,
+    kernel,
+    next_stream_right,
+    zero_copy_where_unified,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import BackendError, InputError  # noqa: E402
@@ -55,10 +62,7 @@ def ocl(device, request):
     zero_copy=True cases only where the device shares the host's memory (refused elsewhere)."""
     if device.backend != "opencl":
         pytest.skip("PyOpenCL callables")
-    params = getattr(request.node, "callspec", None)
-    if params is not None and params.params.get("zero_copy") is True \
-            and not device.host_unified:
-        pytest.skip("zero_copy=True needs a device in host memory")
+    zero_copy_where_unified(device, request)
     return device
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import compiled  # noqa: E402
+from reliakit import compiled, opencl_c_only, zero_copy_where_unified  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 
@@ -89,12 +89,8 @@ def _opencl_c_and_zero_copy(request):
     if "device" not in request.fixturenames:
         return
     device = request.getfixturevalue("device")
-    if device.backend != "opencl":
-        pytest.skip("OpenCL C kernels")
-    params = getattr(request.node, "callspec", None)
-    if params is not None and params.params.get("zero_copy") is True \
-            and not device.host_unified:
-        pytest.skip("zero_copy=True needs a device in host memory")
+    opencl_c_only(device)
+    zero_copy_where_unified(device, request)
 
 N = 3000
 X = np.arange(N, dtype=np.float32)

@@ -11,7 +11,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Queue
 from conveyor.errors import InputError
-from conveyor.interrupts import deferred_sigint, interruptible
+from conveyor.interrupts import interruptible
 from conveyor.pipeline.chainbind import BoundChain, BoundLink, Ref
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
@@ -172,9 +172,8 @@ class ChainStep(Step):
                            self.first_row * self.row_items, rows * self.row_items, found)
                 queue.finish()
         finally:
-            with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
-                for buffer in held.values():
-                    pool.release(buffer)
+            for buffer in held.values():
+                pool.release(buffer)
 
     def _warm_buffer(self, pool: Any, queue: Queue, ref: Ref, block: Block,
                      sources: Sequence[Source]) -> Any:

@@ -112,11 +112,10 @@ class HaloRows(Closeable):
 
     def close(self) -> None:
         """Give the pinned rows back to the pool."""
-        with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
-            pinned, self._pinned = self._pinned, []
-            self._pads, self._saved = {}, {}
-            for block in pinned:
-                self._pool.release(block)
+        pinned, self._pinned = self._pinned, []
+        self._pads, self._saved = {}, {}
+        for block in pinned:
+            self._pool.release(block)
 
 
 def _save_rows(saved: np.ndarray, source: Source, plan: Plan) -> None:

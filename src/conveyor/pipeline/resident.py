@@ -32,7 +32,6 @@ import numpy as np
 from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
-from conveyor.interrupts import deferred_sigint
 from conveyor.kernels.signature import Param
 from conveyor.memory.pool import device_bin
 from conveyor.pipeline import structs
@@ -160,11 +159,11 @@ class Resident(Closeable):
     def evict(self) -> bool:
         """Give the device copy back to the pool if no stream uses it (the pool's
         out-of-memory ladder calls this); a later stream uploads the table again."""
-        with deferred_sigint(), self._lock:  # taken out and given back whole (interrupts.py)
+        with self._lock:
             if self.users or self.buffer is None or self.device is None:
                 return False
             buffer, self.buffer = self.buffer, None
-            self.device.memory_pool.release(buffer)
+        self.device.memory_pool.release(buffer)
         return True
 
     def refresh(self) -> None:

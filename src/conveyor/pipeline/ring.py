@@ -108,10 +108,9 @@ class Ring:
         self.entries.append(entry)
 
     def _release(self, entry: Entry) -> None:
-        with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
-            for pin in entry:
-                if pin is not None:
-                    self.pool.release(pin)
+        for pin in entry:
+            if pin is not None:
+                self.pool.release(pin)
 
     def stop(self) -> None:
         """Stop growing and wait for the thread (an allocation under way finishes first)."""
@@ -123,7 +122,6 @@ class Ring:
     def give_back(self) -> None:
         """Stop growing; return every entry's buffers to the pool (no copy still uses them)."""
         self.stop()
-        with deferred_sigint():  # every entry, even if Ctrl-C comes (interrupts.py)
-            entries, self.entries = self.entries, []
-            for entry in entries:
-                self._release(entry)
+        entries, self.entries = self.entries, []
+        for entry in entries:
+            self._release(entry)

@@ -12,7 +12,7 @@ import numpy as np
 
 from conveyor.backends.base import Device, Event, Kernel, Queue
 from conveyor.errors import InputError
-from conveyor.interrupts import deferred_sigint, interruptible
+from conveyor.interrupts import interruptible
 from conveyor.pipeline import image
 from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.io import Source
@@ -250,9 +250,8 @@ class CallableStep(Step):
             queue.finish()
         finally:
             arrays.clear()
-            with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
-                for buffer in held:
-                    pool.release(buffer)
+            for buffer in held:
+                pool.release(buffer)
 
 
 def check_signature(function: Callable[..., Any], positional: int) -> None:
@@ -305,9 +304,8 @@ def release_temps(device: Device, temps: list[Any], queue: Queue) -> None:
     a failure: a copy that raised left them taken, and the pool never back at zero)."""
     if temps:
         done = queue.marker()
-        with deferred_sigint():  # all of them, even if Ctrl-C comes (interrupts.py)
-            for temp in temps:
-                device.memory_pool.release(temp, after=done)
+        for temp in temps:
+            device.memory_pool.release(temp, after=done)
 
 
 def _address(array: Any) -> tuple[Any, ...] | None:
