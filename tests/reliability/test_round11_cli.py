@@ -353,6 +353,30 @@ def test_json_onto_a_full_stdout_is_one_line_on_stderr(work):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.parametrize("command", ["map", "devices", "--help"])
+def test_a_full_stdout_is_named_as_stdout_not_as_the_outputs_disk(work, command):
+    """Round fourteen: ``conveyor map ... > /dev/full`` wrote y.npy, then said "[Errno 28] No
+    space left on device: free some space or write elsewhere", as if the output's disk were
+    full; ``conveyor --help > /dev/full`` exited 0 (argparse drops a failed write)."""
+    tmp, spec = work
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    argv = {"map": [a for a in _map(tmp, spec, "-i", "x.npy", "-o", "y.npy") if a != "-q"],
+            "devices": ["devices"], "--help": ["--help"]}[command]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "conveyor.cli", *argv], cwd=tmp,
+                              env=_env(), timeout=120, stdout=full, stderr=subprocess.PIPE,
+                              text=True)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "could not write to standard output (No space left on device)" in line, line
+    assert "free some space" not in line, line
+    if command == "map":
+        assert "wrote y.npy" in line, line
+        np.testing.assert_array_equal(np.load(tmp / "y.npy"), 2 * X)
+
+
 # -- a FIFO named like a dead run's part; Ctrl-C after the outputs were written ----------------
 def test_a_fifo_named_like_a_stale_part_does_not_hang_the_run(work, capsys):
     """Anyone who may write the output's folder (/tmp) can plant ``.y.npy.XXXXXXXX.part`` as a

@@ -20,18 +20,34 @@ import sys
 TYPE_CHECKING = False  # not typing's: see conveyor/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any, TextIO
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    guard = None
     try:
         try:
             _open_closed_std_streams()
+            guard = sys.stdout = GuardedStdout(sys.stdout)
             from conveyor.cli.commands import run
 
             return run(sys.argv[1:] if argv is None else list(argv))
         finally:
             sys.stdout.flush()  # a reader gone early (| head -1) shows here, not at exit
+    except StdoutError as exc:
+        # The last flush of what the command printed failed (``> /dev/full``), after the
+        # command itself had succeeded.
+        print(f"conveyor: {exc}", file=sys.stderr)
+        stdout_gone()
+        return 1
+    except SystemExit as exc:
+        # argparse's --help and --version end here, and argparse drops a failed write.
+        if guard is None or guard.failure is None or exc.code not in (0, None):
+            raise
+        print(f"conveyor: {guard.failure}", file=sys.stderr)
+        stdout_gone()
+        return 1
     except KeyboardInterrupt:
         # A Ctrl-C before a command started (imports, parsing): nothing was written.
         print("conveyor: interrupted", file=sys.stderr)
@@ -39,12 +55,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # As a tool killed by SIGPIPE: no message, 128 + 13; and stdout's last flush at exit
         # must not fail again.
-        import os
-
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        stdout_gone()
         return 141
+    finally:
+        if guard is not None and sys.stdout is guard:
+            sys.stdout = guard.stream
+
+
+class StdoutError(OSError):
+    """Writing to standard output failed (``> /dev/full``, a full disk behind ``> file``):
+    the report is lost, not the command's own files, so the message must not advise about
+    them."""
+
+    def __str__(self) -> str:
+        return f"could not write to standard output ({self.strerror}): send it elsewhere"
+
+
+class GuardedStdout:
+    """``sys.stdout`` during a command: a failed write or flush is a :class:`StdoutError`,
+    so the command can tell its report's failure from its files' (both are ``OSError``). A
+    reader gone away (``BrokenPipeError``) stays as it is: it ends the command quietly."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.failure: StdoutError | None = None  # the first failed write, once one failed
+
+    def write(self, text: str) -> int:
+        """Write ``text`` to standard output."""
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            raise self._failed(exc) from exc
+
+    def flush(self) -> None:
+        """Flush standard output."""
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: OSError) -> OSError:
+        if isinstance(exc, BrokenPipeError):
+            return exc
+        self.failure = self.failure or StdoutError(exc.errno, exc.strerror)
+        return self.failure
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def stdout_gone() -> None:
+    """Point fd 1 at ``/dev/null`` once standard output failed, so what is still buffered
+    goes nowhere at exit instead of failing again there ("Exception ignored ...")."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+    finally:
+        os.close(devnull)
 
 
 def _open_closed_std_streams() -> None:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import conveyor
+from conveyor.cli import StdoutError, stdout_gone, words
 from conveyor.cli import parser as cli_parser
-from conveyor.cli import words
 from conveyor.errors import CompileError, ConveyorError, InputError, outputs_written
 
 Runner = Callable[[argparse.Namespace], int]
@@ -62,6 +62,13 @@ def run(argv: Sequence[str]) -> int:
                      "(demo, bench: a smaller --mib), or free memory", 1)
     except BrokenPipeError:
         raise  # stdout's reader went away: main() exits quietly, as after SIGPIPE
+    except StdoutError as exc:
+        # Not the command's files (a full disk's advice would be about them): its report.
+        stdout_gone()
+        said = str(exc)
+        if options.command == "map":
+            said = f"wrote {', '.join(options.outputs)}, but {said}, or pass -q"
+        return _fail(options, exc, said, 1)
     except OSError as exc:
         return _fail(options, exc, f"{exc}: {_os_advice(exc)}", 1)
     finally:
