@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from streamkit import _cupy_stream, in_use
+from streamkit import _cupy_stream, in_use, to_host
 
 import conveyor as cv
 from conveyor.errors import InputError
@@ -87,6 +87,30 @@ def test_the_warm_up_runs_on_the_first_rows_before_the_stream(device):
     cv.stream(_doubling(device, calls), [x], [y], device=device, block_bytes=4000,
               warmup=False)
     assert calls == [(k * 1000, 1000) for k in range(5)]
+
+
+@pytest.mark.parametrize("boundary", ["nearest", "periodic", 7.5])
+def test_the_warm_up_sees_the_first_blocks_rows_where_the_stream_puts_them(device, boundary):
+    """Round fourteen: with ``halo=h`` the warm-up put the input's first rows at index 0 of
+    its halo'd input, where the first block has the ``h`` pad rows, and zeros for the pads: a
+    callable that checks its rows failed in the warm-up, and one with effects saw other data."""
+    h = 3
+    x = np.arange(N, dtype=np.float32) + 1
+    y = np.zeros_like(x)
+    seen: list[np.ndarray] = []
+
+    def compute(x, y, *, queue, offset, n):
+        seen.append(to_host(x, queue))
+        return _op(device, queue, lambda asarray: asarray(x)[h : asarray(x).shape[0] - h])
+
+    cv.stream(compute, [x], [y], device=device, block_bytes=4000, halo=h, boundary=boundary)
+    np.testing.assert_array_equal(y, x)
+    warm, first = seen[0], seen[1]
+    assert len(warm) == 64 + 2 * h and len(first) == 1000 + 2 * h
+    np.testing.assert_array_equal(warm, first[: 64 + 2 * h])
+    front = {"nearest": x[:1].repeat(h), "periodic": x[-h:], 7.5: np.full(h, 7.5)}[boundary]
+    np.testing.assert_array_equal(warm[:h], front)
+    np.testing.assert_array_equal(warm[h:], x[: 64 + h])
 
 
 @pytest.mark.parametrize("wrong", ["shape", "dtype", "count"])

@@ -140,6 +140,28 @@ def test_n_d_rows_and_a_temp_of_another_row_shape(device):
     np.testing.assert_array_equal(out, z * np.float32(0.5))
 
 
+def test_a_callable_links_warm_up_sees_the_halo_rows_the_stream_gives(device):
+    """Round fourteen: a callable link's warm-up put the input's rows at index 0 of its
+    halo'd input and zeros for the pad rows; the first block has the pads first."""
+    h = 2
+    a = data((12_000,), np.float32, 9)
+    c = np.zeros_like(a)
+    seen = []
+
+    def middle(t, u, queue, offset, n):
+        rows = to_host(t, queue)
+        seen.append(rows)
+        store(u, rows[h : len(rows) - h], queue)
+
+    chain = cv.chain(cv.link(middle, "in0", "out0"))
+    cv.stream(chain, [a], [c], device=device, block_bytes=4000, halo=h, boundary="reflect")
+    np.testing.assert_array_equal(c, a)
+    warm, first = seen[0], seen[1]
+    np.testing.assert_array_equal(warm, first[: len(warm)])
+    np.testing.assert_array_equal(warm[:h], a[:h][::-1])
+    np.testing.assert_array_equal(warm[h:], a[: len(warm) - h])
+
+
 def test_a_callable_link_between_kernels(device):
     a, b = data((12_000,), np.float32, 7), data((12_000,), np.float32, 8)
     c = np.zeros_like(a)

@@ -13,10 +13,10 @@ from conveyor.backends.base import Device, Event, Queue
 from conveyor.errors import InputError
 from conveyor.interrupts import interruptible
 from conveyor.pipeline.chainbind import BoundChain, BoundLink, Ref
+from conveyor.pipeline.halo import Boundary, first_block
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
-from conveyor.pipeline.stage import copy_rows
 from conveyor.pipeline.step import (
     Step,
     _describe,
@@ -147,11 +147,14 @@ class ChainStep(Step):
         return result
 
     # -- warm-up -----------------------------------------------------------------------------
-    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source]) -> None:
+    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source],
+                boundary: Boundary = "nearest") -> None:
         """Call each callable link once on the first rows (at most ``WARMUP_ROWS``) before
         the stream, so libraries that load modules lazily load them now (step.py), and check
         what each returns. Kernels do not run (a kernel may add into a resident table); the
-        buffers a callable reads that no input fills are zeros. Everything is dropped."""
+        buffers a callable reads that no input fills are zeros; inputs are the first block's rows as
+        the stream gives them (with a halo, the pad rows under ``boundary`` first). Everything
+        is dropped."""
         callables = [b for b in self.chain.links if not b.is_kernel]
         if not callables:
             return
@@ -166,7 +169,8 @@ class ChainStep(Step):
                     continue
                 for ref in (*bound.reads, *bound.writes):
                     if ref.name not in held:
-                        held[ref.name] = self._warm_buffer(pool, queue, ref, first, sources)
+                        held[ref.name] = self._warm_buffer(pool, queue, ref, first, sources,
+                                                           boundary)
                 found = [held[r.name] for r in (*bound.reads, *bound.writes)]
                 self._call(bound, args, queue, _WarmSlot(), first,
                            self.first_row * self.row_items, rows * self.row_items, found)
@@ -176,12 +180,13 @@ class ChainStep(Step):
                 pool.release(buffer)
 
     def _warm_buffer(self, pool: Any, queue: Queue, ref: Ref, block: Block,
-                     sources: Sequence[Source]) -> Any:
+                     sources: Sequence[Source], boundary: Boundary) -> Any:
         shape, dtype = self._shape(ref, block)
-        host = np.zeros(shape, dtype)
         if ref.kind == "in":
-            have = min(len(host), self.plan.rows)
-            copy_rows(host[:have], sources[ref.index].rows(0, have))
+            host = first_block(sources[ref.index], dtype, shape[1:], self.plan, block.rows,
+                               boundary)
+        else:
+            host = np.zeros(shape, dtype)
         buffer = pool.acquire(max(host.nbytes, 1))
         try:
             if host.nbytes:

@@ -108,7 +108,7 @@ class Engine(Closeable):
         self._take_buffers()
         interrupts.checkpoint()
         if self.options.warmup:
-            self.step.warm_up(dev, self.compute_q, self.sources)
+            self.step.warm_up(dev, self.compute_q, self.sources, self.options.boundary)
 
     def _take_buffers(self) -> None:
         """The stream's paths (their staging rings) and every slot's device buffers."""

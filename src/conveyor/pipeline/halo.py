@@ -244,3 +244,20 @@ def fill_pads(view: np.ndarray, first: int, end: int, pads: Pads) -> None:
         np.copyto(view[:first], pads.front()[pads.h - first :])
     if end < len(view):
         np.copyto(view[end:], pads.back()[: len(view) - end])
+
+
+def first_block(source: Source, dtype: np.dtype, row_shape: tuple[int, ...], plan: Plan,
+                rows: int, boundary: Boundary) -> np.ndarray:
+    """Input ``source``'s slot for a block of ``rows`` rows at row 0, as the stream's first
+    block holds it: the ``plan.halo`` pad rows before row 0 under ``boundary``, the input's
+    rows from index ``plan.halo`` on, and pad rows after an input that ends inside it. For a
+    callable's warm-up, which runs before any slot exists (step.py, chainstep.py): with its
+    rows at index 0 it saw every row ``plan.halo`` places early, and zeros for the pads."""
+    h = plan.halo
+    host = np.zeros((rows + 2 * h, *row_shape), dtype)
+    have = min(rows + h, plan.rows)
+    copy_rows(host[h : h + have], source.rows(0, have))
+    if h:
+        fill_pads(host, h, h + have, Pads(source, plan.rows, h, boundary))
+    return host
+

@@ -15,10 +15,10 @@ from conveyor.errors import InputError
 from conveyor.interrupts import interruptible
 from conveyor.pipeline import image
 from conveyor.pipeline.chainbind import BoundChain
+from conveyor.pipeline.halo import Boundary, first_block
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Records, Slot
 from conveyor.pipeline.plan import Block, Plan
-from conveyor.pipeline.stage import copy_rows
 from conveyor.trace.timeline import Between
 
 Compute = Kernel | Callable[..., Any] | BoundChain
@@ -96,7 +96,8 @@ class Step:
         """Enqueue the compute of ``block`` in ``slot`` after ``wait_for``."""
         raise NotImplementedError
 
-    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source]) -> None:
+    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source],
+                boundary: Boundary = "nearest") -> None:
         """Run what must run once before the stream (callables: see CallableStep)."""
 
 
@@ -216,11 +217,13 @@ class CallableStep(Step):
             found.append(value)
         return found
 
-    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source]) -> None:
+    def warm_up(self, device: Device, queue: Queue, sources: Sequence[Source],
+                boundary: Boundary = "nearest") -> None:
         """Call the function once on the first ``WARMUP_ROWS`` rows (into scratch outputs)
         before the stream starts, so libraries that load modules lazily load them now, not
         while blocks are in flight (a module load waits for the busy device); check what it
-        returns. Its outputs are dropped."""
+        returns. Its inputs are the first block's rows as the stream gives them (with a halo,
+        the pad rows under ``boundary`` first); its outputs are dropped."""
         plan = self.plan
         rows = warm_up_rows(plan)
         first = Block(0, 0, rows)
@@ -229,9 +232,7 @@ class CallableStep(Step):
         arrays = []
         try:
             for source, spec in zip(sources, plan.inputs, strict=True):
-                host = np.zeros((rows + 2 * plan.halo, *spec.shape[1:]), spec.dtype)
-                have = min(len(host), plan.rows)
-                copy_rows(host[:have], source.rows(0, have))
+                host = first_block(source, spec.dtype, spec.shape[1:], plan, rows, boundary)
                 buffer = pool.acquire(max(host.nbytes, 1))
                 held.append(buffer)
                 queue.copy_in(buffer, host.reshape(-1).view(np.uint8))
