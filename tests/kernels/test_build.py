@@ -332,3 +332,27 @@ __kernel void fill(__global real *out, real v, ulong offset, ulong n)
     build.clear_memo()  # the third build found the first's .sig: still float32
     header.write_text("typedef int real;\n")
     assert device.compile(source, "fill", options).params[1].dtype == np.dtype(np.int32)
+
+
+def test_a_dropped_device_is_not_kept_alive_by_its_kernels(device):
+    """Round fourteen: the process-wide memo of loaded kernels held each kernel, and each
+    kernel its device, so a device made and dropped (here a second OpenCL context, closed
+    after a stream) stayed alive with its pools for good. The memo lives on the device now."""
+    import gc
+    import weakref
+
+    if device.backend != "opencl":
+        pytest.skip("a second context of one device is an OpenCL notion")
+    from conveyor.backends import opencl
+
+    platform, index = (int(part) for part in device.spec.split(":")[1:])
+    second = opencl.Device(device.cl_device, platform, index)
+    kernel = second.compile(SCALE_SOURCE, "scale", options=["-DSCALE=3.0f"])
+    assert second.compile(SCALE_SOURCE, "scale", options=["-DSCALE=3.0f"]) is kernel  # memo
+    np.testing.assert_array_equal(run_scale(second, kernel), np.arange(1000) * 3.0)
+    gone = weakref.ref(second)
+    second.close()
+    del second, kernel
+    gc.collect()
+    assert gone() is None
+    build.clear_memo()  # with the device gone: nothing left to clear, nothing raised

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -29,9 +30,12 @@ if TYPE_CHECKING:
 _MemoKey = tuple[int, str, str]
 
 _lock = threading.Lock()
-# (id(device), cache key, kernel name) -> loaded kernel. A kernel holds its device, so the id
-# cannot be reused by another device while the entry lives.
-_memo: dict[_MemoKey, Kernel] = {}
+# Each device's loaded kernels, (cache key, kernel name) -> kernel, kept on the device itself:
+# a kernel holds its device, so a process-wide dict of them kept every device that ever built
+# one alive (a closed second context and its pools, for good). On the device, the cycle goes
+# with the device once nothing else holds it. The set names the devices for clear_memo().
+_MEMO_ATTRIBUTE = "_conveyor_kernel_memo"
+_memo_owners: weakref.WeakSet[Device] = weakref.WeakSet()
 # Builds under way: a second caller of the same kernel waits for the first instead of building.
 _in_flight: dict[_MemoKey, Future[Kernel]] = {}
 _caches: dict[Path, KernelCache] = {}
@@ -171,7 +175,18 @@ def check_no_nul(source: str, options: Sequence[str]) -> None:
 def clear_memo() -> None:
     """Forget the kernels loaded in this process (the next compile goes to the disk cache)."""
     with _lock:
-        _memo.clear()
+        for device in list(_memo_owners):
+            _memo_of(device).clear()
+
+
+def _memo_of(device: Device) -> dict[tuple[str, str], Kernel]:
+    """``device``'s loaded kernels (made on first use); hold ``_lock``."""
+    memo: dict[tuple[str, str], Kernel] | None = device.__dict__.get(_MEMO_ATTRIBUTE)
+    if memo is None:
+        memo = {}
+        setattr(device, _MEMO_ATTRIBUTE, memo)
+        _memo_owners.add(device)
+    return memo
 
 
 def compile_kernel(
@@ -193,7 +208,7 @@ def compile_kernel(
     key = cache_key(build_identity(device), options, source)
     memo_key: _MemoKey = (id(device), key, name)
     with _lock:
-        kernel = _memo.get(memo_key)
+        kernel = _memo_of(device).get((key, name))
         if kernel is not None:
             return kernel
         pending = _in_flight.get(memo_key)
@@ -212,7 +227,7 @@ def compile_kernel(
         future.set_exception(exc)
         raise
     with _lock:
-        _memo[memo_key] = kernel
+        _memo_of(device)[key, name] = kernel
         _in_flight.pop(memo_key, None)
     future.set_result(kernel)
     return kernel
@@ -248,9 +263,8 @@ class KernelFuture:
 
     def result(self, timeout: float | None = None) -> Kernel:
         """The loaded kernel; waits for the build. Raises CompileError if it failed."""
-        memo_key: _MemoKey = (id(self.device), self._key, self.name)
         with _lock:
-            kernel = _memo.get(memo_key)
+            kernel = _memo_of(self.device).get((self._key, self.name))
         if kernel is not None:
             return kernel
         binary = self._binary.result(timeout)
@@ -259,7 +273,7 @@ class KernelFuture:
             kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
         kernel.source, kernel.options = self.source, self.options
         with _lock:
-            return _memo.setdefault(memo_key, kernel)
+            return _memo_of(self.device).setdefault((self._key, self.name), kernel)
 
 
 def _fetch_or_build(
