@@ -229,13 +229,18 @@ def widened(partial: Any) -> Any:
 def empty_sum(element: np.dtype | None, *, kernel: bool) -> Any:
     """The sum of no elements: 0 in the type a non-empty sum would have (with a kernel:
     float64 for floats, 64-bit for integers; with a callable: the input's dtype, as
-    ``np.sum`` of an empty array gives), or int 0 when the type is unknown."""
+    ``np.sum`` of an empty array gives), or int 0 when the type is unknown or has no sum
+    (datetime64, records, strings: a callable's partials over them are its own numbers, and
+    NumPy's UFuncTypeError reached the caller only when the input was empty)."""
     if element is None:
         return 0
     if kernel:
         dtype = np.dtype(np.float64) if element.kind == "f" else partial_dtype(element, "sum")
         return dtype.type(0)
-    return np.zeros(0, element).sum()
+    try:
+        return np.zeros(0, element).sum()
+    except TypeError:  # numpy's UFuncTypeError: no add loop for the type
+        return 0
 
 
 def check_not_empty(op: object, elements: int) -> None:

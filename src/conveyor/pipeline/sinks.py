@@ -288,7 +288,19 @@ def _dtype_hint(value: Any) -> str:
         dtype = np.dtype(value)
     except TypeError:
         return ""
-    return f"; for a new array of {dtype}, pass the dtype itself (np.{dtype.name})"
+    return f"; for a new array of {dtype}, pass the dtype itself ({dtype_code(dtype)})"
+
+
+def dtype_code(dtype: np.dtype) -> str:
+    """How to write ``dtype`` in Python: ``np.float32`` where NumPy names it so, else
+    ``np.dtype('<U3')`` (``np.str96``, ``np.datetime64[s]`` and ``np.bytes32`` do not exist:
+    an error message advised them)."""
+    named = np.__dict__.get(dtype.name)  # not getattr: NumPy warns for names it took out
+    if isinstance(named, type) and issubclass(named, np.generic) and np.dtype(named) == dtype:
+        return f"np.{dtype.name}"
+    if dtype.fields is None and np.dtype(str(dtype)) == dtype:
+        return f"np.dtype({str(dtype)!r})"
+    return f"np.dtype({dtype.descr!r})"
 
 
 def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],

@@ -29,6 +29,7 @@ def _foreign(value: Any, role: str) -> str | None:
     if isinstance(value, np.ndarray | np.dtype | type) or not hasattr(value, "dtype"):
         return None
     from conveyor.pipeline.resident import Resident
+    from conveyor.pipeline.sinks import dtype_code
 
     kind = type(value).__name__
     if isinstance(value, Resident):
@@ -36,7 +37,7 @@ def _foreign(value: Any, role: str) -> str | None:
                 f"declares a pointer); pass the NumPy array itself as {role}")
     if isinstance(value, np.generic):
         return (f"is a NumPy scalar ({kind}): {role}s are arrays"
-                + (f"; for a new array, pass the dtype itself (np.{value.dtype.name})"
+                + (f"; for a new array, pass the dtype itself ({dtype_code(value.dtype)})"
                    if role == "output" else "; pass scalars in args="))
     return (f"is a {type(value).__module__}.{kind}, not a NumPy array: conveyor reads and "
             f"writes host NumPy arrays; pass one (np.empty(shape, dtype), or the dtype itself "

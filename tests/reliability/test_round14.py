@@ -1,0 +1,87 @@
+"""Round fourteen: a helper tried ``cv.stream`` with unusual but legal inputs, as users and
+attackers would; what it found, fixed (each test fails on the code before its fix).
+
+- A callable ``reduce="sum"`` over zero rows of a datetime64 or structured input raised
+  NumPy's ``UFuncTypeError`` ("ufunc 'add' cannot use operands with types dtype('<M8[s]')"):
+  the sum of no elements was ``np.zeros(0, input_dtype).sum()``, which those dtypes do not
+  have, though the callable's partials are its own numbers (a count, a field's sum). The same
+  stream over one row or more worked. It is int 0 now, as for a type conveyor cannot know.
+- An output given as a dtype's name (``"datetime64[s]"``, ``"U3"``, ``"S4"``) was refused
+  with advice to pass ``np.datetime64[s]``, ``np.str96`` or ``np.bytes32``: code that does
+  not run. Such dtypes are spelled ``np.dtype('datetime64[s]')`` now.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
+from reliakit import assert_clean  # noqa: E402
+
+import conveyor as cv  # noqa: E402
+from conveyor.errors import InputError  # noqa: E402
+from conveyor.pipeline.sinks import dtype_code  # noqa: E402
+
+RECORD = np.dtype([("x", "f4"), ("y", "f4")])
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5])
+def test_a_callable_sum_over_dates_counts_from_no_rows_to_many(device, rows):
+    if device.backend != "opencl":
+        pytest.skip("the callable reads PyOpenCL arrays")
+    t = np.full(rows, np.datetime64("2021-06-01", "s"))
+
+    def recent(t, *, queue, offset, n):
+        return np.count_nonzero(t.get() > np.datetime64("2020-01-01"))
+
+    report = cv.stream(recent, [t], device=device, reduce="sum")
+    assert report.result == rows
+    assert_clean(device)
+
+
+def test_a_callable_sum_over_no_records_is_zero(device):
+    if device.backend != "opencl":
+        pytest.skip("the callable reads PyOpenCL arrays")
+
+    def field_sum(r, *, queue, offset, n):
+        return r.get()["x"].sum()
+
+    assert cv.stream(field_sum, [np.zeros(0, RECORD)], device=device, reduce="sum").result == 0
+    assert cv.stream(field_sum, [np.ones(3, RECORD)], device=device, reduce="sum").result == 3
+    assert_clean(device)
+
+
+def test_a_callable_sum_over_no_floats_keeps_numpys_type(device):
+    """guard: where the input's dtype has a sum, an empty one is NumPy's (float32 0.0)."""
+    if device.backend != "opencl":
+        pytest.skip("the callable reads PyOpenCL arrays")
+
+    def total(x, *, queue, offset, n):
+        return x.get().sum()
+
+    result = cv.stream(total, [np.zeros(0, np.float32)], device=device, reduce="sum").result
+    assert result == 0 and np.asarray(result).dtype == np.float32
+
+
+@pytest.mark.parametrize("name", ["datetime64[s]", "U3", "S4", "timedelta64[ms]", "V8",
+                                  "uint8", "float32", ">f8"])
+def test_an_output_named_by_its_dtype_is_told_code_that_runs(device, name):
+    x = np.zeros(8, np.uint8)
+
+    def copy(x, y, *, queue, offset, n):
+        y[:] = x
+
+    with pytest.raises(InputError, match="pass the dtype itself") as caught:
+        cv.stream(copy, [x], [name], device=device)
+    advised = str(caught.value).rsplit("pass the dtype itself (", 1)[1][:-1]
+    assert np.dtype(eval(advised, {"np": np})) == np.dtype(name), advised
+
+
+@pytest.mark.parametrize("dtype", [np.dtype("datetime64[s]"), np.dtype("<U3"), RECORD,
+                                   np.dtype(object), np.dtype(np.float16), np.dtype(">i4")])
+def test_dtype_code_is_python_that_makes_the_dtype(dtype):
+    assert np.dtype(eval(dtype_code(dtype), {"np": np})) == dtype
