@@ -24,9 +24,10 @@ POOL_KEEP_VAR = "CONVEYOR_POOL_KEEP"
 #: How fresh outputs are faulted in ahead of the stage-out: off (default: it measured slower on
 #: an H100 host), madvise, touch (memory/prefault.py).
 PREFAULT_VAR = "CONVEYOR_PREFAULT"
-#: How the CUDA backend allocates pinned staging memory: register (the default: anonymous memory
-#: faulted in parallel, then cuMemHostRegister: a faster first allocation, warm streams the
-#: same) or driver (cuMemHostAlloc).
+#: How pinned staging memory is allocated on CUDA and NVIDIA's OpenCL: register (the default:
+#: anonymous memory faulted in parallel, then page-locked by cuMemHostRegister or a
+#: USE_HOST_PTR buffer: a faster first allocation, warm streams the same) or driver
+#: (cuMemHostAlloc, ALLOC_HOST_PTR).
 PINNED_ALLOC_VAR = "CONVEYOR_PINNED_ALLOC"
 #: 0 allocates a staging ring whole before the first block; 1 (default) grows it beside the
 #: stream (pipeline/ring.py).
@@ -156,7 +157,7 @@ def prefault_mode() -> str:
 
 
 def pinned_alloc_mode() -> str:
-    """``CONVEYOR_PINNED_ALLOC``: "register" (default) or "driver" (CUDA backend)."""
+    """``CONVEYOR_PINNED_ALLOC``: "register" (default) or "driver" (CUDA, NVIDIA's OpenCL)."""
     return _choice(PINNED_ALLOC_VAR, ("register", "driver"))
 
 

@@ -176,10 +176,12 @@ def test_loading_a_missing_kernel_names_the_programs_kernels(ocl):
         ocl.load_kernel(binary, "nope", (), ())
 
 
-def test_register_host_wraps_without_page_locking(ocl):
+def test_register_host_wraps_and_page_locks_only_on_nvidia(ocl):
     array = np.zeros(1000, np.float32)
     with ocl.register_host(array) as registration:
-        assert registration.page_locked is False
+        # NVIDIA's driver page-locks a USE_HOST_PTR buffer's memory (backends/opencl.py)
+        assert registration.page_locked is ocl.locks_host_ptr
+        assert ocl.locks_host_ptr is ("NVIDIA" in ocl.info.platform and not ocl.info.host_unified)
         assert registration.array is array
 
 

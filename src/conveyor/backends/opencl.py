@@ -8,7 +8,18 @@ wraps the array in a ``USE_HOST_PTR`` buffer. On host-unified devices (PoCL's CP
 integrated GPUs) kernels then use the memory in place, with no copy. On discrete GPUs the
 standard gives no way to page-lock memory the application allocated: the driver may stage
 copies through its own pinned memory, so a registered array is correct but not faster. The
-registration reports this as ``page_locked = False``.
+registration reports this as ``page_locked = False``, and a kept array (cv.keep_pinned) is
+copied buffer to buffer through its buffer, with the maps the standard asks for.
+
+NVIDIA's OpenCL is the exception that was measured (bench/NOTES.md, session 14): it page-locks
+a USE_HOST_PTR buffer's memory when it makes the buffer (a GiB already faulted in: 64 ms), and
+plain host-pointer copies to and from that memory then run at the pinned rate (54 GB/s,
+against 8-15 pageable), asynchronously. There (``Device.locks_host_ptr``) a registration is
+``page_locked``, a kept array is copied from and to its own memory, and pinned blocks of
+``_LOCKED_MIN_BYTES`` or more are anonymous memory faulted in on several threads and wrapped
+so (``LockedPinned``): ``ALLOC_HOST_PTR`` memory came at 1.2-1.9 GB/s, its pages faulted on
+one thread (``CONVEYOR_PINNED_ALLOC=driver`` keeps it). Two such buffers must not overlap: a
+second one over part of the same memory made every copy from it pageable again.
 """
 
 from __future__ import annotations
@@ -22,16 +33,19 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from conveyor import hazards
+from conveyor import config, hazards
 from conveyor.backends import base, opencl_kernels
 from conveyor.backends.opencl_kernels import ARG_INFO_OPTION, Kernel, _version_number
 from conveyor.errors import BackendError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import Param
-from conveyor.memory import keep
+from conveyor.memory import hostmem, keep
 
 _COMPLETE = cl.command_execution_status.COMPLETE
 _PROFILE_START = cl.profiling_info.START
 _PROFILE_END = cl.profiling_info.END
+#: Pinned blocks this large or larger are ``LockedPinned`` on NVIDIA (smaller ones are few,
+#: and ALLOC_HOST_PTR makes them as fast), as CUDA's registered blocks.
+_LOCKED_MIN_BYTES = 4 * 2**20
 
 
 def _public_write(queue: Any, mem: Any, hostbuf: Any, **kw: Any) -> Any:
@@ -156,6 +170,38 @@ class PinnedBuffer(base.PinnedBuffer):
         self.cl_buffer = None
 
 
+class LockedPinned(base.PinnedBuffer):
+    """Anonymous memory faulted in on several threads (memory/hostmem.py), page-locked by
+    NVIDIA's OpenCL through a ``USE_HOST_PTR`` buffer over it (see the module docstring);
+    ``array`` is the memory itself. The buffer is released before the memory is unmapped."""
+
+    def __init__(self, cl_buffer: cl.Buffer, address: int, nbytes: int,
+                 host_lock: Any = None) -> None:
+        self.cl_buffer: cl.Buffer | None = cl_buffer
+        self.nbytes = nbytes
+        self.array = np.asarray(_LockedMemory(address, nbytes))
+        self._address = address
+        self._host_lock = host_lock or threading.RLock()
+
+    def close(self) -> None:
+        if self.cl_buffer is None:
+            return
+        self.array = np.empty(0, np.uint8)
+        buf, self.cl_buffer = self.cl_buffer, None
+        if not _forked:  # a forked child must not call the driver (the parent owns it)
+            with self._host_lock:
+                buf.release()
+            hostmem.unmap(self._address, self.nbytes)
+
+
+class _LockedMemory:
+    """What a ``LockedPinned`` array views (``_is_pinned`` knows it by this type)."""
+
+    def __init__(self, address: int, nbytes: int) -> None:
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (address, False), "version": 3}
+
+
 class SvmBuffer(base.PinnedBuffer):
     """Fine-grained shared virtual memory: host and kernels use the same pointer."""
 
@@ -185,9 +231,10 @@ class Registration(base.Registration):
 
     def __init__(self, array: np.ndarray, cl_buffer: cl.Buffer,
                  queue: cl.CommandQueue | None = None,
-                 host_lock: Any = None) -> None:
+                 host_lock: Any = None, page_locked: bool = False) -> None:
         self.array = array
-        self.page_locked = False
+        # True on NVIDIA's OpenCL: the memory itself is copied from and to (no map needed).
+        self.page_locked = page_locked
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self._queue = queue
         self._host_lock = host_lock or threading.RLock()  # guards _queue (Device._host_lock)
@@ -229,8 +276,8 @@ class Registration(base.Registration):
         """Tell the driver the host may have written the array since it last looked (a map
         that invalidates, then an unmap): a kept array read by a new stream
         (memory/keep.py)."""
-        if self.cl_buffer is None or self._queue is None or _forked:
-            return
+        if self.cl_buffer is None or self._queue is None or _forked or self.page_locked:
+            return  # page-locked: copies read the host's memory itself, never the buffer
         # Waited for outside the lock: the copies it follows may wait on gates that a thread
         # opens only after it has enqueued its own command on this buffer.
         with self._host_lock:
@@ -246,7 +293,7 @@ class Registration(base.Registration):
 
 
 def _buffer_arg(value: Any) -> Any:
-    if isinstance(value, DeviceBuffer | PinnedBuffer | Registration):
+    if isinstance(value, DeviceBuffer | PinnedBuffer | LockedPinned | Registration):
         # A closed buffer has cl_buffer None, which PyOpenCL would pass as a NULL pointer:
         # the kernel would write through it. Refuse instead.
         if value.cl_buffer is None:
@@ -287,9 +334,10 @@ class Queue(base.Queue):
     def copy_in(self, dst: base.DeviceBuffer, src: np.ndarray, *, dst_offset: int = 0,
                 wait_for: Sequence[base.Event] = ()) -> Event:
         kept = keep.find(self.device, src) if keep._kept else None
-        if kept is not None:  # an array kept registered (cv.keep_pinned): buffer to buffer
+        if kept is not None and not kept.registration.page_locked:
+            # an array kept registered (cv.keep_pinned): buffer to buffer
             return self._copy_registered(dst, src, kept, dst_offset, wait_for)
-        if hazards.armed(self.device) and not _is_pinned(src):
+        if hazards.armed(self.device) and kept is None and not _is_pinned(src):
             hazards.pageable_copy(self.device, "copy_in", src.nbytes)
         try:
             ev = _write_buffer(self._q, _cl_buf(dst), src, dst_offset=dst_offset,
@@ -335,9 +383,10 @@ class Queue(base.Queue):
     def copy_out(self, dst: np.ndarray, src: base.DeviceBuffer, *, src_offset: int = 0,
                  wait_for: Sequence[base.Event] = ()) -> Event:
         kept = keep.find(self.device, dst, written=True) if keep._kept else None
-        if kept is not None:  # an array kept registered (cv.keep_pinned): buffer to buffer
+        if kept is not None and not kept.registration.page_locked:
+            # an array kept registered (cv.keep_pinned): buffer to buffer
             return self._copy_to_registered(dst, src, kept, src_offset, wait_for)
-        if hazards.armed(self.device) and not _is_pinned(dst):
+        if hazards.armed(self.device) and kept is None and not _is_pinned(dst):
             hazards.pageable_copy(self.device, "copy_out", dst.nbytes)
         try:
             ev = _read_buffer(self._q, _cl_buf(src), dst, src_offset=src_offset,
@@ -476,7 +525,7 @@ def _pinned_kinds() -> tuple[type, ...]:
     # every copy while a stream is watched for hazards.
     from conveyor.memory.pinned import PinnedOwner
 
-    return (cl.MemoryMap, cl.SVMAllocation, PinnedOwner)
+    return (cl.MemoryMap, cl.SVMAllocation, _LockedMemory, PinnedOwner)
 
 
 def _cl_buf(buf: base.DeviceBuffer) -> cl.Buffer:
@@ -537,6 +586,9 @@ class Device(base.Device):
         _check_not_forked()
         super().__init__(info)
         self.cl_device = cl_device
+        #: NVIDIA's discrete GPUs: a USE_HOST_PTR buffer page-locks its memory (module
+        #: docstring), so registrations are page-locked and pinned blocks are made that way.
+        self.locks_host_ptr = "NVIDIA" in info.platform and not info.host_unified
         self._image_limits: base.ImageLimits | None = None
         _install_fork_hook()  # from the first context on, a forked child cannot use OpenCL
         try:
@@ -617,13 +669,18 @@ class Device(base.Device):
             raise _backend_error(exc, "clCreateBuffer") from exc
         return DeviceBuffer(buf, nbytes)
 
-    def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
+    def alloc_pinned(self, nbytes: int) -> base.PinnedBuffer:
         _check_not_forked()
         if nbytes > self.max_alloc_bytes:
             raise InputError(
                 f"{nbytes} bytes of pinned memory is more than {self.name}'s largest "
                 f"allocation ({self.max_alloc_bytes} bytes): use a smaller array, or keep a "
                 f"pageable one page-locked (cv.keep_pinned)")
+        if (self.locks_host_ptr and nbytes >= _LOCKED_MIN_BYTES
+                and config.pinned_alloc_mode() == "register" and hostmem.fits(nbytes)):
+            made = self._alloc_locked(nbytes)
+            if made is not None:
+                return made
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
         try:
             with self._host_lock:
@@ -638,6 +695,23 @@ class Device(base.Device):
                 raise OutOfMemoryError(nbytes, 0, None, where="pinned host") from exc
             raise _backend_error(exc, "clEnqueueMapBuffer") from exc
         return PinnedBuffer(buf, array, self._host_queue, self._host_lock)
+
+    def _alloc_locked(self, nbytes: int) -> LockedPinned | None:
+        """Anonymous memory faulted in on several threads, then wrapped in a USE_HOST_PTR
+        buffer that page-locks it; None where that fails (the caller falls back to
+        ALLOC_HOST_PTR, which says whether there is memory)."""
+        try:
+            address = hostmem.map_faulted(nbytes)
+        except MemoryError:
+            return None
+        try:
+            with self._host_lock:
+                buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR,
+                                hostbuf=hostmem.view(address, nbytes))
+        except BaseException:
+            hostmem.unmap(address, nbytes)
+            return None
+        return LockedPinned(buf, address, nbytes, self._host_lock)
 
     def alloc_svm(self, nbytes: int) -> SvmBuffer:
         """Fine-grained SVM host memory; BackendError where the device has none."""
@@ -672,7 +746,8 @@ class Device(base.Device):
                 buf = cl.Buffer(self.context, flags, hostbuf=array)
         except cl.Error as exc:
             raise _backend_error(exc, "clCreateBuffer(USE_HOST_PTR)") from exc
-        return Registration(array, buf, self._host_queue, self._host_lock)
+        return Registration(array, buf, self._host_queue, self._host_lock,
+                            page_locked=self.locks_host_ptr)
 
     def user_event(self) -> UserEvent:
         _check_not_forked()

@@ -4,7 +4,8 @@ An array streamed again and again (epochs, solver iterations) pays the host stag
 every pass, in and out. ``cv.keep_pinned(a)`` (or ``cv.stream(..., keep_pinned=True)`` for
 every pageable array input and output the caller passes) registers its memory with the device
 once, where it is: ``cuMemHostRegister`` on CUDA; a ``CL_MEM_USE_HOST_PTR`` buffer on OpenCL,
-to and from which blocks are copied buffer to buffer. Every later stream that reads it, or
+to and from which blocks are copied buffer to buffer (on NVIDIA's OpenCL, which page-locks the
+buffer's memory, from and to the array itself: backends/opencl.py). Every later stream that reads it, or
 writes it (a writeable array), takes the direct path, with no staging copy.
 
 The registrations of a process hold at most a budget of host memory (``pinned_budget``:
@@ -15,10 +16,11 @@ released by ``cv.release_pinned(a)`` (or with no argument: all), by ``device.clo
 interpreter exit, and when the array itself is freed (a weak reference: a dropped array does
 not stay registered). A registration a running stream uses is released when the stream ends.
 
-On OpenCL the host may change a kept array between streams: each stream that uses it first
-tells the driver so (a map and unmap of the buffer), since a driver may keep its own copy; and
-a block the device wrote into one is mapped for reading and unmapped after its copy, so the
-host sees the rows when the block is done (the OpenCL rule for ``USE_HOST_PTR`` memory).
+On OpenCL other than NVIDIA's, the host may change a kept array between streams: each stream
+that uses it first tells the driver so (a map and unmap of the buffer), since a driver may
+keep its own copy; and a block the device wrote into one is mapped for reading and unmapped
+after its copy, so the host sees the rows when the block is done (the OpenCL rule for
+``USE_HOST_PTR`` memory). Copies from and to the array itself need neither.
 """
 
 from __future__ import annotations

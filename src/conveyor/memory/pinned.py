@@ -239,7 +239,8 @@ def register(array: np.ndarray, *, device: Device | None = None) -> Iterator[Reg
 
     CUDA page-locks the pages (cuMemHostRegister). OpenCL has no such call: it wraps the array
     in a USE_HOST_PTR buffer, zero-copy on host-unified devices, but copies from it on a
-    discrete GPU may be staged by the driver; ``registration.page_locked`` says which happened.
+    discrete GPU may be staged by the driver (NVIDIA's page-locks it);
+    ``registration.page_locked`` says which happened.
     The array must be C-contiguous and must outlive the ``with`` block.
     """
     if not isinstance(array, np.ndarray):
