@@ -5,8 +5,8 @@ every pass, in and out. ``cv.keep_pinned(a)`` (or ``cv.stream(..., keep_pinned=T
 every pageable array input and output the caller passes) registers its memory with the device
 once, where it is: ``cuMemHostRegister`` on CUDA; a ``CL_MEM_USE_HOST_PTR`` buffer on OpenCL,
 to and from which blocks are copied buffer to buffer (on NVIDIA's OpenCL, which page-locks the
-buffer's memory, from and to the array itself: backends/opencl.py). Every later stream that reads it, or
-writes it (a writeable array), takes the direct path, with no staging copy.
+buffer's memory, from and to the array itself: backends/opencl.py). Every later stream that
+reads it, or writes it (a writeable array), takes the direct path, with no staging copy.
 
 The registrations of a process hold at most a budget of host memory (``pinned_budget``:
 ``cv.configure(pinned_budget=...)`` or ``CONVEYOR_PINNED_BUDGET``; default a quarter of the
