@@ -265,6 +265,24 @@ def test_concurrent_writers_of_one_key(tmp_path):
     assert KernelCache(path).load("k" * 64) == payload
 
 
+def test_clear_and_info_leave_files_conveyor_did_not_name_alone(tmp_path):
+    """Round fourteen: ``conveyor cache clear`` removed every ``*.bin`` and ``*.sig`` in the
+    folder (a user's ``measurements.bin`` given CONVEYOR_CACHE_DIR=$PWD), and ``info``
+    counted them as entries. Only the names conveyor writes are its own."""
+    cache = KernelCache(tmp_path / "cache")
+    cache.store("c" * 64, b"z" * 10)
+    cache.store_signature("c" * 64, "k", b'{"p": 1}')
+    theirs = ["measurements.bin", "notes.sig", "C" * 64 + ".bin", "c" * 63 + ".bin",
+              "c" * 64 + ".bin.bak", ".tmp-mine.bin", ".tmp-0123456789abcdef.npy"]
+    old = time.time() - 3600
+    for name in theirs:
+        (cache.path / name).write_bytes(b"mine")
+        os.utime(cache.path / name, (old, old))
+    assert cache.info().entries == 1
+    assert cache.clear() == 1
+    assert sorted(p.name for p in cache.path.iterdir()) == sorted(theirs)
+
+
 def test_info_and_clear(tmp_path):
     cache = KernelCache(tmp_path / "cache")
     cache.store("a" * 64, b"x" * 100)
@@ -272,13 +290,13 @@ def test_info_and_clear(tmp_path):
     info = cache.info()
     assert (info.entries, info.total_bytes) == (2, 150 + 2 * HEADER_BYTES)
     assert info.path == tmp_path / "cache" and info.enabled
-    stale = cache.path / ".tmp-stale.bin"
-    fresh = cache.path / ".tmp-fresh.bin"
+    stale = cache.path / ".tmp-0123456789abcdef.bin"
+    fresh = cache.path / ".tmp-fedcba9876543210.bin"
     stale.write_bytes(b"partial")
     fresh.write_bytes(b"partial")
     old = time.time() - 3600
     os.utime(stale, (old, old))
     assert cache.clear() == 3
-    assert [p.name for p in cache.path.iterdir()] == [".tmp-fresh.bin"]
+    assert [p.name for p in cache.path.iterdir()] == [".tmp-fedcba9876543210.bin"]
     assert cache.info().entries == 0
     assert cache.load("a" * 64) is None and cache.misses == 1

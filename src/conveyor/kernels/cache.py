@@ -34,6 +34,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 import struct
@@ -68,6 +69,14 @@ _SUFFIX = ".bin"
 #: A kernel's parameters as read from its source, beside the binary (``<key>-<name>.sig``).
 _SIG_SUFFIX = ".sig"
 _TMP_PREFIX = ".tmp-"
+#: The names conveyor writes, and the only ones info() counts and clear() removes: a folder
+#: given as CONVEYOR_CACHE_DIR may hold the user's own files (``measurements.bin``), which a
+#: clear by suffix alone deleted.
+_NAMES = {
+    _SUFFIX: re.compile(r"[0-9a-f]{64}\.bin"),
+    _SIG_SUFFIX: re.compile(r"[0-9a-f]{64}-[0-9a-f]{32}\.sig"),
+}
+_TMP_NAME = re.compile(r"\.tmp-[0-9a-f]{16}\.(bin|sig)")
 #: A temporary file older than this is left over from a crashed writer; clear() removes it.
 STALE_TMP_SECONDS = 60.0
 #: How entries are opened: never through a symlink (an entry is a plain file we wrote, not a
@@ -499,7 +508,7 @@ class KernelCache:
         cutoff = time.time() - STALE_TMP_SECONDS
         # A younger temporary file may belong to a writer that is still running: leave it.
         for name in os.listdir(dir_fd):
-            if not name.startswith(_TMP_PREFIX):
+            if not _TMP_NAME.fullmatch(name):
                 continue
             with contextlib.suppress(OSError):
                 if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime < cutoff:
@@ -507,8 +516,9 @@ class KernelCache:
         return Cleared(removed, tuple(failed))
 
     def _entries(self, dir_fd: int, suffix: str = _SUFFIX) -> list[str]:
-        return [name for name in os.listdir(dir_fd)
-                if name.endswith(suffix) and not name.startswith(_TMP_PREFIX)]
+        """The names of the directory's entries (or signatures) as conveyor names them."""
+        pattern = _NAMES[suffix]
+        return [name for name in os.listdir(dir_fd) if pattern.fullmatch(name)]
 
     def _count(self, counter: str) -> None:
         with self._lock:
