@@ -26,6 +26,7 @@ import re
 import secrets
 import stat
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -371,7 +372,22 @@ def atomic_write(path: PathLike, write: Callable[[IO[Any]], None], durable: bool
         raise
 
 
+_umask_lock = threading.Lock()
+
+
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+    """The process's umask, read without changing it where Linux says it (``Umask:`` in
+    /proc/self/status, 4.7+). Elsewhere it is set and put back, under a lock: two threads
+    doing that at once without one left the umask 0 for good (the second read the first's
+    0 and restored it), and every file made after was 0666."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:
+        mask = os.umask(0)
+        os.umask(mask)
     return mask

@@ -377,6 +377,60 @@ def test_a_full_stdout_is_named_as_stdout_not_as_the_outputs_disk(work, command)
         np.testing.assert_array_equal(np.load(tmp / "y.npy"), 2 * X)
 
 
+def test_a_plot_that_fails_after_the_outputs_are_written_says_they_were(work):
+    """Round fourteen: ``--plot`` failing once ``-o`` was renamed into place (a file-size
+    limit, a full disk) exited 1 with the plot's error alone, naming no file: a script would
+    take the old output for still there."""
+    pytest.importorskip("matplotlib")
+    import resource
+
+    tmp, spec = work
+    (tmp / "y.npy").write_bytes(b"old")
+
+    def small_files() -> None:  # 16 KiB: the output (528 bytes) fits, the figure does not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli",
+                           *_map(tmp, spec, "-i", "x.npy", "-o", "y.npy", "--plot", "p.png",
+                                 "--force")],
+                          cwd=tmp, env=_env(), timeout=120, stderr=subprocess.PIPE,
+                          text=True, preexec_fn=small_files)
+    line = _one_line(done.returncode, done.stderr, want=1)
+    assert "wrote y.npy, but then:" in line and "'p.png'" in line, line
+    np.testing.assert_array_equal(np.load(tmp / "y.npy"), 2 * X)
+
+
+def test_too_many_open_files_says_so_not_check_the_path(work):
+    """Round fourteen: 60 inputs under ``ulimit -n 40`` said "check the path and its
+    permissions"."""
+    import resource
+
+    tmp, spec = work
+
+    def few_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+
+    many = [a for _ in range(60) for a in ("-i", "x.npy")]
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli",
+                           *_map(tmp, spec, *many, "-o", "y.npy")],
+                          cwd=tmp, env=_env(), timeout=120, stderr=subprocess.PIPE,
+                          text=True, preexec_fn=few_files)
+    line = _one_line(done.returncode, done.stderr, want=1)
+    assert "Too many open files" in line and "ulimit -n" in line, line
+    assert "permissions" not in line and not (tmp / "y.npy").exists()
+
+
+def test_a_plot_name_matplotlib_cannot_write_names_the_option(work, capsys):
+    """Round fourteen: the refusal named the Python call, ``timeline.plot('p.npy')``."""
+    pytest.importorskip("matplotlib")
+    tmp, spec = work
+    code, err = _run(_map(tmp, spec, "-i", tmp / "x.npy", "-o", tmp / "y.npy", "--plot",
+                          "p.npy"), capsys)
+    line = _one_line(code, err)
+    assert "--plot p.npy: matplotlib cannot write '.npy' files" in line, line
+    assert "timeline.plot" not in line and not (tmp / "y.npy").exists()
+
+
 # -- a FIFO named like a dead run's part; Ctrl-C after the outputs were written ----------------
 def test_a_fifo_named_like_a_stale_part_does_not_hang_the_run(work, capsys):
     """Anyone who may write the output's folder (/tmp) can plant ``.y.npy.XXXXXXXX.part`` as a

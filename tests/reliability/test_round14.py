@@ -9,11 +9,23 @@ attackers would; what it found, fixed (each test fails on the code before its fi
 - An output given as a dtype's name (``"datetime64[s]"``, ``"U3"``, ``"S4"``) was refused
   with advice to pass ``np.datetime64[s]``, ``np.str96`` or ``np.bytes32``: code that does
   not run. Such dtypes are spelled ``np.dtype('datetime64[s]')`` now.
+
+A second helper tried files, the command line and lifecycles:
+
+- A shared memory map of a file as one output and that file as another (``cv.npy_out``) was
+  not refused (two paths, or two maps, are): the file output replaced the file at the end,
+  and the map's rows went with the old one. Exit 0, one output lost.
+- ``files._umask`` read the umask by setting it to 0 and back: two threads committing
+  outputs at once could leave the process's umask 0 for good.
+- (The command line's and the cache's findings are tested beside their kind: test_cache.py,
+  test_round11_cli.py.)
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -85,3 +97,62 @@ def test_an_output_named_by_its_dtype_is_told_code_that_runs(device, name):
                                    np.dtype(object), np.dtype(np.float16), np.dtype(">i4")])
 def test_dtype_code_is_python_that_makes_the_dtype(dtype):
     assert np.dtype(eval(dtype_code(dtype), {"np": np})) == dtype
+
+
+TWO = """
+__kernel void two(__global const float *x, __global float *y, __global float *z, ulong offset,
+                  ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) { y[i] = 2.0f * x[i]; z[i] = 3.0f * x[i]; }
+}
+"""
+
+
+def test_a_memory_map_and_a_file_output_of_one_file_are_refused_before_any_work(device,
+                                                                                tmp_path):
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(TWO, "two")
+    x = np.arange(1000, dtype=np.float32)
+    path = tmp_path / "both.npy"
+    shared = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(1000,))
+    link = tmp_path / "link.npy"
+    link.symlink_to(path)
+    for named in (path, link):
+        with pytest.raises(InputError, match=r"output 0 is a memory map of .*both\.npy, and "
+                                             r"output 1 .* is that file"):
+            cv.stream(k, [x], [shared, cv.npy_out(named)], device=device)
+    assert not shared.any()  # nothing ran
+    del shared
+    # guard: a copy-on-write map never writes its file: both results are kept
+    private = np.load(path, mmap_mode="c")
+    cv.stream(k, [x], [private, cv.npy_out(path)], device=device)
+    np.testing.assert_array_equal(private, 2 * x)
+    np.testing.assert_array_equal(np.load(path), 3 * x)
+    assert_clean(device)
+
+
+def test_reading_the_umask_from_many_threads_leaves_it_as_it_was():
+    from conveyor.files import _umask
+
+    old = os.umask(0o027)
+    stop = threading.Event()
+    seen: set[int] = set()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        def read() -> None:
+            while not stop.is_set():
+                seen.add(_umask())
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        stop.wait(0.5)
+        stop.set()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        now = os.umask(old)
+    assert now == 0o027 and seen == {0o027}

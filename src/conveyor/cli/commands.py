@@ -116,7 +116,12 @@ def _say(options: argparse.Namespace, message: str) -> None:
 
 
 def _fail(options: argparse.Namespace, exc: BaseException, message: str, code: int) -> int:
-    """Say ``message`` on stderr (and as JSON on stdout with ``--json``); return ``code``."""
+    """Say ``message`` on stderr (and as JSON on stdout with ``--json``); return ``code``.
+    A ``map`` whose outputs were already written when it failed (its ``--plot``, say) says
+    so first: a script seeing exit 1 must not take its old outputs for still there."""
+    if (options.command == "map" and outputs_written(exc)
+            and not isinstance(exc, KeyboardInterrupt | StdoutError)):
+        message = f"wrote {', '.join(options.outputs)}, but then: {message}"
     _say(options, message)
     _say_json(options, exc, words.cli_terms(message, getattr(options, "input_names", ())),
               code)
@@ -144,6 +149,9 @@ def _print_json_error(message: str, kind: str, code: int) -> None:
 def _os_advice(exc: OSError) -> str:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free some space or write elsewhere"
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return ("more files are open than this process (ulimit -n) or the system allows: raise "
+                "the limit, or give fewer inputs")
     if exc.errno == errno.EFBIG:
         return ("the file is larger than this process may write (see ulimit -f) or than the "
                 "file system holds: raise the limit or write elsewhere")

@@ -82,7 +82,13 @@ def _after_map(options: argparse.Namespace, report: cv.Report) -> None:
     if options.plot:
         from conveyor.trace.plot import plot_timeline
 
-        plot_timeline(report.timeline, options.plot, title=f"conveyor map {options.kernel}")
+        try:
+            plot_timeline(report.timeline, options.plot,
+                          title=f"conveyor map {options.kernel}")
+        except OSError as exc:  # name the plot: a full disk's error named no file (or a temp)
+            if exc.errno is None or exc.filename == options.plot:
+                raise
+            raise type(exc)(exc.errno, exc.strerror, options.plot) from exc
     if options.json:
         _print_json(options, report, outputs=list(options.outputs))
     elif not options.quiet:

@@ -236,6 +236,14 @@ def mapped_path(array: np.ndarray, maps: list[Mapping]) -> str | None:
     return next((path for start, end, _, path, _ in maps if start <= low < end), None)
 
 
+def shared_file(array: np.ndarray, maps: list[Mapping]) -> str | None:
+    """The path of the file that file-backed ``array`` writes through a shared mapping, or
+    None (not found, or a private, copy-on-write mapping, whose writes stay in memory)."""
+    low = byte_bounds(array)[0]
+    return next((path for start, end, _, path, private in maps
+                 if start <= low < end and not private), None)
+
+
 def _file_backed(array: np.ndarray) -> bool:
     base: object = array
     while base is not None:

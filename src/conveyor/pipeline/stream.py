@@ -339,6 +339,23 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
             if files.same_file(first.target, second.target):
                 raise InputError(f"outputs {first.name} and {second.name} are one file: name "
                                  f"a different file for each output")
+    maps = None
+    for index, sink in enumerate(sinks):
+        array = getattr(sink, "array", None)
+        if not paths or not isinstance(array, np.ndarray) or not overlap.file_backed(array):
+            continue
+        maps = overlap.read_maps() if maps is None else maps
+        # A shared map only: a copy-on-write one never writes its file.
+        where = overlap.shared_file(array, maps)
+        if where is None:
+            continue
+        for other in paths:
+            if files.same_file(where, other.target):
+                raise InputError(
+                    f"output {index} is a memory map of {where}, and output "
+                    f"{sinks.index(other)} ({other.name}) is that file: a file output "
+                    f"replaces its file when the stream ends, and output {index}'s rows "
+                    f"would go with the old one; write one of them to another file")
     if (callable(compute) and not isinstance(compute, Kernel)) or (
             isinstance(compute, Chain) and compute.has_callables):
         validate.check_byte_order(sources, sinks)
