@@ -156,3 +156,31 @@ def test_reading_the_umask_from_many_threads_leaves_it_as_it_was():
         sys.setswitchinterval(switch)
         now = os.umask(old)
     assert now == 0o027 and seen == {0o027}
+
+
+COPY = """
+__kernel void cp(__global const float *a, __global float *c, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) c[i] = a[i];
+}
+"""
+
+
+@pytest.mark.parametrize("maker", ["npy_out", "raw_out"])
+@pytest.mark.parametrize("dtype", [">f4", "i4"])
+def test_an_output_file_of_the_wrong_dtype_is_told_the_dtype_to_pass(device, tmp_path, maker,
+                                                                     dtype):
+    """Round fourteen: ``cv.npy_out(p, dtype=">f4")`` for a ``float*`` was told to "pass
+    a.astype(a.dtype.newbyteorder('='))", and ``dtype="i4"`` to "pass an array of float32
+    (e.g. a.astype(np.float32))": there is no array ``a``; the fix is dtype=."""
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(COPY, "cp")
+    path = tmp_path / "out.bin"
+    with pytest.raises(InputError) as caught:
+        cv.stream(k, [np.zeros(8, np.float32)], [getattr(cv, maker)(path, dtype=dtype)],
+                  device=device)
+    message = str(caught.value)
+    assert f"output 0 ({path})" in message, message
+    assert f"pass dtype=np.float32 to cv.{maker}" in message and "astype" not in message
+    assert not path.exists()

@@ -281,7 +281,8 @@ def check_kernel(
     arrays: list[tuple[str, np.dtype | None, Any]] = [
         (f"input {i}", a.dtype, a) for i, a in enumerate(inputs)
     ]
-    arrays += [(f"output {i}", a.dtype, None) for i, a in enumerate(outputs)]
+    arrays += [(f"output {i}" + (f" ({a.name})" if _file_out(a) else ""), a.dtype,
+                a if _file_out(a) else None) for i, a in enumerate(outputs)]
     if reduce is not None:
         arrays.append(("the per-element reduce buffer", None, None))
     # Struct layouts are read from the code the compiler sees (preprocessed, no comments).
@@ -345,6 +346,8 @@ def native_order_fix(source: Any, dtype: np.dtype) -> str:
     array the caller never held, so ``a.astype(...)`` said nothing to do), rewrite it."""
     from conveyor.pipeline.io import FileSource
 
+    if _file_out(source):
+        return _file_out_fix(source, dtype.newbyteorder("="))
     if not isinstance(source, FileSource):
         return "pass a.astype(a.dtype.newbyteorder('='))"
     path = str(source.path)
@@ -464,10 +467,28 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
         # Suggest a C declaration only for a dtype that has one (not datetime64, structured).
         declare = (f" or declare the parameter {_c_name(dtype)}*"
                    if str(dtype) in _C_NAMES else "")
+        fix = (_file_out_fix(given, param.dtype) if _file_out(given) else
+               f"pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype}))")
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
-            f"{dtype}: pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype})){declare}"
+            f"{dtype}: {fix}{declare}"
         )
+
+
+def _file_out(sink: Any) -> bool:
+    """True for an output file (cv.npy_out, cv.raw_out): no array the caller could convert."""
+    from conveyor.pipeline.sinks import FileSink
+
+    return isinstance(sink, FileSink)
+
+
+def _file_out_fix(sink: Any, want: np.dtype) -> str:
+    """How to give output file ``sink`` the dtype ``want`` (there is no array to convert)."""
+    from conveyor.pipeline.sinks import dtype_code
+
+    maker = "cv.npy_out" if sink.header else "cv.raw_out"
+    return (f"pass dtype={dtype_code(want)} to {maker} (or no dtype: the kernel's output "
+            f"type)")
 
 
 def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "",
