@@ -184,3 +184,117 @@ def test_an_output_file_of_the_wrong_dtype_is_told_the_dtype_to_pass(device, tmp
     assert f"output 0 ({path})" in message, message
     assert f"pass dtype=np.float32 to cv.{maker}" in message and "astype" not in message
     assert not path.exists()
+
+
+# -- a third helper: sources, the trace, threads --------------------------------------------
+IDENT = """
+__kernel void ident(__global const float *a, __global float *c, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) c[i] = a[i];
+}
+"""
+
+
+class _SlowChunks:
+    """An iterator object (not a generator) of 20 chunks of 10 rows, each after a pause."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import time
+
+        time.sleep(0.003)
+        if self.i == 20:
+            raise StopIteration
+        self.i += 1
+        return np.arange((self.i - 1) * 10, self.i * 10, dtype=np.float32)
+
+
+def test_one_iterate_input_given_to_two_streams_at_once_serves_one_and_refuses_the_other(
+        device):
+    """Round fourteen: one ``cv.iterate`` source read by two streams at once: both shared its
+    position and held rows with no lock, and returned each other's rows and uninitialised
+    memory with no error (or a generator's ``ValueError: generator already executing``).
+    The source is claimed at the start of a stream now: the second gets an InputError."""
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(IDENT, "ident")
+    for attempt in range(3):
+        source = cv.iterate(_SlowChunks(), length=200)
+        go = threading.Barrier(2)
+        results: dict[int, object] = {}
+
+        def work(j: int, source=source, go=go, results=results) -> None:
+            go.wait()
+            try:
+                results[j] = cv.stream(k, [source], [np.float32], device=device,
+                                       block_bytes=64).outputs[0]
+            except InputError as exc:
+                results[j] = exc
+
+        threads = [threading.Thread(target=work, args=(j,)) for j in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        outputs = [r for r in results.values() if isinstance(r, np.ndarray)]
+        refusals = [r for r in results.values() if isinstance(r, InputError)]
+        assert len(outputs) == 1 and len(refusals) == 1, (attempt, results)
+        np.testing.assert_array_equal(outputs[0], np.arange(200, dtype=np.float32))
+        assert "being read by another stream" in str(refusals[0])
+        assert_clean(device)
+
+
+def test_one_iterate_input_twice_in_one_stream_is_refused(device):
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    add = device.compile("""
+    __kernel void add(__global const float *a, __global const float *b, __global float *c,
+                      ulong offset, ulong n) {
+        ulong i = get_global_id(0);
+        if (i < n) c[i] = a[i] + b[i];
+    }""", "add")
+    source = cv.iterate(iter([np.ones(10, np.float32)] * 3), length=30)
+    with pytest.raises(InputError, match="input 1 is the same cv.iterate"):
+        cv.stream(add, [source, source], [np.float32], device=device)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "memmap in args"])
+def test_a_trace_naming_a_table_or_an_args_memmap_is_refused(device, tmp_path, kind):
+    """Round fourteen: ``trace=`` naming a Parquet or Arrow input (or a memory-mapped .npy in
+    ``args=``) replaced that file with the trace; a .npy input was refused already."""
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(IDENT, "ident")
+    x = np.arange(1000, dtype=np.float32)
+    if kind == "memmap in args":
+        k = device.compile("""
+        __kernel void look(__global const float *a, __global float *c, __global const float *t,
+                           ulong offset, ulong n) {
+            ulong i = get_global_id(0);
+            if (i < n) c[i] = a[i] + t[0];
+        }""", "look")
+        path = tmp_path / "table.npy"
+        np.save(path, x)
+        table = np.load(path, mmap_mode="r")
+        inputs, args = [x], [table]
+    else:
+        pa = pytest.importorskip("pyarrow")
+        path = tmp_path / f"data.{kind}"
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.table({"x": x}), path)
+        else:
+            import pyarrow.feather as feather
+
+            feather.write_feather(pa.table({"x": x}), path)
+        inputs, args = [getattr(cv, kind)(path, "x")], []
+    before = path.read_bytes()
+    with pytest.raises(InputError, match="names the same file as"):
+        cv.stream(k, inputs, [np.float32], device=device, trace=path, args=args)
+    assert path.read_bytes() == before

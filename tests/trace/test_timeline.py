@@ -110,6 +110,37 @@ def test_overlap_counts_copy_time_under_compute():
     assert timeline.bound in COPY_LANES
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_overlap_is_the_time_copies_share_with_compute_counted_tick_by_tick(seed):
+    """Round fourteen: the overlap measured each copy against every kernel (copies ×
+    kernels), so printing the report of 4,000 one-row blocks took 24 s. It is one sweep
+    now; this checks it against counting every nanosecond tick of small random timelines."""
+    rng = np.random.default_rng(seed)
+    spans = []
+    for lane in ("copy-in", "compute", "copy-out"):
+        for block in range(int(rng.integers(0, 12))):
+            start = int(rng.integers(0, 200))
+            spans.append((lane, block, start, start + int(rng.integers(1, 30))))
+    timeline = _timeline(*spans)
+    ticks = {lane: set() for lane in ("copy-in", "compute", "copy-out")}
+    for lane, _, start, end in spans:
+        ticks[lane].update(range(start, end))
+    total = len(ticks["copy-in"]) + len(ticks["copy-out"])
+    hidden = len(ticks["copy-in"] & ticks["compute"]) + len(ticks["copy-out"] & ticks["compute"])
+    if total == 0 or not ticks["compute"]:
+        assert timeline.overlap is None
+    else:
+        assert timeline.overlap == pytest.approx(hidden / total)
+
+
+def test_the_overlap_of_many_blocks_is_measured_in_one_sweep():
+    """100,000 blocks: each copy against every kernel was 10**10 steps."""
+    n = 100_000
+    spans = [("copy-in", k, 3 * k, 3 * k + 2) for k in range(n)]
+    spans += [("compute", k, 3 * k + 1, 3 * k + 3) for k in range(n)]
+    assert _timeline(*spans).overlap == pytest.approx(0.5)
+
+
 def test_overlap_is_none_without_copies_or_compute():
     assert _timeline(("compute", 0, 0, 5)).overlap is None
     assert _timeline(("copy-in", 0, 0, 5)).overlap is None

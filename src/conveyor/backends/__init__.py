@@ -155,8 +155,11 @@ def select(spec: str | Device | Sequence[str | Device], *, warm_up: bool = True
                              f"specs, or leave device= out for the default")
         return [dev for item in spec for dev in select(item, warm_up=warm_up)]
     if "," in spec:
-        return [dev for part in spec.split(",") if part.strip()
-                for dev in select(part, warm_up=warm_up)]
+        parts = [part for part in spec.split(",") if part.strip()]
+        if not parts:  # "," alone: an IndexError deep in the stream, a traceback in the CLI
+            raise InputError(f"device={spec!r} names no device: give specs between the "
+                             f"commas ('cuda:0,cuda:1'), or leave device= out for the default")
+        return [dev for part in parts for dev in select(part, warm_up=warm_up)]
     text = spec.strip().lower()
     if text != "all" and not text.endswith(":all"):
         return [device(spec, warm_up=warm_up)]

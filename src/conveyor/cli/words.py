@@ -44,6 +44,8 @@ _RULES: list[_Rule] = [
     (re.compile(r"^args\[(\d+)\]: "), lambda m: f"--arg number {int(m.group(1)) + 1}: "),
     (re.compile(r"\btrace='([^']*)'"), r"--trace \1"),
     (re.compile(r"\btimeline\.plot\('([^']*)'\)"), r"--plot \1"),
+    (re.compile(r"\bdevice=('[^']*')"), r"--device \1"),
+    (re.compile(r"\bleave device= out\b"), "leave --device out"),
     (re.compile(r"stream them as separate inputs"),
      "give each as its own input: -i FILE:COLUMN"),
     # reduce= is --op (its values are the same words).

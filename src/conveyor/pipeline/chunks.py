@@ -72,6 +72,7 @@ class IterSource(Source):
         self._owned = (isinstance(self._chunks, types.GeneratorType)
                        or self._chunks is not chunks)
         self._closed = False
+        self._reader: object | None = None  # the stream that claimed it (see claim())
         self._length = rows
         self._read = 0  # rows the iterable has yielded
         self._ended = False  # it raised StopIteration
@@ -136,6 +137,27 @@ class IterSource(Source):
             raise InputError(f"{self.name} yielded at least {self._read} rows but length="
                              f"{self._length}: pass the real length")
         return array
+
+    def claim(self, stream: object) -> None:
+        """Mark this input as read by ``stream`` (any object standing for one call), before
+        any work; InputError if another stream claimed it or it was closed. Two streams
+        reading one iterable at once shared its position and held rows with no lock: each
+        returned some of the other's rows and uninitialised memory, with no error."""
+        with self._cond:
+            if self._closed:
+                raise InputError(f"{self.name} was closed when the stream that read it ended "
+                                 f"(rows 0:{self._read} read): a cv.iterate() input serves "
+                                 f"one stream; pass a new cv.iterate(...) of a new iterable")
+            if self._reader is not None and self._reader is not stream:
+                raise InputError(f"{self.name} is being read by another stream: a "
+                                 f"cv.iterate() input serves one stream; give each stream a "
+                                 f"cv.iterate(...) of its own iterable")
+            self._reader = stream
+
+    def claimed_by(self, stream: object) -> bool:
+        """True when ``stream`` claimed this input, or no stream has (then it may close it)."""
+        with self._cond:
+            return self._reader is None or self._reader is stream
 
     def rows(self, lo: int, hi: int) -> np.ndarray | FileRows:
         """Rows ``lo:hi``; ``lo`` must not go back before rows already let go of (those before

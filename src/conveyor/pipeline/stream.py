@@ -15,6 +15,7 @@ from conveyor.errors import InputError, note_outputs_written
 from conveyor.memory import hostmem
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
+from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, FileSource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs, flag
@@ -157,6 +158,7 @@ def stream(
     kernel, callable or staging copy is raised as is, after everything in flight has finished
     and every buffer has gone back to its pool.
     """
+    this_stream = object()  # what claims this call's cv.iterate inputs (chunks.py)
     try:
         from conveyor.backends import device as default_device
         from conveyor.kernels.build import KernelFuture
@@ -196,7 +198,14 @@ def stream(
         sinks: list[Sink] = []
         try:
             for i, a in enumerate(inputs):  # one by one: those made are closed if one fails
-                sources.append(as_source(a, i))
+                source = as_source(a, i)
+                if isinstance(source, IterSource):
+                    if any(s is source for s in sources):
+                        raise InputError(f"input {i} is the same cv.iterate() input as input "
+                                         f"{sources.index(source)}: an iterable is read once, "
+                                         f"in order; pass it once, or iterate two iterables")
+                    source.claim(this_stream)
+                sources.append(source)
             if not sources:
                 raise InputError("a stream needs at least one input array")
             rows = sources[0].shape[0]
@@ -216,7 +225,7 @@ def stream(
                     source.begin()  # stamped now: a rewrite during the stream is seen
             validate.check_widths(sources, sinks)
             if trace is not None:
-                _check_trace(trace, sources, sinks)
+                _check_trace(trace, sources, sinks, opts.args)
             if len(devs) > 1:
                 from conveyor.pipeline import multi
 
@@ -253,15 +262,15 @@ def stream(
         # A cv.iterate input refused before its stream began (a bad option, a later input
         # that fails) is closed too (its generator's ``finally`` runs now); closing twice is
         # nothing.
-        _close_iterables(inputs)
+        _close_iterables(inputs, this_stream)
 
 
-def _close_iterables(inputs: Any) -> None:
-    """Close each ``cv.iterate`` input among ``inputs`` (as given, or as a list)."""
-    from conveyor.pipeline.chunks import IterSource
-
+def _close_iterables(inputs: Any, stream: object) -> None:
+    """Close each ``cv.iterate`` input among ``inputs`` (as given, or as a list) that
+    ``stream`` claimed or no stream did: never one another stream is reading (a stream
+    refused for it closed it under that stream)."""
     for item in inputs if isinstance(inputs, list | tuple) else [inputs]:
-        if isinstance(item, IterSource):
+        if isinstance(item, IterSource) and item.claimed_by(stream):
             item.close()
 
 
@@ -309,20 +318,24 @@ def open_sinks(sinks: Sequence[Sink], plan: Plan, reduction: Reduction | None, d
                   result=reduction.result() if reduction is not None else None)
 
 
-def _check_trace(trace: str, sources: list[Source], sinks: list[Sink]) -> None:
-    """InputError when ``trace`` names a file the stream reads or writes: the trace, written
-    last, would replace it."""
+def _check_trace(trace: str, sources: list[Source], sinks: list[Sink],
+                 args: Sequence[Any] = ()) -> None:
+    """InputError when ``trace`` names a file the stream reads or writes (an input or output
+    file, a Parquet or Arrow input, a memory map among the inputs, outputs or ``args``): the
+    trace, written last, would replace it."""
     maps = None
-    for kind, ends in (("input", sources), ("output", sinks)):
+    tables = [getattr(a, "source", a) for a in args]  # a cv.resident's array, or the array
+    for kind, ends in (("input", sources), ("output", sinks), ("args", tables)):
         for index, end in enumerate(ends):
             path = getattr(end, "path", None)
-            array = getattr(end, "array", None)
+            array = end if isinstance(end, np.ndarray) else getattr(end, "array", None)
             if path is None and isinstance(array, np.ndarray) and overlap.file_backed(array):
                 # A memmap's file (np.load(mmap_mode=), open_memmap): the trace replaced it.
                 maps = overlap.read_maps() if maps is None else maps
                 path = overlap.mapped_path(array, maps)
             if path is not None and files.same_file(trace, path):
-                raise InputError(f"trace={trace!r} names the same file as {kind} {index} "
+                what = f"args[{index}]" if kind == "args" else f"{kind} {index}"
+                raise InputError(f"trace={trace!r} names the same file as {what} "
                                  f"({path}): the trace would replace it; write the trace "
                                  f"to another file")
 

@@ -27,6 +27,7 @@ class ChunkedSource(Source):
     def __init__(self, name: str, dtype: np.dtype, row_shape: tuple[int, ...],
                  chunk_rows: Sequence[int], load: Callable[[int], np.ndarray]) -> None:
         self.name = name
+        self.path = name  # the file (trace= must not name it: stream.py _check_trace)
         self.dtype = dtype
         self.starts = np.concatenate([[0], np.cumsum(chunk_rows, dtype=np.int64)])
         self.shape = (int(self.starts[-1]), *row_shape)
