@@ -298,3 +298,76 @@ def test_a_trace_naming_a_table_or_an_args_memmap_is_refused(device, tmp_path, k
     with pytest.raises(InputError, match="names the same file as"):
         cv.stream(k, inputs, [np.float32], device=device, trace=path, args=args)
     assert path.read_bytes() == before
+
+
+# -- a fourth helper: several devices, chains, conveyor.dask ---------------------------------
+POOL2 = """
+__kernel void pool2(__global const float *x, __global float *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n / 2) y[i] = x[2 * i] + x[2 * i + 1];
+}
+"""
+DEFINED_OUT = """
+#define OUT double
+__kernel void k(__global const float *x, __global OUT *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = (OUT)x[i] * 2;
+}
+"""
+
+
+@pytest.mark.parametrize("shape", ["rows", "per_block"])
+def test_dask_map_blocks_refuses_a_shaped_output_for_dtype(shape):
+    """Round fourteen: ``conveyor.dask.map_blocks(dtype=cv.rows(np.float32, ratio=(1, 2)))``
+    was read as float32 (NumPy takes anything with a ``.dtype``): the output had input 0's
+    rows, the kernel wrote half, and the rest was a pooled buffer's old bytes. No error."""
+    da = pytest.importorskip("dask.array")
+    import conveyor.dask as cvd
+
+    given = (cv.rows(np.float32, ratio=(1, 2)) if shape == "rows"
+             else cv.per_block((1,), np.float32))
+    x = da.from_array(np.arange(1, 21, dtype=np.float32), chunks=10)
+    with pytest.raises(InputError, match=rf"dtype=cv\.{shape}\(\.\.\.\) is not a NumPy dtype"):
+        cvd.map_blocks(cvd.kernel(POOL2, "pool2"), x, dtype=given)
+
+
+def test_dask_output_dtype_is_the_kernels_after_its_macros(device):
+    """Round fourteen: the default output dtype was read from the raw text, so ``#define OUT
+    double`` gave input 0's float32, which every chunk's stream then refused."""
+    da = pytest.importorskip("dask.array")
+    import conveyor.dask as cvd
+
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    x = np.arange(8, dtype=np.float32)
+    y = cvd.map_blocks(cvd.kernel(DEFINED_OUT, "k"), da.from_array(x, chunks=4),
+                       device=device.spec)
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(y.compute(scheduler="synchronous"), 2 * x.astype(np.float64))
+    with_option = DEFINED_OUT.replace("#define OUT double\n", "")
+    spec = cvd.kernel(with_option, "k", options=["-DOUT=int"])
+    assert cvd.map_blocks(spec, da.from_array(x, chunks=4)).dtype == np.int32
+
+
+def test_dask_map_blocks_refuses_files_and_images_on_the_client(tmp_path):
+    """Round fourteen: ``cv.npy(path)`` raised AttributeError inside dask; a path and a
+    ``cv.image`` were called "a scalar (0-d)"."""
+    pytest.importorskip("dask.array")
+    import conveyor.dask as cvd
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(10, dtype=np.float32))
+    k = cvd.kernel(IDENT, "ident")
+    for given, phrase in ((cv.npy(path), "is a file"), (str(path), "is a file"),
+                          (path, "is a file"),
+                          (cv.image(np.ones((4, 4), np.float32)), "is a cv.image")):
+        with pytest.raises(InputError, match=phrase):
+            cvd.map_blocks(k, given)
+
+
+@pytest.mark.parametrize("spec", [",", " , ", ",,"])
+def test_a_device_spec_of_commas_alone_is_an_input_error(spec):
+    """Round fourteen: ``device=","`` raised IndexError from inside cv.stream (and the
+    command line printed its traceback)."""
+    with pytest.raises(InputError, match="names no device"):
+        cv.stream(IDENT, [np.ones(4, np.float32)], [np.float32], device=spec)

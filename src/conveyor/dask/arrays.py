@@ -226,6 +226,8 @@ def _rows(da: Any, arrays: Sequence[Any]) -> list[Any]:
     """The inputs as dask arrays chunked along axis 0 only, all like input 0."""
     if not arrays:
         raise InputError("conveyor.dask needs at least one input array")
+    for i, a in enumerate(arrays):
+        _check_array_input(i, a)
     data = [da.asarray(a) for a in arrays]
     for i, a in enumerate(data):
         if a.ndim == 0:  # first: a 0-d array has no chunks[0] for the checks below
@@ -246,10 +248,42 @@ def _rows(da: Any, arrays: Sequence[Any]) -> list[Any]:
     return [a.rechunk({k: (rows if k == 0 else -1) for k in range(a.ndim)}) for a in data]
 
 
+def _check_array_input(index: int, value: Any) -> None:
+    """InputError for an input of :func:`map_blocks` or :func:`reduce` that is a file (a
+    path, ``cv.npy``, ``cv.raw``, a table) or a ``cv.image``/``cv.iterate``: dask made it a
+    0-d object array ("is a scalar") or raised AttributeError from deep inside dask."""
+    import os
+
+    from conveyor.pipeline.image import ImageInput
+    from conveyor.pipeline.io import Source
+
+    if isinstance(value, str | bytes | os.PathLike | Source):
+        raise InputError(f"input {index} is a file ({getattr(value, 'name', value)!r}): "
+                         f"conveyor.dask.map_blocks and reduce take arrays (NumPy or dask); "
+                         f"stream files with conveyor.dask.stream(compute, [paths], ...), or "
+                         f"pass np.load(path, mmap_mode='r')")
+    if isinstance(value, ImageInput):
+        raise InputError(f"input {index} is a cv.image(...): image blocks are read by one "
+                         f"device's stream (cv.stream), not by conveyor.dask; pass the array "
+                         f"itself to stream it as rows")
+
+
 def _output_dtype(dtype: Any) -> np.dtype:
     """``dtype=`` of :func:`map_blocks` as a NumPy dtype; InputError, on the client, for what
     is none (NumPy parses "f4,(" as Python: a bare SyntaxError) or holds Python objects
-    (refused by every chunk's stream on the workers, one logged traceback each)."""
+    (refused by every chunk's stream on the workers, one logged traceback each), and for
+    ``cv.rows``/``cv.per_block``: NumPy takes anything with a ``.dtype`` for its dtype, so
+    the output got input 0's rows, of which the kernel wrote a part: the rest was a pooled
+    buffer's old bytes, returned with no error."""
+    from conveyor.pipeline.shaped import Shaped
+
+    if isinstance(dtype, Shaped) or (
+            hasattr(dtype, "dtype") and not isinstance(dtype, np.dtype | type)):
+        shown = (f"cv.{'rows' if type(dtype).__name__ == 'Rows' else 'per_block'}(...)"
+                 if isinstance(dtype, Shaped) else repr(dtype))
+        raise InputError(f"dtype={shown} is not a NumPy dtype: map_blocks' output has input "
+                         f"0's rows, of one dtype (np.float32, say); for cv.rows or "
+                         f"cv.per_block outputs stream with cv.stream on one device")
     try:
         parsed = np.dtype(dtype)
     except (TypeError, ValueError, SyntaxError):

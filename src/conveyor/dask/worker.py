@@ -33,10 +33,20 @@ class KernelSpec:
 
     def output_dtype(self, inputs: int) -> np.dtype | None:
         """The element type of the kernel's first output parameter (the one after ``inputs``
-        inputs), read from the source text on the client (no device), or None."""
+        inputs), read on the client (no device) from the source with its macros expanded
+        (the options' ``-D`` too, as the compiler sees them: a ``#define``d type was read as
+        its name, and input 0's dtype was used instead, which every chunk then refused), or
+        None."""
+        from conveyor.kernels.preprocess import expand_checked
         from conveyor.kernels.signature import parse_params
 
-        params = parse_params(self.source, self.name)
+        text, expanded = expand_checked(self.source, self.options)
+        try:
+            params = parse_params(text, self.name)
+        except InputError:
+            if not expanded:
+                raise
+            params = parse_params(self.source, self.name)
         if inputs < len(params) and params[inputs].is_pointer:
             return params[inputs].dtype
         return None
