@@ -371,3 +371,38 @@ def test_a_device_spec_of_commas_alone_is_an_input_error(spec):
     command line printed its traceback)."""
     with pytest.raises(InputError, match="names no device"):
         cv.stream(IDENT, [np.ones(4, np.float32)], [np.float32], device=spec)
+
+
+@pytest.mark.parametrize("block_bytes", [4000, 2 * 2**20])  # staged inline, and on threads
+def test_staging_spans_carry_the_bytes_they_staged(device, block_bytes):
+    """Round fourteen: every stage-in and stage-out span had ``nbytes`` 0 (only the copies
+    carried bytes), though the README says each slice of the trace has its bytes."""
+    if device.backend != "opencl" or device.info.host_unified is False:
+        pytest.skip("staged on PoCL's CPU device (zero_copy=False)")
+    k = device.compile(IDENT, "ident")
+    x = np.arange(3 * 2**20 // 4 + 77, dtype=np.float32)
+    y = np.empty_like(x)
+    report = cv.stream(k, [x], [y], device=device, block_bytes=block_bytes, zero_copy=False)
+    np.testing.assert_array_equal(y, x)
+    staged = {lane: sum(s.nbytes for s in report.timeline.lane(lane))
+              for lane in ("stage-in", "copy-in", "copy-out", "stage-out")}
+    assert staged == dict.fromkeys(staged, x.nbytes), staged
+
+
+def test_a_report_pickles_and_copies_with_its_timeline(device, tmp_path):
+    """Round fourteen: the report of a stream with blocks could not be pickled ("Can't
+    pickle local object 'Engine._report.<locals>.timeline'"), so it could not come back
+    from a multiprocessing worker; a 0-block report could."""
+    import copy
+    import pickle
+
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(IDENT, "ident")
+    x = np.arange(100_000, dtype=np.float32)
+    report = cv.stream(k, [x], [np.empty_like(x)], device=device, block_bytes=40_000)
+    for other in (pickle.loads(pickle.dumps(report)), copy.deepcopy(report)):
+        assert other.blocks == report.blocks == 10
+        assert len(other.timeline.spans) == len(report.timeline.spans)
+        assert other.overlap == report.overlap and str(other) == str(report)
+        np.testing.assert_array_equal(other.outputs[0], x)

@@ -74,6 +74,19 @@ class Report:
                 self.spans_source = None
             return self._timeline
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For pickle and copy: the timeline made now (its source is a closure over the
+        stream's events, which neither pickles nor outlives the process), and the ceiling
+        read again where the copy is used (it is the device's cached measurement)."""
+        _ = self.timeline
+        state = dict(self.__dict__)
+        del state["_ceiling"]  # its "not read yet" marker is this process's own object
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ceiling = _UNREAD
+
     @property
     def block_ranges(self) -> Any:
         """The input rows ``[start, stop)`` each block covered, as a ``blocks × 2`` int64

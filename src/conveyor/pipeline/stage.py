@@ -50,6 +50,12 @@ class StageTask:
         self.where = where
 
 
+def task_bytes(tasks: Sequence[StageTask]) -> int:
+    """The bytes ``tasks`` copy: each copies into or out of a pinned slot (an array)."""
+    return sum(int(t.dst.nbytes if isinstance(t.dst, np.ndarray) else
+                   getattr(t.src, "nbytes", 0)) for t in tasks)
+
+
 class Batch:
     """The pieces of one ``Stager.submit``: done once every piece is, failed if any piece
     failed (the first failure is kept). ``start_ns``/``end_ns`` bound it on the host clock."""
@@ -57,6 +63,7 @@ class Batch:
     def __init__(self, pieces: int, on_done: Callable[[Batch], None] | None) -> None:
         self.start_ns = time.perf_counter_ns()
         self.end_ns = self.start_ns
+        self.nbytes = 0  # what its tasks copy (task_bytes), for the timeline's span
         self.error: BaseException | None = None
         self._left = max(pieces, 1)  # an empty batch completes on one piece_done(None)
         self._lock = threading.Lock()
@@ -116,6 +123,7 @@ class Stager(Closeable):
         for task in tasks:
             pieces.extend((task, rows) for rows in self._split(task))
         batch = Batch(len(pieces), on_done)
+        batch.nbytes = task_bytes(tasks)
         if len(pieces) <= 1 or self.workers == 1:
             for task, rows in pieces:
                 self._copy_piece(batch, task, rows)

@@ -35,7 +35,7 @@ from conveyor.closing import Closeable, join
 from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory import numa
 from conveyor.pipeline.plan import Block, BlockSource, ListedBlocks
-from conveyor.pipeline.stage import Batch, Stager, StageTask
+from conveyor.pipeline.stage import Batch, Stager, StageTask, task_bytes
 from conveyor.trace.timeline import Span
 
 #: Below this many bytes per block, staging runs on the engine's thread (``inline``).
@@ -108,7 +108,8 @@ class _StagingThread(Closeable):
         finally:
             if self.nvtx is not None:
                 self.nvtx.pop()
-        self.spans.append(Span(self.lane, block.index, start, time.perf_counter_ns()))
+        self.spans.append(Span(self.lane, block.index, start, time.perf_counter_ns(),
+                               task_bytes(tasks)))
 
     def _record(self, batch: Batch, block: Block) -> None:
         """A finished batch's span on this lane, called in block order (NVTX cannot mark it:
@@ -117,7 +118,7 @@ class _StagingThread(Closeable):
         one block at a time and its busy time counts no moment twice."""
         start = max(batch.start_ns, self._lane_end)
         self._lane_end = max(batch.end_ns, start)
-        self.spans.append(Span(self.lane, block.index, start, self._lane_end))
+        self.spans.append(Span(self.lane, block.index, start, self._lane_end, batch.nbytes))
 
     def _wait_until(self, ready: Callable[[], bool]) -> None:
         """Wait (holding ``_cond``) until ``ready()``; raise the thread's failure or a stop."""
