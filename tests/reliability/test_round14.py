@@ -249,20 +249,6 @@ def test_one_iterate_input_given_to_two_streams_at_once_serves_one_and_refuses_t
         assert_clean(device)
 
 
-def test_one_iterate_input_twice_in_one_stream_is_refused(device):
-    if device.backend != "opencl":
-        pytest.skip("an OpenCL C kernel")
-    add = device.compile("""
-    __kernel void add(__global const float *a, __global const float *b, __global float *c,
-                      ulong offset, ulong n) {
-        ulong i = get_global_id(0);
-        if (i < n) c[i] = a[i] + b[i];
-    }""", "add")
-    source = cv.iterate(iter([np.ones(10, np.float32)] * 3), length=30)
-    with pytest.raises(InputError, match="input 1 is the same cv.iterate"):
-        cv.stream(add, [source, source], [np.float32], device=device)
-
-
 @pytest.mark.parametrize("kind", ["parquet", "arrow", "memmap in args"])
 def test_a_trace_naming_a_table_or_an_args_memmap_is_refused(device, tmp_path, kind):
     """Round fourteen: ``trace=`` naming a Parquet or Arrow input (or a memory-mapped .npy in

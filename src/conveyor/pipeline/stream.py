@@ -199,11 +199,7 @@ def stream(
         try:
             for i, a in enumerate(inputs):  # one by one: those made are closed if one fails
                 source = as_source(a, i)
-                if isinstance(source, IterSource):
-                    if any(s is source for s in sources):
-                        raise InputError(f"input {i} is the same cv.iterate() input as input "
-                                         f"{sources.index(source)}: an iterable is read once, "
-                                         f"in order; pass it once, or iterate two iterables")
+                if isinstance(source, IterSource):  # given twice to this stream: read once
                     source.claim(this_stream)
                 sources.append(source)
             if not sources:
