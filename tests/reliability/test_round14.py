@@ -392,3 +392,38 @@ def test_a_report_pickles_and_copies_with_its_timeline(device, tmp_path):
         assert len(other.timeline.spans) == len(report.timeline.spans)
         assert other.overlap == report.overlap and str(other) == str(report)
         np.testing.assert_array_equal(other.outputs[0], x)
+
+
+# -- a fifth helper: kernels, their parameters, the cache --------------------------------------
+UNNAMED_FORMS = ["float UNUSED", "uint __attribute__((aligned(4)))",
+                 "__global float * __attribute__((aligned(16)))", "union U", "enum E"]
+
+
+def test_unnamed_parameters_with_attributes_or_tags_build_in_a_child_process():
+    """Round fourteen: an unnamed ``float __attribute__((unused))`` (or ``union U``, ``enum E``)
+    was read as a parameter named by its last word, so PoCL was asked that argument's name,
+    which it answers for unnamed arguments by crashing: the process died of SIGSEGV. Run in
+    a child, so a regression fails this test instead of ending the run."""
+    import subprocess
+
+    script = f"""
+import sys, numpy as np, conveyor as cv
+devices = [d for d in cv.devices() if d.backend == "opencl"]
+if not devices:
+    sys.exit(0)
+dev = devices[0]
+pre = ("union U {{ float a; int b; }};\\nenum E {{ A, B }};\\n"
+       "#define UNUSED __attribute__((unused))\\n")
+for form in {UNNAMED_FORMS!r}:
+    src = pre + ("__kernel void f(__global const float *x, __global float *y, %s, ulong offset, "
+                 "ulong n) {{ ulong i = get_global_id(0); if (i < n) y[i] = x[i] * 2; }}" % form)
+    k = dev.compile(src, "f")
+    assert [p.name for p in k.params][:2] == ["x", "y"] and k.params[2].name in ("", "arg2"), (
+        form, [p.name for p in k.params])
+print("built", len({UNNAMED_FORMS!r}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              [str(Path(cv.__file__).resolve().parents[1]),
+                               os.environ.get("PYTHONPATH", "")])))
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

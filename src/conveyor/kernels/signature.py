@@ -205,8 +205,28 @@ _ADDRESS = {
 }  # fmt: skip
 
 
+def _without_attributes(text: str) -> str:
+    """``text`` less its ``__attribute__((...))`` groups (nested parentheses and all): in an
+    unnamed ``float __attribute__((unused))`` the attribute was read as the name, and PoCL,
+    asked for an unnamed argument's name, crashed the process."""
+    out, at = [], 0
+    while (start := text.find("__attribute__", at)) >= 0:
+        out.append(text[at:start])
+        i = text.find("(", start)
+        if i < 0:
+            return "".join(out) + text[start:]
+        depth = 0
+        for j in range(i, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            if depth == 0:
+                break
+        at = j + 1
+        out.append(" ")
+    return "".join(out) + text[at:]
+
+
 def _parse_one(text: str, names: dict[str, str]) -> Param:
-    text = " ".join(text.replace("*", " * ").split())
+    text = " ".join(_without_attributes(text).replace("*", " * ").split())
     tokens = text.split(" ")
     is_pointer = "*" in tokens
     name = tokens[-1] if tokens[-1] != "*" else ""
@@ -231,6 +251,8 @@ def _unnamed(words: list[str], last: str) -> bool:
     """Whether ``last``, the final word of a parameter without ``*``, is part of its type."""
     base = [w for w in words if w not in _QUALIFIERS]
     if not base or last in _QUALIFIERS or last in _SCALARS or _VECTOR.fullmatch(last):
+        return True
+    if base[-1] in ("struct", "union", "enum"):  # ``union U``: the tag, not a name
         return True
     return " ".join([*base, last]) in _SCALARS  # ``unsigned int``, ``long long``
 
