@@ -300,3 +300,40 @@ def test_info_and_clear(tmp_path):
     assert [p.name for p in cache.path.iterdir()] == [".tmp-fedcba9876543210.bin"]
     assert cache.info().entries == 0
     assert cache.load("a" * 64) is None and cache.misses == 1
+
+
+def test_headers_found_in_the_current_folder_or_through_a_defined_name_are_in_the_key(
+        tmp_path, monkeypatch):
+    """Round fourteen: ``#include "h.h"`` with no -I (the compiler finds it in the current
+    folder) and ``#define H "h.h"`` / ``#include H`` were not followed, so an edited header
+    loaded the binary of its old text from the cache."""
+    from conveyor.kernels.cache import cache_key
+
+    monkeypatch.chdir(tmp_path)
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    sources = [('#include "h.h"\n', ()), ('#define H "h.h"\n#include H\n', (f"-I{inc}",)),
+               ('#include /* why */ H\n#define H "h.h"\n', ())]
+    for source, options in sources:
+        keys = []
+        for factor in ("2.0f", "3.0f"):
+            (tmp_path / "h.h").write_text(f"#define FACTOR {factor}\n")
+            (inc / "h.h").write_text(f"#define FACTOR {factor}\n")
+            keys.append(cache_key("id", options, source))
+        assert keys[0] != keys[1], source
+        assert cache_key("id", options, source) == keys[1]  # the same header: the same key
+
+
+def test_a_computed_include_conveyor_cannot_follow_is_never_cached(tmp_path, monkeypatch):
+    from conveyor.kernels import includes
+    from conveyor.kernels.cache import cache_key
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(includes, "_warned_unresolved", False)
+    source = '#define A B\n#define B "h.h"\n#include A\n'
+    with pytest.warns(RuntimeWarning, match="#include A.*built each time"):
+        first = cache_key("id", (), source)
+    assert cache_key("id", (), source) != first
+    # guard: #include_next is no computed include
+    assert cache_key("id", (), "#include_next <h.h>\n") == cache_key(
+        "id", (), "#include_next <h.h>\n")

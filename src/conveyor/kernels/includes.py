@@ -3,19 +3,31 @@
 A header found in an ``-I`` directory is part of what gets compiled, so the kernel cache's key
 covers its contents (``kernels/cache.py``): an edited header misses instead of loading a stale
 binary. The preprocessor that reads parameter types (``kernels/preprocess.py``) searches the
-same directories.
+same directories. So is a quoted header of the source found in the current directory, where
+the compilers look too (PoCL found ``#include "h.h"`` there with no ``-I``, and an edited
+``h.h`` loaded the binary of its old text). A computed ``#include NAME`` is followed through a
+``#define NAME "h.h"`` of the source or a ``-DNAME=...`` option; one that cannot be resolved
+makes every key unique (the kernel is rebuilt each time, with a warning once): the key cannot
+know which header the compiler reads.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 # Comments may stand between the words of a directive (``#include /* why */ "h.h"``).
 _GAP = rb"(?:[ \t]|/\*(?:[^*\n]|\*(?!/))*\*/)*"  # each comment ends at its first */
-_INCLUDE = re.compile(rb"^" + _GAP + rb"#" + _GAP + rb"include" + _GAP + rb'[<"]([^">\n]+)[">]',
+_INCLUDE = re.compile(rb"^" + _GAP + rb"#" + _GAP + rb"include" + _GAP + rb'([<"])([^">\n]+)[">]',
                       re.MULTILINE)
+#: ``#include NAME``: a macro that names the header.
+_COMPUTED = re.compile(rb"^" + _GAP + rb"#" + _GAP + rb"include(?:[ \t]|/\*(?:[^*\n]|\*(?!/))*\*/)+"
+                       rb"([A-Za-z_]\w*)", re.MULTILINE)  # not #include_next
+_DEFINE = re.compile(rb"^" + _GAP + rb"#" + _GAP + rb"define[ \t]+([A-Za-z_]\w*)" + _GAP
+                     + rb'([<"][^">\n]+[">])', re.MULTILINE)
 # The compiler joins a line ending in a backslash to the next before it reads a directive.
 _CONTINUATION = re.compile(rb"\\\r?\n")
 #: Include directories named by more files than this are not followed further (a bound on the
@@ -62,16 +74,30 @@ def included_headers(
     found: list[tuple[str, str, bytes | None]] = []
     seen: set[str] = set()
     pending: list[tuple[bytes, Path | None]] = [(source.encode(), None)]
+    defines = _option_defines(options)
     while pending and len(found) < _MAX_HEADERS:
         text, beside = pending.pop(0)
         joined = _CONTINUATION.sub(b"", text)
-        matches = [*_INCLUDE.finditer(text), *(_INCLUDE.finditer(joined) if joined != text else ())]
-        for match in matches:
-            name = match.group(1).decode(errors="replace").strip()
+        texts = [text, joined] if joined != text else [text]
+        for body in texts:
+            defines.update({m.group(1): m.group(2) for m in _DEFINE.finditer(body)})
+        matches = [(m.group(1), m.group(2)) for body in texts for m in _INCLUDE.finditer(body)]
+        for body in texts:
+            for m in _COMPUTED.finditer(body):
+                named = defines.get(m.group(1))
+                if named is None:
+                    found.append(_unresolved(m.group(1).decode(errors="replace")))
+                else:
+                    matches.append((named[:1], named[1:-1]))
+        for quote, raw in matches:
+            name = raw.decode(errors="replace").strip()
             if Path(name).is_absolute():  # found by its path, with or without -I
                 search = [Path("/")]
             else:
-                search = ([beside] if beside is not None else []) + dirs
+                # A quoted include: beside the including header, or (in the source itself)
+                # in the current directory, where the compiler looks before the -I folders.
+                here = beside if beside is not None else (Path.cwd() if quote == b'"' else None)
+                search = ([here] if here is not None else []) + dirs
             if not search:
                 continue  # the compiler's own or the system's header (no -I to find it in)
             for directory in search:
@@ -94,3 +120,31 @@ def included_headers(
                     seen.add(name)
                     found.append((name, "", None))
     return found
+
+
+def _option_defines(options: Sequence[str]) -> dict[bytes, bytes]:
+    """``-DNAME="h.h"`` (or ``<h.h>``) options: headers a computed include may name."""
+    defines: dict[bytes, bytes] = {}
+    for option in options:
+        for word in option.split():
+            if word.startswith("-D") and "=" in word:
+                key, value = word[2:].split("=", 1)
+                if value[:1] in ('"', "<") and len(value) > 2:
+                    defines[key.encode()] = value.encode()
+    return defines
+
+
+_warned_unresolved = False
+
+
+def _unresolved(macro: str) -> tuple[str, str, bytes | None]:
+    """The key entry of a computed include conveyor cannot follow: unique to this call (the
+    kernel is built again each time rather than loaded stale), with a warning once."""
+    global _warned_unresolved
+    if not _warned_unresolved:
+        _warned_unresolved = True
+        warnings.warn(f"conveyor: the kernel source has '#include {macro}', whose header "
+                      f"conveyor cannot tell (write #define {macro} \"file.h\" in the source, or "
+                      f"#include \"file.h\"): it is built each time, never from the cache",
+                      RuntimeWarning, stacklevel=4)
+    return (f"#include {macro}", f"unresolved:{secrets.token_hex(16)}", None)
