@@ -427,3 +427,34 @@ print("built", len({UNNAMED_FORMS!r}))
                               [str(Path(cv.__file__).resolve().parents[1]),
                                os.environ.get("PYTHONPATH", "")])))
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
+BY_VALUE = """
+typedef struct { char c; float f; } S;
+__kernel void add(__global const float *x, __global float *y, S s, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = x[i] + s.c + 10 * s.f;
+}
+"""
+
+
+def test_a_struct_passed_by_value_takes_its_c_layout_only(device):
+    """Round fourteen: a struct parameter by value took any NumPy scalar "as given": NumPy's
+    packed record (5 bytes for {char; float}) gave 1.0 where C's layout gives 21.0, and an
+    np.float64 gave 18.75, with no error. Struct pointers were checked already."""
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(BY_VALUE, "add")
+    x = np.zeros(4, np.float32)
+    fields = [("c", "i1"), ("f", "f4")]
+    aligned = np.array((1, 2.0), np.dtype(fields, align=True))[()]
+    y = np.empty_like(x)
+    cv.stream(k, [x], [y], args=(aligned,), device=device)
+    np.testing.assert_array_equal(y, 21.0)
+    for value, phrase in ((np.array((1, 2.0), np.dtype(fields))[()], "lies at byte 1"),
+                          (np.float64(1.0), "is a struct of 8 bytes passed by value"),
+                          (np.array((1, 2.0), np.dtype([("c", "i1"), ("f", ">f4")],
+                                                       align=True))[()], "byte order")):
+        with pytest.raises(InputError, match=phrase):
+            cv.stream(k, [x], [np.empty_like(x)], args=(value,), device=device)
+    assert_clean(device)

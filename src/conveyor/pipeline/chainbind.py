@@ -258,7 +258,7 @@ def _check_kernel_link(where: str, kernel: Kernel, device: Device, reads: list[R
                              f"({param.type_text}), which is const: drop const, or read it "
                              f"(reads=) instead")
     try:
-        validate.check_args(params[buffers:], args)
+        validate.check_args(params[buffers:], args, kernel)
         for param in params[buffers + len(args):]:
             if param.is_pointer:
                 raise InputError(f"kernel parameter {param.name!r} is a pointer but receives "

@@ -301,7 +301,7 @@ def check_kernel(
                 f"({param.type_text}), which is const: the kernel cannot write it, and the "
                 f"stream would return what the device buffer held. Drop const (and "
                 f"__constant) from that parameter")
-    check_args(params[buffers:], args)
+    check_args(params[buffers:], args, kernel)
     for param in params[buffers + len(args):]:
         if param.is_pointer:
             raise InputError(
@@ -365,12 +365,20 @@ def native_order_fix(source: Any, dtype: np.dtype) -> str:
             f"{shape}.astype({native.str!r}))")
 
 
-def check_args(params: Sequence[Param], args: Sequence[Any]) -> None:
+def check_args(params: Sequence[Param], args: Sequence[Any], kernel: Any = None) -> None:
     """``args`` suit the kernel parameters ``params`` that receive them (scalars a cast that
-    means something; pointers are resident arrays, checked by pipeline/resident.py)."""
+    means something; pointers are resident arrays, checked by pipeline/resident.py). A struct
+    passed by value (``kernel``'s source defines it) takes a structured NumPy scalar laid out
+    as C lays the struct out: a packed one (NumPy's default) or a plain number was passed as
+    its bytes, and the kernel read its members at the wrong offsets."""
     from conveyor.pipeline.resident import Resident
 
+    code: str | None = None
     for index, (param, value) in enumerate(zip(params, args, strict=False)):
+        if (not param.is_pointer and param.dtype is None and param.width == 1
+                and kernel is not None and not isinstance(value, Resident)):
+            code = struct_source(kernel) if code is None else code
+            _check_struct_arg(param, index, value, code)
         if param.is_pointer:
             continue  # an array uploaded once: pipeline/resident.py checks it
         if isinstance(value, Resident):
@@ -526,6 +534,26 @@ def _swapped_field(dtype: np.dtype, prefix: str = "") -> tuple[str, np.dtype] | 
         elif not ftype.isnative:
             return f"{prefix}{name}", ftype
     return None
+
+
+def _check_struct_arg(param: Param, index: int, value: Any, code: str | None) -> None:
+    """InputError when struct parameter ``param`` (by value) receives anything but a
+    structured scalar of its C layout (not judged where the struct cannot be read)."""
+    from conveyor.pipeline.structs import c_layout, packs
+
+    if code is None or packs(code):
+        return
+    layout = c_layout(code, param.base)
+    if layout is None:
+        return
+    where = f"args[{index}]: kernel parameter {param.name!r} ({param.type_text})"
+    if not isinstance(value, np.void) or not value.dtype.names:
+        raise InputError(
+            f"{where} is a struct of {layout[1]} bytes passed by value, but receives "
+            f"{type(value).__name__} {value!r}: pass a structured NumPy scalar laid out as C "
+            f"lays the struct out, e.g. np.array((...), np.dtype([...], align=True))[()]")
+    check_struct(f"{where}, which receives a {value.dtype.itemsize}-byte record,", value.dtype,
+                 code, param.base, "pass np.array(value, dtype.newbyteorder('='))[()]")
 
 
 def _check_arg(param: Param, index: int, value: Any) -> None:
