@@ -79,9 +79,15 @@ class OutOfMemoryError(ConveyorError):
         self.in_use = in_use
         self.limit = limit
         self.where = where
+        #: What to do, where the stream's advice (below) does not apply: set by callers that
+        #: allocate outside a stream (``cv.pinned.empty``).
+        self.advice: str | None = None
 
     def __str__(self) -> str:
         limit = "no limit" if self.limit is None else f"limit {_size(self.limit)}"
+        if self.advice is not None:
+            return (f"out of {self.where} memory: asked for {_size(self.requested)} with "
+                    f"{_size(self.in_use)} in use ({limit}); {self.advice}")
         # A larger memory_limit plans a larger ring: the fix is a smaller one (or more room).
         room = (" or raise the pool's limit (device.memory_pool.limit / "
                 "device.pinned_pool.limit)" if self.limit is not None else "")
@@ -90,6 +96,7 @@ class OutOfMemoryError(ConveyorError):
             f"{_size(self.in_use)} in use ({limit}); use a lower memory_limit, smaller "
             f"blocks (block_bytes=) or a lower depth{room}"
         )
+
 
 
 class HazardError(ConveyorError):

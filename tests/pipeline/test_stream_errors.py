@@ -97,8 +97,9 @@ def test_halo_larger_than_a_block(device, monkeypatch):
 
 def test_block_larger_than_the_memory_limit(device, monkeypatch):
     a, b, c = _vadd_arrays(1 << 16)
-    _refuses(device, monkeypatch, "use a smaller block_bytes or depth", kernel(device, "add"),
-             [a, b], [c], block_bytes=a.nbytes, memory_limit=a.nbytes)
+    _refuses(device, monkeypatch,
+             "use a smaller block_bytes, or a larger memory_limit",  # one slot: no lower depth
+             kernel(device, "add"), [a, b], [c], block_bytes=a.nbytes, memory_limit=a.nbytes)
 
 
 def test_depth_zero(device, monkeypatch):

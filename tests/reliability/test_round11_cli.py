@@ -431,6 +431,32 @@ def test_a_plot_name_matplotlib_cannot_write_names_the_option(work, capsys):
     assert "timeline.plot" not in line and not (tmp / "y.npy").exists()
 
 
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_numpy_loads_exits_130_saying_interrupted(work, signame):
+    """Round fourteen: SIGTERM became a Ctrl-C only once the command's modules had loaded:
+    one sent during start-up (a supervisor's stop) killed the process silently with -15,
+    where SIGINT gave 130 and "conveyor: interrupted", as the exit codes promise for both."""
+    tmp, spec = work
+    script = f"""
+import builtins, os, signal, sys
+real = builtins.__import__
+sent = []
+def hook(name, *a, **kw):
+    if name == "numpy" and not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.{signame})
+    return real(name, *a, **kw)
+builtins.__import__ = hook
+from conveyor.cli import main
+sys.exit(main({_map(tmp, spec, "-i", "x.npy", "-o", "y.npy")!r}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp, env=_env(), timeout=120,
+                          stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr.strip() == "conveyor: interrupted", done.stderr
+    assert not (tmp / "y.npy").exists()
+
+
 # -- a FIFO named like a dead run's part; Ctrl-C after the outputs were written ----------------
 def test_a_fifo_named_like_a_stale_part_does_not_hang_the_run(work, capsys):
     """Anyone who may write the output's folder (/tmp) can plant ``.y.npy.XXXXXXXX.part`` as a

@@ -458,3 +458,81 @@ def test_a_struct_passed_by_value_takes_its_c_layout_only(device):
         with pytest.raises(InputError, match=phrase):
             cv.stream(k, [x], [np.empty_like(x)], args=(value,), device=device)
     assert_clean(device)
+
+
+# -- a sixth helper: lifecycle, memory, processes ----------------------------------------------
+def test_svm_pinned_arrays_are_settled_by_streams_and_freed_by_close(device):
+    """Round fourteen: the pool of ``cv.pinned.empty(..., svm=True)`` blocks was neither
+    settled at a stream's end nor closed by ``device.close()``: every size ever made stayed
+    held (274 MiB after 60 sizes, and after close)."""
+    from conveyor.memory.pinned import existing_svm_pool
+
+    if not device.svm:
+        pytest.skip("no fine-grained SVM")
+    k = device.compile(IDENT, "ident")
+    sizes = [2**18 + 4096 * i for i in range(40)]  # 40 size classes of about 1 MiB
+    for n in sizes:
+        x = cv.pinned.empty(n, np.float32, device=device, svm=True)
+        x[:] = 2
+        out = np.empty_like(x)
+        cv.stream(k, [x], [out], device=device)
+        assert (out == 2).all()
+        del x, out
+    pool = existing_svm_pool(device)
+    assert pool is not None
+    held = pool.stats().held_bytes
+    assert held < sum(n * 4 for n in sizes) // 4, held  # the keep budget, not every size
+    device.close()
+    assert pool.stats().held_bytes == 0
+
+
+def test_a_plan_over_the_pools_limit_says_to_raise_that_limit(device):
+    """Round fourteen: with no memory_limit= and ``device.memory_pool.limit`` below the ring,
+    the refusal advised "a larger memory_limit", which then failed with OutOfMemoryError; a
+    block of one row in one slot was still told to shrink its block or depth."""
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(IDENT, "ident")
+    a = np.arange(1_000_000, dtype=np.float32)
+    old = device.memory_pool.limit
+    device.memory_pool.limit = 100_000
+    try:
+        with pytest.raises(InputError, match=r"the device pool's limit of 100000 \(device\."
+                                             r"memory_pool\.limit\): use a smaller block_bytes, "
+                                             r"or a lower depth, or a higher device\.memory_pool"):
+            cv.stream(k, [a], [np.empty_like(a)], device=device, block_bytes="64KiB",
+                      zero_copy=False)
+    finally:
+        device.memory_pool.limit = old
+    with pytest.raises(InputError, match=r"memory limit of 200: use a larger memory_limit$"):
+        cv.stream(k, [a], [np.empty_like(a)], device=device, block_bytes=4, depth=1,
+                  memory_limit=200, zero_copy=False)
+
+
+def test_pinned_empty_out_of_memory_advises_what_applies_to_an_array(device):
+    """Round fourteen: OutOfMemoryError from ``cv.pinned.empty`` advised "a lower
+    memory_limit, smaller blocks (block_bytes=) or a lower depth": no stream is involved."""
+    import pickle
+
+    from conveyor.errors import OutOfMemoryError
+
+    old = device.pinned_pool.limit
+    device.pinned_pool.limit = 2**20
+    try:
+        with pytest.raises(OutOfMemoryError) as caught:
+            cv.pinned.empty(1_000_000, np.float32, device=device)
+    finally:
+        device.pinned_pool.limit = old
+    text = str(caught.value)
+    assert text.endswith("use a smaller array, or raise device.pinned_pool.limit"), text
+    assert "memory_limit" not in text and str(pickle.loads(pickle.dumps(caught.value))) == text
+    if device.svm:
+        with pytest.raises(InputError, match="largest allocation"):
+            cv.pinned.empty(device.max_alloc_bytes + 1, np.uint8, device=device, svm=True)
+
+
+def test_pinned_empty_takes_subarray_dtypes_as_numpy_does(device):
+    a = cv.pinned.empty((3,), np.dtype((np.float32, (2, 3))), device=device)
+    assert a.shape == (3, 2, 3) and a.dtype == np.float32
+    with pytest.raises(InputError, match="has no bytes"):
+        cv.pinned.empty((3,), "S0", device=device)

@@ -574,9 +574,12 @@ class Device(Closeable, ABC):
             warmup.stop()  # before the pools close: it may be adding to one
             if self._pinned_pool is not None and self._pinned_pool not in pools:
                 pools.append(self._pinned_pool)  # made by the warm-up after the list above
-        from conveyor.memory import keep
+        from conveyor.memory import keep, pinned
 
         keep.release_device(self)  # arrays kept page-locked on it (cv.keep_pinned)
+        svm = pinned.existing_svm_pool(self)
+        if svm is not None and svm not in pools:
+            pools.append(svm)  # cv.pinned.empty(..., svm=True) blocks: held memory too
         for pool in pools:
             pool.close()
         if first:

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    import signal
+
+    # SIGTERM is a Ctrl-C from here on (exit 130, "interrupted"): installed only once the
+    # command's modules had loaded, it killed the process silently (-15) during start-up.
+    previous = signal.signal(signal.SIGTERM, _terminated)
     guard = None
     try:
         try:
@@ -60,6 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if guard is not None and sys.stdout is guard:
             sys.stdout = guard.stream
+        # The process's own command (no argv given) is done: a SIGTERM while the interpreter
+        # shuts down (~0.1 s, the drivers' clean-up) is ignored, not a silent -15 after the
+        # outputs were written. Called in-process, the caller's handler comes back.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if argv is None
+                      else previous if previous is not None else signal.SIG_DFL)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the same clean-up as Ctrl-C: no partial output stays
 
 
 class StdoutError(OSError):

@@ -28,6 +28,7 @@ _RULES: list[_Rule] = [
     (re.compile(r"use block_bytes >= (\d+)"), r"use --block-bytes \1 or more"),
     (re.compile(r"block_bytes=(\d+)"), r"--block-bytes \1"),
     (re.compile(r"a smaller block_bytes or depth"), "a smaller --block-bytes or --depth"),
+    (re.compile(r"\ba lower depth\b"), "a lower --depth"),
     (re.compile(r"\bblock_bytes\b"), "--block-bytes"),
     (re.compile(r"\bmemory_limit\b"), "--memory-limit"),
     (re.compile(r"\bhalo=(\d+)"), r"--halo \1"),

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from conveyor import config
-from conveyor.errors import InputError
+from conveyor.errors import InputError, OutOfMemoryError
 from conveyor.interrupts import deferred_sigint
 from conveyor.memory import numa
 from conveyor.memory.pool import BlockPool
@@ -62,6 +62,13 @@ def svm_pool(device: Device) -> PinnedPool:
     if pool is None:
         pool = _svm_pools[device] = PinnedPool(device, svm=True)
     return pool
+
+
+def existing_svm_pool(device: Device) -> PinnedPool | None:
+    """The device's SVM pool if one was made, else None (none is made): what a stream's end
+    settles and ``device.close()`` closes, as the device's other pools. It was neither, so
+    every size of ``cv.pinned.empty(..., svm=True)`` ever made stayed held, past close()."""
+    return _svm_pools.get(device)
 
 
 class PinnedOwner:
@@ -160,7 +167,12 @@ def empty(
     dt = np.dtype(dtype)
     if dt.hasobject:
         raise InputError(f"pinned arrays cannot hold Python objects (dtype {dt})")
+    if dt.itemsize == 0:
+        raise InputError(f"dtype {dt} has no bytes: give one with a size, e.g. 'S4' or 'V8'")
     shape_tuple = _shape(shape)
+    if dt.subdtype is not None:  # as np.empty: (3,) of float32 (2, 3) is (3, 2, 3) float32
+        dt, sub = dt.subdtype
+        shape_tuple = (*shape_tuple, *sub)
     # Python integers: an int64 product wraps ((2**32, 2**32) of float32 came out as 0 bytes).
     nbytes = math.prod(shape_tuple) * dt.itemsize
     if nbytes > sys.maxsize:
@@ -169,10 +181,19 @@ def empty(
             f"({sys.maxsize} bytes): use a smaller shape"
         )
     dev = _resolve(device)
+    if svm and nbytes > dev.max_alloc_bytes:  # as alloc_pinned says it for pinned memory
+        raise InputError(
+            f"{nbytes} bytes of shared virtual memory is more than {dev.name}'s largest "
+            f"allocation ({dev.max_alloc_bytes} bytes): use a smaller array")
     pool = svm_pool(dev) if svm else dev.pinned_pool
-    with deferred_sigint():  # the block has its owner (and finalizer) before a Ctrl-C lands
-        block = pool.acquire(max(nbytes, 1))
-        holder = PinnedOwner(pool, block, nbytes)
+    try:
+        with deferred_sigint():  # the block has its owner (and finalizer) before a Ctrl-C
+            block = pool.acquire(max(nbytes, 1))
+            holder = PinnedOwner(pool, block, nbytes)
+    except OutOfMemoryError as exc:  # no stream here: its memory_limit advice cannot apply
+        exc.advice = "use a smaller array" + (
+            ", or raise device.pinned_pool.limit" if exc.limit is not None and not svm else "")
+        raise
     raw = np.asarray(holder)
     return raw.view(dt).reshape(shape_tuple)
 

@@ -20,6 +20,7 @@ from conveyor import hazards, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Event, Queue
 from conveyor.closing import Closeable
 from conveyor.interrupts import deferred_sigint
+from conveyor.memory import pinned
 from conveyor.pipeline import paths, step, switching
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.options import StreamOptions
@@ -307,6 +308,9 @@ class Engine(Closeable):
         # so streams of changing lengths do not pile up size classes.
         pool.settle()
         pin_pool.settle()
+        svm = pinned.existing_svm_pool(self.device)
+        if svm is not None:
+            svm.settle()
         for queue in self.queues:
             try:
                 queue.close()

@@ -324,10 +324,11 @@ def make_plan(
     # Every block must map to whole output rows: block rows a multiple of each ratio's q.
     step = math.lcm(*(spec.ratio[1] for spec in outputs)) if outputs else 1
     limit = memory_limit
+    by_pool = False  # the limit is the device pool's own (no memory_limit= given)
     if limit is None:
         limit = int(global_mem_bytes * DEFAULT_MEMORY_FRACTION)
-        if pool_limit is not None:  # planned past it, every stream failed with OOM
-            limit = min(limit, pool_limit)
+        if pool_limit is not None and pool_limit < limit:  # planned past it: OOM each time
+            limit, by_pool = pool_limit, True
     if limit <= 0:
         raise InputError(f"memory_limit must be a positive number of bytes, got {limit}")
     total_limit, limit = limit, limit - resident_bytes
@@ -388,11 +389,18 @@ def make_plan(
             f"use a larger block_bytes or memory_limit, or a smaller halo"
         )
     if footprint > limit:
+        # Only what can help: a block already of the fewest rows cannot shrink, one slot is
+        # the least depth, and a limit that is the pool's is raised there (a larger
+        # memory_limit= was advised, and then failed with OutOfMemoryError under the pool).
+        fixes = (["a smaller block_bytes"] if block_rows > step else []) \
+            + (["a lower depth"] if depth > 1 else []) \
+            + (["a higher device.memory_pool.limit"] if by_pool else ["a larger memory_limit"])
         raise InputError(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
-            f"more than the memory limit of {total_limit}"
+            + (f"more than the device pool's limit of {total_limit} (device.memory_pool.limit)"
+               if by_pool else f"more than the memory limit of {total_limit}")
             + (f" less {resident_bytes} of resident arrays" if resident_bytes else "")
-            + ": use a smaller block_bytes or depth, or a larger memory_limit"
+            + f": use {', or '.join(fixes)}"
         )
     biggest = max([spec.device_bytes(block_rows + 2 * halo, block_rows, inputs[0])
                    for spec in inputs]
