@@ -536,3 +536,75 @@ def test_pinned_empty_takes_subarray_dtypes_as_numpy_does(device):
     assert a.shape == (3, 2, 3) and a.dtype == np.float32
     with pytest.raises(InputError, match="has no bytes"):
         cv.pinned.empty((3,), "S0", device=device)
+
+
+CLANG_CHOSEN = """
+#ifdef __clang__
+typedef double real;
+#else
+typedef float real;
+#endif
+__kernel void twice(__global const real *x, __global real *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = 2 * x[i];
+}
+"""
+AGREED = """
+typedef float real;
+#define COUNT uint
+typedef struct { float a; double b; } rec;
+__kernel void use(__global const real *x, __global real *y, COUNT k, __global const rec *r,
+                  ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = x[i] * k + (real)r[0].b;
+}
+"""
+
+
+def test_a_type_chosen_by_a_macro_conveyor_does_not_know_is_refused_not_misread(device,
+                                                                                tmp_path,
+                                                                                monkeypatch):
+    """Round fourteen: ``#ifdef __clang__ typedef double real; #else typedef float real;``
+    was read as float (conveyor's preprocessor does not define __clang__; PoCL's compiler
+    does): a float32 array went to a double kernel, the answers were wrong, and with
+    zero_copy the kernel wrote past its output. The compiler now confirms each such size."""
+    if device.backend != "opencl" or "Portable Computing Language" not in device.info.platform:
+        pytest.skip("PoCL's compiler (clang) defines __clang__")
+    monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(InputError, match=r"kernel parameter twice\.x: conveyor read its type "
+                                         r"real as 4 bytes, but the compiler's sizeof\(real\)"):
+        device.compile(CLANG_CHOSEN, "twice")
+
+
+def test_typedef_and_macro_types_conveyor_reads_right_build_and_stream(device, tmp_path,
+                                                                         monkeypatch):
+    """guard: the compiler's sizeof agrees with conveyor's reading: built once, exact."""
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(tmp_path / "cache"))
+    k = device.compile(AGREED, "use")
+    x = np.arange(10, dtype=np.float32)
+    r = np.zeros(1, np.dtype([("a", "f4"), ("b", "f8")], align=True))
+    r["b"] = 0.5
+    y = np.empty_like(x)
+    cv.stream(k, [x], [y], args=(3, r), device=device)
+    np.testing.assert_array_equal(y, x * 3 + 0.5)
+
+
+def test_a_check_the_compiler_cannot_evaluate_is_dropped(device, tmp_path, monkeypatch):
+    """guard: a macro that is no type alone (``#define GF __global float``) cannot be
+    measured with sizeof: the kernel builds without that check, as before."""
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(tmp_path / "cache"))
+    source = """
+    #define GF __global float
+    __kernel void f(GF *x, GF *y, ulong offset, ulong n) {
+        ulong i = get_global_id(0);
+        if (i < n) y[i] = x[i] + 1;
+    }"""
+    k = device.compile(source, "f")
+    x = np.arange(5, dtype=np.float32)
+    y = np.empty_like(x)
+    cv.stream(k, [x], [y], device=device)
+    np.testing.assert_array_equal(y, x + 1)

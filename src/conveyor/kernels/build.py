@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from conveyor import config, hazards
 from conveyor.errors import CompileError, InputError
+from conveyor.kernels import sizecheck
 from conveyor.kernels.buildlock import build_lock
 from conveyor.kernels.cache import KernelCache, cache_key
 from conveyor.kernels.preprocess import expand_checked
@@ -285,7 +286,8 @@ def _fetch_or_build(
     with build_lock(key, disk):
         binary = disk.load(key) if disk is not None else None
         if binary is None:
-            binary = device.build_binary(source, options)
+            binary = sizecheck.build(device, source, expanded_source(device, source, options),
+                                    options)
             if disk is not None:
                 disk.store(key, binary)
         params.store(key, disk)
@@ -339,7 +341,8 @@ def _build_and_load(
             else:
                 params.store(key, disk)
                 return kernel
-        binary = device.build_binary(source, options)
+        binary = sizecheck.build(device, source, expanded_source(device, source, options),
+                                    options)
         if disk is not None:
             disk.store(key, binary)
         kernel = device.load_kernel(binary, name, options, params.params)
