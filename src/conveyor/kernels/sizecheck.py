@@ -55,6 +55,8 @@ def checks(source: str, expanded: str) -> list[Check]:
                 continue
             if resolve(raw.base)[0] is not None:
                 continue  # a built-in type: the same for conveyor and the compiler
+            if "long long" in f"{ours.base} {ours.spelled}":
+                continue  # refused with its own message (128 bits in OpenCL C: argtypes.py)
             if ours.dtype is not None:
                 size = ours.dtype.itemsize * ours.width
             else:  # a struct: the size of the layout records are checked against
