@@ -2,15 +2,17 @@
 
 Exit codes: 0 success; 2 bad usage or input (argparse errors, a bare ``conveyor`` or
 ``conveyor cache``, and every InputError: the one-line message says what to change, in the
-command's own options); 1 a runtime failure (a kernel that does not build, a driver error);
+command's own options); 1 a runtime failure (a kernel that does not build, a driver error,
+standard output that cannot be written: ``> /dev/full``);
 130 interrupted (Ctrl-C or SIGTERM, at any point after the interpreter started: while NumPy or a
 driver loads, while devices are found, or mid-stream); 141, silently, when the reader of stdout
 went away (``conveyor devices | head -1``), as for a tool that SIGPIPE ended. A failed or
 interrupted ``map`` leaves no output file behind: outputs are renamed into place only when the
 whole stream has succeeded.
 
-This module imports nothing but ``sys`` before :func:`main` is inside its ``try``: everything
-heavy loads under the Ctrl-C handler (``import conveyor`` is lazy for the same reason).
+This module imports nothing but ``sys`` (and ``signal``, built in) before :func:`main` is inside
+its ``try``: everything heavy loads under the Ctrl-C handler (``import conveyor`` is lazy for
+the same reason).
 """
 
 from __future__ import annotations
