@@ -151,3 +151,20 @@ def test_a_locked_block_closed_in_a_forked_child_leaves_the_parents_memory(locke
         assert list(block.array[:8]) == [5] * 8
     finally:
         block.close()
+
+
+def test_a_locked_block_dropped_unclosed_is_unmapped(locked):
+    """A block let go of without close() (its device dropped unclosed): the buffer is freed
+    by PyOpenCL, and the memory must be unmapped too."""
+    block = locked.alloc_pinned(BLOCK)
+    address = int(block.array.__array_interface__["data"][0])
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as maps:
+            spans = [line.split()[0].split("-") for line in maps]
+        return any(int(lo, 16) <= address < int(hi, 16) for lo, hi in spans)
+
+    assert mapped()
+    del block
+    gc.collect()
+    assert not mapped()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -180,18 +181,31 @@ class LockedPinned(base.PinnedBuffer):
         self.cl_buffer: cl.Buffer | None = cl_buffer
         self.nbytes = nbytes
         self.array = np.asarray(_LockedMemory(address, nbytes))
-        self._address = address
-        self._host_lock = host_lock or threading.RLock()
+        # Also when the block is dropped unclosed (a device let go of without close()):
+        # PyOpenCL frees the buffer then, but nothing would unmap the memory.
+        self._release = weakref.finalize(self, _release_locked, cl_buffer, address, nbytes,
+                                         host_lock or threading.RLock())
+        self._release.atexit = False  # at exit the process's memory goes anyway, drivers first
 
     def close(self) -> None:
         if self.cl_buffer is None:
             return
         self.array = np.empty(0, np.uint8)
-        buf, self.cl_buffer = self.cl_buffer, None
-        if not _forked:  # a forked child must not call the driver (the parent owns it)
-            with self._host_lock:
-                buf.release()
-            hostmem.unmap(self._address, self.nbytes)
+        self.cl_buffer = None
+        self._release()
+
+
+def _release_locked(buf: cl.Buffer, address: int, nbytes: int, host_lock: Any) -> None:
+    """Release a ``LockedPinned`` block's buffer (the driver unlocks the memory), then unmap
+    the memory. Not in a forked child: the parent's driver holds it."""
+    if _forked:
+        return
+    try:
+        with host_lock:
+            buf.release()
+    except cl.Error:  # the context went first (interpreter exit): nothing to unlock
+        pass
+    hostmem.unmap(address, nbytes)
 
 
 class _LockedMemory:
