@@ -611,3 +611,14 @@ def test_a_check_the_compiler_cannot_evaluate_is_dropped(device, tmp_path, monke
     y = np.empty_like(x)
     cv.stream(k, [x], [y], device=device)
     np.testing.assert_array_equal(y, x + 1)
+
+
+def test_dask_refuses_a_big_endian_input_on_the_client():
+    """Round fourteen: a big-endian input was checked only by each chunk's stream on the
+    workers (a logged traceback per chunk), not on the client as object dtypes are."""
+    da = pytest.importorskip("dask.array")
+    import conveyor.dask as cvd
+
+    x = da.from_array(np.arange(10, dtype=">f4"), chunks=5)
+    with pytest.raises(InputError, match=r"input 0 has dtype >f4, not in this machine's byte"):
+        cvd.map_blocks(cvd.kernel(IDENT, "ident"), x)

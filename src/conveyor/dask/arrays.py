@@ -236,6 +236,10 @@ def _rows(da: Any, arrays: Sequence[Any]) -> list[Any]:
         if a.dtype.hasobject:  # every chunk's stream refused it on the workers, at compute
             raise InputError(f"input {i} has dtype {a.dtype}, which holds Python objects: "
                              f"convert it to a numeric dtype first (a.astype(np.float32))")
+        if not a.dtype.isnative:  # the same: each chunk refused it, a traceback each
+            raise InputError(f"input {i} has dtype {a.dtype.str}, not in this machine's byte "
+                             f"order (kernels read native order): convert it first, "
+                             f"a.astype(a.dtype.newbyteorder('='))")
         unknown = [k for k, sizes in enumerate(a.chunks) if any(math.isnan(c) for c in sizes)]
         if unknown:  # any axis: rows are merged whole (rechunk), which needs every length
             raise InputError(f"input {i} has chunks of unknown length along axis {unknown[0]} "
