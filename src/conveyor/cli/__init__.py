@@ -100,6 +100,8 @@ class GuardedStdout:
         """Write ``text`` to standard output."""
         try:
             return self.stream.write(text)
+        except BrokenPipeError:
+            raise
         except OSError as exc:
             raise self._failed(exc) from exc
 
@@ -107,12 +109,12 @@ class GuardedStdout:
         """Flush standard output."""
         try:
             self.stream.flush()
+        except BrokenPipeError:
+            raise
         except OSError as exc:
             raise self._failed(exc) from exc
 
-    def _failed(self, exc: OSError) -> OSError:
-        if isinstance(exc, BrokenPipeError):
-            return exc
+    def _failed(self, exc: OSError) -> StdoutError:
         self.failure = self.failure or StdoutError(exc.errno, exc.strerror)
         return self.failure
 
