@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ def run(argv: Sequence[str]) -> int:
     if options.command == "cache" and options.action is None:
         print(options.usage_help(), file=sys.stderr, end="")
         return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM is a Ctrl-C already: conveyor.cli.main installs that for the whole command.
     shown = warnings.showwarning
     warnings.showwarning = _warning_line(options)
     try:
@@ -73,7 +72,6 @@ def run(argv: Sequence[str]) -> int:
         return _fail(options, exc, f"{exc}: {_os_advice(exc)}", 1)
     finally:
         warnings.showwarning = shown
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _runner(command: str) -> Runner:
@@ -85,10 +83,6 @@ def _runner(command: str) -> Runner:
         "cache": tools.run_cache,
     }
     return runners[command]
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # the same clean-up as Ctrl-C: no partial output stays
 
 
 def _warning_line(options: argparse.Namespace) -> Callable[..., None]:
