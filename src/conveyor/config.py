@@ -252,8 +252,33 @@ def cache_dir() -> Path:
             raise InputError(f"{CACHE_DIR_VAR}={override!r} must be an absolute path")
         return path
     xdg = _get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else _home() / ".cache"
     return base / "conveyor"
+
+
+class NoHomeError(InputError):
+    """No absolute home directory to keep the kernel cache under, and none was named."""
+
+
+def _home() -> Path:
+    """The user's home: ``HOME`` when it is absolute, else the password database's entry.
+    A relative ``HOME`` would put the cache (binaries conveyor runs) under whatever folder
+    the process is in; a user with neither (``docker run -u 54321``) gets NoHomeError."""
+    home = os.environ.get("HOME", "")
+    if home and Path(home).is_absolute():
+        return Path(home)
+    try:
+        import pwd
+
+        entry = pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):  # no password database, or no entry for this user
+        entry = ""
+    if entry and Path(entry).is_absolute():
+        return Path(entry)
+    raise NoHomeError(f"no home directory to keep the kernel cache in (HOME is "
+                      f"{'unset' if not home else repr(home) + ', not absolute'}, and user "
+                      f"{os.getuid()} has no entry in the password database): set "
+                      f"{CACHE_DIR_VAR} to an absolute folder, or {NO_CACHE_VAR}=1")
 
 
 def icd_vendor_dirs() -> list[Path]:

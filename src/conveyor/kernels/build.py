@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,6 +42,7 @@ _memo_owners: weakref.WeakSet[Device] = weakref.WeakSet()
 _in_flight: dict[_MemoKey, Future[Kernel]] = {}
 _caches: dict[Path, KernelCache] = {}
 _executor: ThreadPoolExecutor | None = None
+_warned_no_home = False
 
 
 def default_cache() -> KernelCache | None:
@@ -51,7 +53,15 @@ def default_cache() -> KernelCache | None:
     """
     if config.cache_disabled():
         return None
-    path = config.cache_dir()
+    try:
+        path = config.cache_dir()
+    except config.NoHomeError as exc:  # the cache is optional: build uncached, say so once
+        global _warned_no_home
+        if not _warned_no_home:
+            _warned_no_home = True
+            warnings.warn(f"conveyor: kernels are built uncached: {exc}", RuntimeWarning,
+                          stacklevel=3)
+        return None
     with _lock:
         cache = _caches.get(path)
         if cache is None:
@@ -69,6 +79,15 @@ def build_identity(device: Device) -> str:
     return f"{identity}|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}" if forced else identity
 
 
+def device_key(device: Device, options: Sequence[str], source: str) -> str:
+    """The cache key of ``source`` built with ``options`` on ``device``: its
+    :func:`build_identity`, and the headers found through ``-I`` folders of ``options`` or of
+    ``PYOPENCL_BUILD_OPTIONS`` (PyOpenCL splits that variable at spaces and adds its words
+    after a build's own options)."""
+    forced = config.pyopencl_build_options().split() if device.backend == "opencl" else []
+    return cache_key(build_identity(device), options, source, forced)
+
+
 def source_params(
     device: Device, source: str, name: str, options: Sequence[str]
 ) -> tuple[Param, ...]:
@@ -76,15 +95,15 @@ def source_params(
     ``device``'s compiler would (its predefined macros, the ``-D``/``-I`` of ``options``).
     The loaded kernel's driver corrects or checks them (``kernels/argtypes.py``). InputError
     when ``source`` defines no kernel ``name``."""
-    return _read_params(device, source, name, options, cache_key(build_identity(device),
-                                                               options, source))[0]
+    return _read_params(device, source, name, options, device_key(device, options,
+                                                                source))[0]
 
 
 def expanded_source(device: Device, source: str, options: Sequence[str]) -> str:
     """``source`` preprocessed as ``device``'s compiler would (memoized; the raw text where
     the preprocessor failed on it)."""
     macros = tuple(sorted(device.source_macros().items()))
-    key = cache_key(build_identity(device), options, source)
+    key = device_key(device, options, source)
     return expand_checked(source, tuple(options), macros, key)[0]
 
 
@@ -159,18 +178,39 @@ def reader_identity() -> str:
     return digest.hexdigest()[:16]
 
 
-def check_no_nul(source: str, options: Sequence[str]) -> None:
-    """InputError for a NUL character in ``source`` or an option: compilers take C strings,
-    so everything after it would be dropped unseen (``["-DA\\0", "-DN=2"]`` built without
-    ``N``), while the cache key and conveyor's parser still read it."""
+def check_text(source: str, options: Sequence[str], name: str = "") -> None:
+    """InputError for text no compiler can take, found before the cache key is made:
+
+    - a NUL character in ``source`` or an option: compilers take C strings, so everything
+      after it would be dropped unseen (``["-DA\\0", "-DN=2"]`` built without ``N``), while
+      the cache key and conveyor's parser still read it;
+    - a character with no UTF-8 form (a lone surrogate, as text read with
+      ``errors="surrogateescape"`` holds for a byte that is not UTF-8) in ``source``, an
+      option or the kernel's ``name``.
+    """
     for index, option in enumerate(options):
         if "\0" in option:
             raise InputError(f"options[{index}]={option!r} holds a NUL character, which ends "
                              f"the compiler's options there: remove it")
+        _utf8(option, f"options[{index}]={option!r}")
+    _utf8(name, f"the kernel name {name!r}")
     if "\0" in source:
         line = source.count("\n", 0, source.index("\0")) + 1
         raise InputError(f"the kernel source holds a NUL character (line {line}), where the "
                          f"compiler would stop reading it: remove it")
+    _utf8(source, "the kernel source")
+
+
+def _utf8(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        line = text.count("\n", 0, exc.start) + 1
+        where = f" (line {line})" if "\n" in text else ""
+        raise InputError(f"{what}{where} holds {text[exc.start]!r}, a character with no UTF-8 "
+                         f"form (a byte that was not UTF-8, read with "
+                         f"errors='surrogateescape'): read the file as UTF-8 or Latin-1, or "
+                         f"remove it") from None
 
 
 def clear_memo() -> None:
@@ -204,9 +244,9 @@ def compile_kernel(
     build log) when the source does not build.
     """
     options = tuple(options)
-    check_no_nul(source, options)
+    check_text(source, options, name)
     disk = default_cache() if cache is True else cache or None
-    key = cache_key(build_identity(device), options, source)
+    key = device_key(device, options, source)
     memo_key: _MemoKey = (id(device), key, name)
     with _lock:
         kernel = _memo_of(device).get((key, name))
@@ -248,9 +288,9 @@ class KernelFuture:
         self.source = source
         self.name = name
         self.options = options
-        check_no_nul(source, options)
+        check_text(source, options, name)
         self._disk = default_cache()
-        self._key = cache_key(build_identity(device), options, source)
+        self._key = device_key(device, options, source)
         # A wrong name fails now, not on the compiler thread.
         read = _Params(device, source, name, options, self._key, self._disk)
         self.params = read.params

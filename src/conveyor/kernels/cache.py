@@ -103,13 +103,15 @@ def _warn_once(path: Path, why: str) -> None:
     )
 
 
-def cache_key(identity: str, options: Sequence[str], source: str) -> str:
+def cache_key(identity: str, options: Sequence[str], source: str,
+              forced: Sequence[str] = ()) -> str:
     """The hex sha256 naming the entry for ``source`` built with ``options`` by ``identity``.
 
     ``identity`` is the device's ``compiler_identity()``. The format version and conveyor's
     version are part of the key, so an upgrade never loads an older conveyor's binaries; so
     are the contents of the headers ``source`` includes from ``-I`` directories
-    (``kernels/includes.py``).
+    (``kernels/includes.py``), those of ``options`` and of ``forced``, the options the driver
+    adds to every build (``PYOPENCL_BUILD_OPTIONS``, already in ``identity``).
     """
     from conveyor import __version__  # lazy: conveyor/__init__ imports the backends
 
@@ -121,7 +123,7 @@ def cache_key(identity: str, options: Sequence[str], source: str) -> str:
     digest.update(source.encode())
     # A header the source includes from an -I directory is part of what gets compiled: its
     # contents are hashed too, so an edited header misses instead of loading a stale binary.
-    for name, path, contents in included_headers(source, options):
+    for name, path, contents in included_headers(source, [*options, *forced]):
         digest.update(b"\0")
         digest.update(json.dumps([name, path]).encode())
         digest.update(b"\0")
@@ -318,9 +320,9 @@ class KernelCache:
 
     def key(self, device: Device, source: str, options: Sequence[str]) -> str:
         """The key of ``source`` built with ``options`` on ``device``."""
-        from conveyor.kernels.build import build_identity  # build imports this module
+        from conveyor.kernels.build import device_key  # build imports this module
 
-        return cache_key(build_identity(device), options, source)
+        return device_key(device, options, source)
 
     def load(self, key: str) -> bytes | None:
         """The binary stored under ``key``, or None on a miss (a bad entry is deleted)."""

@@ -104,16 +104,20 @@ def included_headers(
                 candidate = directory / name
                 if candidate.is_file():
                     resolved = str(candidate.resolve())
-                    if resolved in seen:
+                    # The compiler looks for a header's own quoted includes in the folder it
+                    # was named in, not its link's target's: one reached through two folders
+                    # is walked from each.
+                    named_in = candidate.absolute().parent
+                    if f"{resolved}\0{named_in}" in seen:
                         break
-                    seen.add(resolved)
+                    seen.add(f"{resolved}\0{named_in}")
                     try:
                         contents: bytes | None = candidate.read_bytes()
                     except OSError:
                         contents = None
                     found.append((name, resolved, contents))
                     if contents is not None:
-                        pending.append((contents, candidate.resolve().parent))
+                        pending.append((contents, named_in))
                     break
             else:
                 if name not in seen:

@@ -154,7 +154,15 @@ class FileSink(Sink):
         # run removes (stale parts are .part), and a part made but not yet held here
         # outlives abort(); the interrupt is raised once both are ours (interrupts.py).
         with deferred_sigint():
-            self._fd, self._tmp = files.new_part(self.target)
+            try:
+                self._fd, self._tmp = files.new_part(self.target)
+            except OSError as exc:
+                # os.access said yes (root: /sys, a read-only mount): no file can be made there.
+                if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                raise InputError(f"output {self.name}: cannot write in folder "
+                                 f"{self.target.parent} ({exc.strerror}): write elsewhere or "
+                                 f"fix its permissions") from exc
         fd = self._fd
         if self.header:
             with os.fdopen(os.dup(fd), "wb") as f:

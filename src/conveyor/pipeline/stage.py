@@ -36,18 +36,20 @@ def default_workers() -> int:
 
 
 class StageTask:
-    """One staging copy: ``dst[...] = src`` cut into row pieces; ``where`` names it for errors.
+    """One staging copy: ``dst[...] = src`` cut into row pieces; ``where`` names it for errors
+    and ``first`` is the caller's array row of the copy's row 0 (for the rows an error names).
 
     Either side may instead be rows of a file (``pipeline.io.FileRows``): those
     are read or written straight from and into the pinned slot, piece by piece.
     """
 
-    __slots__ = ("dst", "src", "where")
+    __slots__ = ("dst", "src", "where", "first")
 
-    def __init__(self, dst: Any, src: Any, where: str) -> None:
+    def __init__(self, dst: Any, src: Any, where: str, first: int = 0) -> None:
         self.dst = dst
         self.src = src
         self.where = where
+        self.first = first
 
 
 def task_bytes(tasks: Sequence[StageTask]) -> int:
@@ -151,7 +153,8 @@ class Stager(Closeable):
         try:
             self.copy(task.dst[rows], task.src[rows])
         except BaseException as exc:
-            exc.add_note(f"conveyor: while staging {task.where} (rows {rows.start}:{rows.stop})")
+            lo, hi = task.first + rows.start, task.first + rows.stop
+            exc.add_note(f"conveyor: while staging {task.where} (rows {lo}:{hi})")
             batch.piece_done(exc)
         else:
             batch.piece_done(None)

@@ -141,10 +141,10 @@ class StagedIn(Path):
             first, at = lo, pad  # input row ``first`` goes to slot row ``at``
             saved = self.halo_rows.before(i, block) if self.halo_rows is not None else None
             if saved is not None:  # in place: rows the block before writes back (pad is 0)
-                tasks.append(StageTask(view[:h], saved, where))
+                tasks.append(StageTask(view[:h], saved, where, block.start - h))
                 first, at = block.start, h
             end = at + hi - first
-            tasks.append(StageTask(view[at:end], source.rows(first, hi), where))
+            tasks.append(StageTask(view[at:end], source.rows(first, hi), where, first))
             if pads is not None:
                 fill_pads(view, pad, end, pads)
         return tasks
@@ -218,7 +218,7 @@ class StagedOut(Path):
             lo, hi = self.rings.plan.output_rows(i, block)
             view = _view(pin, hi - lo, sink.shape[1:], sink.dtype)
             tasks.append(StageTask(sink.rows(lo, hi), view,
-                                   f"output {i} of block {block.index}"))
+                                   f"output {i} of block {block.index}", lo))
         waits = list(events)
         if self.prefaulter is not None:
             waits.append(Faulted(self.prefaulter, block.seq))  # type: ignore[arg-type]

@@ -90,9 +90,10 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     def load(index: int) -> np.ndarray:
         with _read_guard(str(path), target, stamp, f"row group {index}"):
             table = file.read_row_group(index, columns=names)
-        return _table_rows(str(path), table, names, dtype)
+        return _table_rows(str(path), table, names, dtype, row_shape)
 
-    return ChunkedSource(str(path), dtype, _row_shape(columns, names), groups, load)
+    row_shape = _row_shape(columns, names)
+    return ChunkedSource(str(path), dtype, row_shape, groups, load)
 
 
 def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
@@ -124,10 +125,11 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     def load(index: int) -> np.ndarray:
         with _read_guard(str(path), target, stamp, f"record batch {index}"):
             batch = reader.get_batch(index)
-        return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype)
+        return _table_rows(str(path), pyarrow.Table.from_batches([batch]), names, dtype,
+                           row_shape)
 
-    return ChunkedSource(str(path), dtype, _row_shape(columns, names),
-                         [b.rows for b in batches], load)
+    row_shape = _row_shape(columns, names)
+    return ChunkedSource(str(path), dtype, row_shape, [b.rows for b in batches], load)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -254,7 +256,8 @@ def _row_shape(columns: str | Sequence[str], names: list[str]) -> tuple[int, ...
     return () if isinstance(columns, str) else (len(names),)
 
 
-def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype) -> np.ndarray:
+def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype,
+                row_shape: tuple[int, ...]) -> np.ndarray:
     arrays = []
     for name in names:
         column = table.column(name)
@@ -263,6 +266,7 @@ def _table_rows(path: str, table: Any, names: list[str], dtype: np.dtype) -> np.
             raise InputError(f"column {name!r} of {path} has {nulls} nulls: fill "
                              f"them (pyarrow.compute.fill_null) before streaming")
         arrays.append(column.to_numpy())
-    if len(arrays) == 1:
+    if len(arrays) == 1 and row_shape == ():  # one column named as a str: rows are scalars
         return np.ascontiguousarray(arrays[0], dtype=dtype)
+    # A list of columns, even of one, gives rows of len(names) values (_row_shape).
     return np.ascontiguousarray(np.stack(arrays, axis=1), dtype=dtype)
