@@ -296,7 +296,9 @@ def npy(path: PathLike) -> FileSource:
         # staging copy as (5,) against (5, 2): a bare ValueError mid-stream.
         base, inner = dtype.subdtype
         shape, dtype = (*shape, *inner), base
-    if fortran and len(shape) > 1:
+    # Fortran order is C order for a shape with at most one axis longer than 1 ((N, 1): the
+    # same bytes either way), so only other shapes are refused.
+    if fortran and sum(d > 1 for d in shape) > 1:
         raise InputError(f"{path} is Fortran-ordered: save np.ascontiguousarray(a) instead")
     if not shape:
         raise InputError(f"{path} holds a scalar: inputs must be arrays")

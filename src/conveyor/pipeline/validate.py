@@ -340,6 +340,24 @@ def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
                 )
 
 
+def _file_in_fix(source: Any, want: np.dtype) -> str:
+    """How to give input ``source`` the dtype ``want``: convert the array, or, for a file
+    given by path (an array the caller never held), write a converted copy and pass that."""
+    from conveyor.pipeline.io import FileSource
+
+    if not isinstance(source, FileSource):
+        return f"pass an array of {want} (e.g. a.astype(np.{want}))"
+    path, copy = str(source.path), f"as_{want}.npy"
+    if source.is_npy:
+        return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
+                f"np.save({copy!r}, np.load({path!r}, mmap_mode='r').astype(np.{want}))")
+    offset = f", offset={source.offset}" if source.offset else ""
+    shape = f".reshape({source.shape})" if len(source.shape) > 1 else ""
+    return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
+            f"np.save({copy!r}, np.fromfile({path!r}, {source.dtype.str!r}{offset}){shape}"
+            f".astype(np.{want}))")
+
+
 def native_order_fix(source: Any, dtype: np.dtype) -> str:
     """What to do about ``dtype``, not in this machine's byte order, of input ``source`` (a
     Source, or None for an array): convert the array, or, for a file given by path (whose
@@ -476,7 +494,7 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
         declare = (f" or declare the parameter {_c_name(dtype)}*"
                    if str(dtype) in _C_NAMES else "")
         fix = (_file_out_fix(given, param.dtype) if _file_out(given) else
-               f"pass an array of {param.dtype} (e.g. a.astype(np.{param.dtype}))")
+               _file_in_fix(given, param.dtype))
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()} but {what} has dtype "
             f"{dtype}: {fix}{declare}"
