@@ -62,6 +62,15 @@ def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
     may have been planted by another user, if it is this process's standard output or error
     or lies in /proc, if its folder is missing or not writable, or if it exists and is not a
     regular file."""
+    text = path_text(path, what)
+    if os.path.basename(text) in ("", ".", ".."):
+        # "keep.npy/." resolves to keep.npy, so it replaced that file, while every check that
+        # an existing file is kept (--force) looked for "keep.npy/." and found nothing.
+        raise InputError(f"{what}: {text!r} names a folder, not a file: name the file to "
+                         f"write, without a trailing '/', '/.' or '/..'")
+    if text == "-":  # the shell's "standard output", never a file named "-"
+        raise InputError(f"{what}: '-' would be a file named '-' in the current folder: "
+                         f"conveyor does not write to standard output; name a file")
     target = resolve(path, what)
     _refuse_streams(path, target, what)
     try:

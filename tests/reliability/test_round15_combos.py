@@ -5,6 +5,14 @@ Every result is compared with a NumPy reference.
 
 Found (strict xfails until fixed):
 
+- ``cv.iterate`` chunks that are views of the stream's own output (a memmap processed in
+  place chunk by chunk, with a halo; or shifted by a row) are neither in place (NumPy's
+  answer, halo rows saved) nor refused as an overlap, as arrays are: the source holds the
+  chunk and reads rows of it for block k after block k - 1 was staged out over them. One
+  wrong row per block, no error (seen 2 runs in 6 on its own; made certain by waiting, in
+  the source's ``rows``, for the output row to be written: an order the engine allows).
+- A writable ``cv.resident`` in a chain link's args over several devices is refused as
+  "args[0] is cv.resident(writable=True)", naming no link (a device array there names it).
 - A callable chain link whose signature cannot take the link's call (too few positional
   parameters for its reads and writes, or no ``queue``/``offset``/``n`` keywords) fails with
   Python's raw TypeError from the warm-up (or the first block), naming neither the link nor
@@ -580,7 +588,7 @@ def test_iterate_chunks_that_view_the_output_are_refused_or_read_before_written(
         cv.stream(kernel, [cv.iterate(chunks(), length=rows)], [out], args=args, halo=halo,
                   device=device, block_bytes=4000)
     except InputError as exc:
-        assert "output 0" in str(exc)  # refused, naming the output: right too
+        assert "output" in str(exc)  # refused, naming the output: right too
     else:
         np.testing.assert_array_equal(out, box_ref(x) if halo else 2 * x[:-1])
     assert_clean(device)

@@ -105,8 +105,13 @@ def device(spec: str | Device | None = None, *, warm_up: bool = True) -> Device:
 
 
 def _device(spec: str | None) -> Device:
+    from_env = spec is None
     if spec is None:
         spec = config.default_device_spec()
+    elif "," in spec or spec.strip().lower().endswith(":all"):
+        raise InputError(f"{spec!r} names several devices, and this call takes one device: "
+                         f"name one (conveyor devices lists them); cv.stream(device=...) and "
+                         f"conveyor map/reduce --device take several")
     # The pools read CONVEYOR_POOL_KEEP when a stream first needs them, mid-stream, the
     # warm-up CONVEYOR_WARMUP on its thread, and the rest only on the paths that use them (a
     # malformed CONVEYOR_PREFAULT went unseen on a zero-copy device): refused here, first.
@@ -134,7 +139,10 @@ def _device(spec: str | None) -> Device:
 
     listing = "; ".join(f"{d.spec} ({d.name}, {d.kind})" for d in found)
     hints = "".join(f"\n{problem}" for problem in problems())
-    raise InputError(f"no device matches {spec!r}; devices here: {listing}{hints}")
+    given = f"{config.DEVICE_VAR}={spec!r} matches no device" if from_env else \
+        f"no device matches {spec!r}"
+    fix = f" (unset {config.DEVICE_VAR} or name a device)" if from_env else ""
+    raise InputError(f"{given}{fix}; devices here: {listing}{hints}")
 
 
 def select(spec: str | Device | Sequence[str | Device], *, warm_up: bool = True

@@ -24,7 +24,8 @@ def run(argv: Sequence[str]) -> int:
     try:
         options = parser.parse_args(cli_parser.join_signed_values(argv))
     except cli_parser.UsageError as exc:
-        if "--json" in argv:  # a script reading stdout gets the reason there too
+        # A script reading stdout gets the reason there too (argparse takes "--js" for it).
+        if any(len(a) > 3 and "--json".startswith(a) for a in argv):
             _print_json_error(exc.message, "UsageError", 2)
         raise
     if options.command is None:  # a bare "conveyor": the help, as a usage error

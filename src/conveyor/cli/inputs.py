@@ -26,13 +26,15 @@ class Input:
         self.text = text
         self.path = text
         self.columns: list[str] | None = None
-        head, sep, tail = text.rpartition(":")
         # FILE:COLUMN only where FILE is a table and the whole text names no file. "FILE:"
-        # names the table with no column (open_input asks for one).
-        if (sep and Path(head).suffix.lower() in TABLE_SUFFIXES
-                and not os.path.exists(text)):  # Path.exists raises for a long name
+        # names the table with no column (open_input asks for one). The first ":" after a
+        # table's suffix ends FILE, so a column's own name may hold ":" ("t.parquet:a:b").
+        colons = [i for i, c in enumerate(text) if c == ":"]
+        head = next((text[:i] for i in colons
+                     if Path(text[:i]).suffix.lower() in TABLE_SUFFIXES), None)
+        if head is not None and not os.path.exists(text):  # Path.exists raises for long names
             self.path = head
-            self.columns = [c for c in tail.split(",") if c] or None
+            self.columns = [c for c in text[len(head) + 1:].split(",") if c] or None
 
     @property
     def kind(self) -> str:
@@ -87,25 +89,43 @@ def open_input(item: Input, options: argparse.Namespace) -> Source:
 def apply_casts(sources: list[Source], inputs: Sequence[Input], params: Sequence[Param],
                 casts: Sequence[str]) -> list[Source]:
     """``sources`` with each ``--cast [NAME:]DTYPE`` applied; NAME is the kernel parameter
-    that receives the input or the input's ``-i`` text."""
-    result = list(sources)
+    that receives the input or the input's ``-i`` text. A cast that names an input wins over
+    one for all; two for one input (both named, or both for all) are refused: applied one
+    after the other, the second converted the first's values (float64 through int32 to
+    float32 lost every fraction, exit 0)."""
+    general: str | None = None
+    named: dict[int, str] = {}
     for cast in casts:
         name, sep, type_text = cast.rpartition(":")
-        dtype = _dtype(type_text, f"--cast {cast}")
+        _dtype(type_text, f"--cast {cast}")
         if not sep:
-            targets = list(range(len(result)))
-        else:
-            targets = [i for i, item in enumerate(inputs)
-                       if name in (item.text, item.path)
-                       or (i < len(params) and params[i].name == name)]
-            if not targets:
-                known = [p.name for p in params[: len(inputs)]] + [i.text for i in inputs]
-                raise InputError(f"--cast {cast}: {name!r} is no input; name one of "
-                                 f"{', '.join(known)}, or give --cast {type_text} for all")
+            if general is not None:
+                raise InputError(f"--cast {general} and --cast {cast} both cast every input: "
+                                 f"give one, or name the input each is for (--cast NAME:TYPE)")
+            general = cast
+            continue
+        targets = [i for i, item in enumerate(inputs)
+                   if name in (item.text, item.path)
+                   or (i < len(params) and params[i].name == name)]
+        if not targets:
+            known = [p.name for p in params[: len(inputs)]] + [i.text for i in inputs]
+            raise InputError(f"--cast {cast}: {name!r} is no input; name one of "
+                             f"{', '.join(known)}, or give --cast {type_text} for all")
         for index in targets:
-            if result[index].dtype != dtype:
-                result[index] = CastSource(result[index], dtype,
-                                           f"-i {inputs[index].text}: --cast {cast}")
+            if index in named:
+                raise InputError(f"-i {inputs[index].text} is given two casts, --cast "
+                                 f"{named[index]} and --cast {cast}: give one (each converts "
+                                 f"the file's own values)")
+            named[index] = cast
+    result = list(sources)
+    for index in range(len(result)):
+        cast = named.get(index, general)
+        if cast is None:
+            continue
+        dtype = _dtype(cast.rpartition(":")[2], f"--cast {cast}")
+        if result[index].dtype != dtype:
+            result[index] = CastSource(result[index], dtype,
+                                       f"-i {inputs[index].text}: --cast {cast}")
     return result
 
 
@@ -129,8 +149,10 @@ class CastSource(Source):
                              f"values as numbers first")
         if np.dtype(inner.dtype).kind == "c" and dtype.kind != "c":
             raise InputError(f"{self.where}: the input holds complex {inner.dtype} values, "
-                             f"which have no {dtype} value: cast to a complex type, or keep "
-                             f"the real part (np.real) in the file first")
+                             f"which have no {dtype} value: keep the real part in the file "
+                             f"first (np.save('real.npy', np.load('FILE').real)), or write "
+                             f"the real and imaginary parts interleaved "
+                             f"(np.load('FILE').view(np.float{inner.dtype.itemsize * 4}))")
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo:hi`` of the inner source, converted."""
@@ -216,6 +238,9 @@ def _dtype(text: str, where: str) -> np.dtype:
         dtype = np.dtype(text)
     except (TypeError, ValueError, SyntaxError):  # NumPy parses "f4,(" as Python: SyntaxError
         raise InputError(f"{where}: {text!r} is not a NumPy dtype: use e.g. float32") from None
+    if dtype.kind == "c":
+        raise InputError(f"{where}: {dtype}: kernels have no complex type, so the command "
+                         f"takes real types only (bool, int, uint, float): use e.g. float32")
     if dtype.hasobject or dtype.kind not in "biuf":
         raise InputError(f"{where}: {dtype} is not a numeric dtype: use e.g. float32")
     return dtype

@@ -30,6 +30,7 @@ from conveyor.cli.files import (
 )
 from conveyor.cli.inputs import Input, apply_casts, check_options, open_input
 from conveyor.errors import CompileError, InputError, note_outputs_written
+from conveyor.kernels.includes import anchor_includes
 
 KERNEL_SUFFIXES = {".cl": "opencl", ".cu": "cuda"}
 
@@ -132,7 +133,7 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
     backend = KERNEL_SUFFIXES.get(kernel_path.suffix.lower())
     if backend is None:
         raise InputError(f"{kernel_path}: name OpenCL C sources .cl and CUDA C sources .cu")
-    source = read_kernel(kernel_path)
+    source = anchor_includes(read_kernel(kernel_path), kernel_path.parent)
     if not source.lstrip("\ufeff \t\r\n"):
         raise InputError(f"kernel file {kernel_path} is empty: write the kernel "
                          f"{options.kernel!r} in it (or name the file that has it)")

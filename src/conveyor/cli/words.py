@@ -45,6 +45,8 @@ _RULES: list[_Rule] = [
     (re.compile(r"^args\[(\d+)\]: "), lambda m: f"--arg number {int(m.group(1)) + 1}: "),
     (re.compile(r"\btrace='([^']*)'"), r"--trace \1"),
     (re.compile(r"\btimeline\.plot\('([^']*)'\)"), r"--plot \1"),
+    (re.compile(r"^timeline\.plot(?: needs|:)"), lambda m: m.group(0).replace(
+        "timeline.plot", "--plot")),
     (re.compile(r"\bdevice=('[^']*')"), r"--device \1"),
     (re.compile(r"\bleave device= out\b"), "leave --device out"),
     (re.compile(r"stream them as separate inputs"),
@@ -62,8 +64,17 @@ _RULES: list[_Rule] = [
 
 _ASTYPE = re.compile(
     r"kernel parameter '(?P<param>\w+)' is (?P<type>.+?) but input (?P<index>\d+) has dtype "
-    r"(?P<dtype>\w+): pass an array of (?P<want>\w+) \(e\.g\. a\.astype\(np\.\w+\)\)"
+    r"(?P<dtype>\w+): (?:pass an array of (?P<want>\w+) \(e\.g\. a\.astype\(np\.\w+\)\)"
+    # A file given by path: validate._file_in_fix's copy of the file, which --cast replaces.
+    r"|.+? holds \w+: write a copy of it as (?P<want_file>\w+) and pass that: np\.save\(.*?\)"
+    r"(?= or declare the parameter |$))"
     r"(?: or declare the parameter (?P<declare>\S+))?"
+)
+# A complex input: Python's a.view(np.float32) is no option; the file can be written so.
+_COMPLEX = re.compile(
+    r"(?P<head>kernel parameter '\w+' is .+? but input \d+ has dtype complex\d+: kernels have "
+    r"no complex type); pass a\.view\(np\.(?P<part>\w+)\), the real and imaginary parts "
+    r"interleaved \(2 elements per value: offset and n count them\)"
 )
 # A file in the other byte order: --cast converts it as it is read (no rewrite needed).
 _SWAPPED = re.compile(
@@ -78,8 +89,28 @@ _COMPILER_SUMMARY = re.compile(r"^\d+ (?:errors?|warnings?)( and \d+ warnings?)?
 
 
 def cli_terms(message: str, inputs: Sequence[str] = ()) -> str:
-    """``message`` (one line) in the command's options; ``inputs`` are the ``-i`` texts."""
+    """``message`` (one line) in the command's options; ``inputs`` are the ``-i`` texts.
+    The user's file names in it are kept as written: the rules would rewrite a file named
+    ``block_bytes.npy`` or ``input 1.npy`` as if it were conveyor's words."""
+    # File-like names only: a bare "a" would be held inside the rules' own words ("pass an").
+    names = sorted({n for text in inputs for n in (text, text.split(":", 1)[0])
+                    if "." in n or "/" in n}, key=len, reverse=True)
+    held = [n for n in names if n in message]
+    for number, name in enumerate(held):
+        message = message.replace(name, f"\0{number}\0")
+    message = _terms(message, inputs)
+    for number, name in enumerate(held):
+        message = message.replace(f"\0{number}\0", name)
+    return message
+
+
+def _terms(message: str, inputs: Sequence[str]) -> str:
     message = _ASTYPE.sub(lambda m: _cast_advice(m, inputs), message)
+    message = _COMPLEX.sub(lambda m: f"{m['head']} and --cast makes no real numbers of "
+                                     f"complex ones: write the file as its real and imaginary "
+                                     f"parts interleaved, np.save('parts.npy', "
+                                     f"np.load('FILE').view(np.{m['part']})), and pass that "
+                                     f"(2 elements per value)", message)
     message = _SWAPPED.sub(lambda m: f"{m['head']}add --cast {m['param']}:{m['want']} (it "
                                      f"converts the values as they are read), or ", message)
     for pattern, replacement in _RULES:
@@ -96,7 +127,8 @@ def _cast_advice(match: re.Match[str], inputs: Sequence[str]) -> str:
     index = int(match["index"])
     where = f" ({inputs[index]})" if index < len(inputs) else ""
     return (f"kernel parameter '{match['param']}' is {match['type']} but input {index}{where} "
-            f"has dtype {match['dtype']}: add --cast {match['param']}:{match['want']}, or "
+            f"has dtype {match['dtype']}: add --cast "
+            f"{match['param']}:{match['want'] or match['want_file']}, or "
             f"declare the parameter {match['declare'] or 'with that type'} in the kernel")
 
 

@@ -39,6 +39,10 @@ def connect(scheduler: str | None = None, cluster: str | None = None) -> Iterato
         except OSError as exc:
             raise InputError(f"--scheduler {scheduler}: no Dask scheduler answers there "
                              f"({exc}): check the address (tcp://HOST:8786)") from exc
+        except TypeError as exc:  # tls:// with no ssl_context, ucx:// without UCX installed
+            raise InputError(f"--scheduler {scheduler}: Dask cannot open that kind of "
+                             f"connection here ({exc}): configure TLS in Dask's settings or "
+                             f"install UCX for ucx://, or give tcp://HOST:8786") from exc
         with client:
             yield client
         return

@@ -67,6 +67,12 @@ def cast_scalar(param: Param, value: Any) -> Any:
     if isinstance(value, np.generic):
         if isinstance(value, np.void):
             raise _refused(param, value, "a structured value is not a number")
+        if isinstance(value, np.datetime64 | np.timedelta64):
+            # .item() gives a count for units of ns and finer only (a datetime or timedelta
+            # otherwise, None for NaT): refused whatever the unit, named as given.
+            kind = "date" if isinstance(value, np.datetime64) else "duration"
+            raise _refused(param, value, f"a {kind} is no number: pass its count of units, "
+                                         f"value.astype(np.int64)")
         value = value.item()
     if isinstance(value, bool):
         value = int(value)

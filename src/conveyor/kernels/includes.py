@@ -152,3 +152,26 @@ def _unresolved(macro: str) -> tuple[str, str, bytes | None]:
                       f"#include \"file.h\"): it is built each time, never from the cache",
                       RuntimeWarning, stacklevel=4)
     return (f"#include {macro}", f"unresolved:{secrets.token_hex(16)}", None)
+
+
+_QUOTED_INCLUDE = re.compile(r'^([ \t]*#[ \t]*include[ \t]*)"([^"\n]+)"', re.MULTILINE)
+
+
+def anchor_includes(source: str, folder: Path) -> str:
+    """``source``, read from a file in ``folder``, with each ``#include "name"`` whose header
+    lies in ``folder`` written as that header's absolute path. A compiler looks for a quoted
+    include beside the including file first; the source reaches it as text, so it looked in
+    the process's current folder instead (another project's header of the same name: wrong
+    values, exit 0). Other includes are left as written (the -I folders, the compiler's)."""
+    folder = folder.absolute()
+
+    def anchored(match: re.Match[str]) -> str:
+        name = match.group(2)
+        beside = folder / name
+        text = str(beside)
+        if Path(name).is_absolute() or not beside.is_file() or '"' in text or "\\" in text:
+            return match.group(0)
+        return f'{match.group(1)}"{text}"'
+
+    return _QUOTED_INCLUDE.sub(anchored, source)
+

@@ -95,6 +95,16 @@ class BoundChain:
         self.reduces = reduces
         self.residents = ChainResidents(links)
 
+    def bool_inputs(self) -> list[int]:
+        """The stream inputs a kernel link reads through a ``bool`` pointer."""
+        found: set[int] = set()
+        for link in self.links:
+            params = getattr(link.compute, "params", None)
+            if isinstance(link.compute, Kernel) and params is not None:
+                found.update(ref.index for param, ref in zip(params, link.reads, strict=False)
+                             if ref.kind == "in" and param.dtype == np.bool_)
+        return sorted(found)
+
     @property
     def has_callables(self) -> bool:
         """Whether any link calls a Python callable (which gets writable device arrays)."""

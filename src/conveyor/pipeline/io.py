@@ -87,6 +87,43 @@ class ArraySource(Source):
         return self.array[lo:hi]
 
 
+class BoolChecked(Source):
+    """A bool input that a kernel reads through a ``bool`` pointer, checked block by block
+    for bytes other than 0 and 1 as its rows are read (a file, an iterable: see
+    ``validate.guard_bools``; an array is checked whole before the stream). Its rows are
+    read on the stream's thread, as a cast input's are."""
+
+    def __init__(self, inner: Source, what: str) -> None:
+        self.inner = inner
+        self.shape = inner.shape
+        self.dtype = inner.dtype
+        self.name = inner.name
+        self.what = what
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of the inner source, read and checked."""
+        rows = self.inner.rows(lo, hi)
+        if isinstance(rows, FileRows):
+            held = np.empty(rows.shape, self.dtype)
+            rows.read_into(held)
+        else:
+            held = np.ascontiguousarray(rows)
+        wrong = held.view(np.uint8) > 1
+        if wrong.any():
+            row = lo + int(np.argmax(wrong.reshape(-1))) // max(
+                math.prod(held.shape[1:]) * self.dtype.itemsize, 1)
+            raise InputError(
+                f"{self.what} ({self.name}) is bool data holding a byte other than 0 and 1 "
+                f"(row {row}), which NumPy reads as True but a kernel's bool load may not: "
+                f"write it as NumPy's own bools (np.not_equal(a.view(np.uint8), 0)), or read "
+                f"it as uint8 and declare the parameter uchar*")
+        return held
+
+    def close(self) -> None:
+        """Close the inner source."""
+        self.inner.close()
+
+
 class FileSource(Source):
     """A C-ordered array stored at byte ``offset`` of a file (``.npy`` or raw binary).
 

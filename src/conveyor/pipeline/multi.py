@@ -218,6 +218,7 @@ def _several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
         for kernel, dev in zip(kernels, devices, strict=True):
             assert isinstance(kernel, Kernel)
             element = validate.check_kernel(kernel, dev, sources, sinks, opts.args, reduce)
+        validate.guard_bools(sources, validate.bool_inputs(first_kernel.params, sources))
     elif not callable(first_kernel):
         raise InputError(f"compute must be a Kernel (device.compile) or a callable, "
                          f"got {type(first_kernel).__name__}")
@@ -245,6 +246,7 @@ def _chain_several(chain: Chain, sources: list[Source], sinks: list[Sink],
             raise InputError(f"{link.where()}: a device array in args= lives on one device: "
                              f"with several devices pass a NumPy array or "
                              f"cv.resident(array), uploaded to each")
+    validate.guard_bools(sources, bound[0].bool_inputs())
     first = sources[0]
     reduction = Reduction.make(opts.reduce, bound[0].element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint
 
 #: The most work items of the built-in reduction kernel, and so partials per block. Each work
 #: item folds every ``parts``-th element; fewer than ~64k leaves a big GPU waiting on memory
@@ -163,12 +164,21 @@ def combine(
     # one-bin np.bincount partial into every bin of the others, with no error).
     present = [np.asarray(p) if isinstance(p, list | tuple) else p for p in present]
     _check_shapes(op, blocks, present)
+    halves = op == "sum" and all(getattr(p, "dtype", None) == np.float16 for p in present)
     if op == "sum":
         present = [widened(p) for p in present]
     elif all(type(p) is int for p in present):  # past int64, np.minimum raises OverflowError
         return (min if op == "min" else max)(present)
     try:
-        return functools.reduce(combiner(op), present)
+        if op == "sum" and all(isinstance(p, np.ndarray | np.integer)
+                               and p.dtype.kind in "iu" for p in present):
+            # NumPy scalars check overflow where arrays wrap: np.sum of the same values wraps
+            # (warned, or raised under np.errstate(over="raise"), only with several blocks).
+            with deferred_sigint(), np.errstate(over="ignore"):  # whole: interrupts.py
+                return functools.reduce(combiner(op), present)
+        total = functools.reduce(combiner(op), present)
+        # float16 partials are added in float32, as np.sum adds halves, and the total is one.
+        return total.astype(np.float16) if halves else total
     except TypeError as exc:  # dict partials, say: np.add has no loop for them
         if not isinstance(op, str):  # the caller's own function: its error as it is
             raise
@@ -214,14 +224,17 @@ def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 def widened(partial: Any) -> Any:
     """A NumPy partial of ``reduce="sum"`` in the type ``np.sum`` adds it in: bool and
     integers narrower than 64 bits as int64 (uint64 for unsigned), as a NumPy sum of the
-    partials would. Added as they are, ``np.bool_`` partials were or-ed (``True + True`` is
-    ``True``: 20 blocks summed to True) and int8/int16/int32 ones wrapped around (int8 arrays
-    silently). Anything else (Python numbers, floats, dicts) is returned as it is."""
+    partials would; float16 as float32 (``combine`` gives the total back as float16). Added
+    as they are, ``np.bool_`` partials were or-ed (``True + True`` is ``True``: 20 blocks
+    summed to True), int8/int16/int32 ones wrapped around (int8 arrays silently) and float16
+    ones rounded each partial away (2048 + 1.0 is 2048 in float16). Anything else (Python
+    numbers, float32/64, dicts) is returned as it is."""
     dtype = getattr(partial, "dtype", None)
     if not isinstance(partial, np.ndarray | np.generic) or dtype is None:
         return partial
-    if dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize < 8):
-        wider = np.dtype(np.uint64 if dtype.kind == "u" else np.int64)
+    if dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize < 8) or dtype == np.float16:
+        wider = np.dtype(np.uint64 if dtype.kind == "u" else np.float32 if dtype.kind == "f"
+                         else np.int64)
         return wider.type(partial) if isinstance(partial, np.generic) else partial.astype(wider)
     return partial
 

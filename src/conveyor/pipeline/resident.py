@@ -316,6 +316,10 @@ def _check(param: Param, index: int, handle: Resident, source: str | None) -> No
     if param.dtype is not None and param.dtype != handle.dtype:
         raise InputError(f"{where} takes {param.dtype} elements but the array holds "
                          f"{handle.dtype}: pass array.astype(np.{param.dtype})")
+    if param.dtype == np.bool_:
+        from conveyor.pipeline import validate
+
+        validate.check_bool_bytes(where, handle.array)
     if param.dtype is None:  # a struct pointer: the layout is all that can be checked
         from conveyor.pipeline import validate
 

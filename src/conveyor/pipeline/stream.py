@@ -15,6 +15,7 @@ from conveyor.errors import InputError, note_outputs_written
 from conveyor.memory import hostmem
 from conveyor.pipeline import image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
+from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, FileSource, Source, as_source
@@ -431,7 +432,11 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         return empty
     opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks,
                                               plan, compute, pairs))
-    engine = Engine(dev, plan, compute, sources, sinks, opts, reduction=reduction,
+    read = list(sources)  # bool inputs a kernel reads as bool, checked as they are read
+    validate.guard_bools(read, compute.bool_inputs() if isinstance(compute, BoundChain)
+                         else validate.bool_inputs(compute.params, sources)
+                         if isinstance(compute, Kernel) and not image.indices(sources) else [])
+    engine = Engine(dev, plan, compute, read, sinks, opts, reduction=reduction,
                     in_place=in_place, residents=residents)
     report = engine.run()
     commit_all(sinks)

@@ -170,12 +170,15 @@ def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str
         f"bytes)")
 
 
-def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "") -> None:
+def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "",
+                 output: bool = False) -> None:
     """InputError when structured ``dtype``, for a pointer to struct ``type_name`` (``where``
     names the parameter), is not laid out as C lays out that struct in ``source``: other
     record size, or, with as many fields as members, a field at another offset. Not judged
     (no error) where :func:`c_layout` cannot read the struct, the source is unknown (None),
-    or it mentions ``pack`` (``__attribute__((packed))``, ``#pragma pack``)."""
+    or it mentions ``pack`` (``__attribute__((packed))``, ``#pragma pack``). ``output``: the
+    records are a stream's output (the kernel writes them; asked for by dtype, not
+    converted)."""
     if not dtype.names or source is None or packs(source):
         return
     layout = c_layout(source, type_name)
@@ -203,11 +206,15 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
         plain = all(not ftype.names and ftype.subdtype is None for _, ftype, _ in fields)
         listed = ([(field, ftype.str) for field, ftype, _ in fields] if plain
                   else "<the same fields>")
-        fix = f"pass a.astype(np.dtype({listed}, align=True)), which pads the fields as C does"
+        padded = f"np.dtype({listed}, align=True)"
+        fix = (f"ask for {padded} as the output's dtype (outputs=[dt], cv.per_block(1, dt) "
+               f"or np.empty(shape, dt)), which pads the fields as C does" if output else
+               f"pass a.astype({padded}), which pads the fields as C does")
     else:
         fix = (f"give the dtype the struct's members in order (byte sizes {sizes} at offsets "
                f"{offsets}, {size} bytes in all; np.dtype(..., align=True) pads as C does)")
     raise InputError(
         f"{where} has structured dtype {dtype} of {dtype.itemsize} bytes, but {misfit}, so "
-        f"the kernel would read each record from the wrong bytes: {fix} (or declare the "
+        f"the kernel would {'write' if output else 'read'} each record "
+        f"{'to' if output else 'from'} the wrong bytes: {fix} (or declare the "
         f"struct __attribute__((packed)) if the kernel means NumPy's layout)")

@@ -292,7 +292,7 @@ def check_kernel(
         if index not in images:
             check_buffer(kernel.name, param, what, dtype, code, given)
         if index < len(inputs) and dtype == np.bool_ and param.dtype == np.bool_:
-            _check_bool_bytes(what, given)
+            check_bool_bytes(what, given)
         if index >= len(inputs) and (param.is_const or param.address == "constant"):
             # The kernel cannot write it: the stream would copy back what the device buffer
             # held (the chain refuses the same, chainbind).
@@ -407,18 +407,41 @@ def check_args(params: Sequence[Param], args: Sequence[Any], kernel: Any = None)
         _check_arg(param, index, value)
 
 
-def _check_bool_bytes(what: str, source: Any) -> None:
+def check_bool_bytes(what: str, array: Any) -> None:
     """InputError for a bool array holding bytes other than 0 and 1 (``np.frombuffer(raw,
     bool)``, ``u8.view(bool)``): NumPy reads every nonzero byte as True, but a kernel's
     ``bool`` load is the compiler's (PoCL's reads the low bit: 2 was false, NVIDIA's reads
-    nonzero). Arrays in memory are checked; files and iterables are read as they stream."""
-    array = getattr(source, "array", None)
+    nonzero). ``array`` is an ndarray, or a Source (an array input is checked here; another
+    is checked block by block as it is read: :func:`guard_bools`)."""
+    array = getattr(array, "array", array)
     if isinstance(array, np.ndarray) and array.size and bool(
             np.any(np.ascontiguousarray(array).view(np.uint8) > 1)):
         raise InputError(
             f"{what} is a bool array holding bytes other than 0 and 1, which NumPy reads as "
             f"True but a kernel's bool load may not: pass np.not_equal(a.view(np.uint8), 0) "
             f"(NumPy's own bools), or declare the parameter uchar* and test != 0")
+
+
+def bool_inputs(params: Sequence[Param], sources: Sequence[Any]) -> list[int]:
+    """The inputs a kernel of ``params`` (buffers first, inputs first among them) reads
+    through a ``bool`` pointer."""
+    return [i for i, (param, source) in enumerate(zip(params, sources, strict=False))
+            if param.dtype == np.bool_ and np.dtype(source.dtype) == np.bool_]
+
+
+def guard_bools(sources: list[Any], indices: Sequence[int]) -> None:
+    """Check the bool inputs at ``indices`` (read through a ``bool`` pointer) for bytes other
+    than 0 and 1 (:func:`check_bool_bytes`): an array now, any other source (a file, an
+    iterable, a table file) block by block as it is read, replacing it in ``sources`` by a
+    checking wrapper (``io.BoolChecked``): its rows go through the stream's thread."""
+    from conveyor.pipeline.io import BoolChecked
+
+    for i in indices:
+        source = sources[i]
+        if isinstance(getattr(source, "array", None), np.ndarray):
+            check_bool_bytes(f"input {i}", source)
+        elif not isinstance(source, BoolChecked):
+            sources[i] = BoolChecked(source, f"input {i}")
 
 
 def check_count(param: Param) -> None:
@@ -470,7 +493,7 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
         if dtype.kind == "V":  # a structured array for a struct pointer: its layout only
             check_struct(f"kernel parameter {param.name!r} ({param.type_text}), which "
                          f"receives {what},", dtype, source, param.base,
-                         native_order_fix(given, dtype))
+                         native_order_fix(given, dtype), output=what.startswith("output"))
             return
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot check "
@@ -518,7 +541,7 @@ def _file_out_fix(sink: Any, want: np.dtype) -> str:
 
 
 def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "",
-                 fix: str | None = None) -> None:
+                 fix: str | None = None, output: bool = False) -> None:
     """InputError when structured ``dtype`` (records for a pointer to struct ``type_name``,
     which ``where`` names) has a field not in this machine's byte order (a kernel reads its
     struct's members in native order: every value would come byte-swapped), or is not laid out
@@ -534,7 +557,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
             f"order, so every value would come byte-swapped: "
             f"{fix or native_order_fix(None, dtype)} (same fields, same offsets)")
     if source is not None:
-        _check_layout(where, dtype, source, type_name)
+        _check_layout(where, dtype, source, type_name, output)
 
 
 def _swapped_field(dtype: np.dtype, prefix: str = "") -> tuple[str, np.dtype] | None:
