@@ -119,13 +119,13 @@ def apply_casts(sources: list[Source], inputs: Sequence[Input], params: Sequence
             named[index] = cast
     result = list(sources)
     for index in range(len(result)):
-        cast = named.get(index, general)
-        if cast is None:
+        chosen = named.get(index, general)
+        if chosen is None:
             continue
-        dtype = _dtype(cast.rpartition(":")[2], f"--cast {cast}")
+        dtype = _dtype(chosen.rpartition(":")[2], f"--cast {chosen}")
         if result[index].dtype != dtype:
             result[index] = CastSource(result[index], dtype,
-                                       f"-i {inputs[index].text}: --cast {cast}")
+                                       f"-i {inputs[index].text}: --cast {chosen}")
     return result
 
 
