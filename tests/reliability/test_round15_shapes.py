@@ -469,8 +469,6 @@ def _unlinked_maps(kind: str, values: np.ndarray, folder: Path):
     return [np.frombuffer(v, np.float32) for v in views], []
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: two maps of an unlinked file (TemporaryFile, "
-                   "memfd) that overlap are not seen: silently wrong rows")
 @pytest.mark.parametrize("kind", ["TemporaryFile", "removed", "memfd"])
 def test_overlapping_maps_of_an_unlinked_file_are_refused_or_exact(device, kind, tmp_path):
     """inputs=[m1[:n]], outputs=[m2[500:]], two mappings of one unlinked file: block k
@@ -496,8 +494,6 @@ def test_overlapping_maps_of_an_unlinked_file_are_refused_or_exact(device, kind,
     assert_clean(device)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: two outputs in two maps of an unlinked file "
-                   "that share bytes are not refused")
 def test_two_outputs_in_maps_of_an_unlinked_file_are_refused(device, tmp_path):
     """outputs=[m1[:n], m2[1:n + 1]] over one TemporaryFile: which one's rows stay depends
     on the order of the copies; refused for a named file, not for an unlinked one."""
@@ -560,8 +556,6 @@ def test_a_multi_field_view_wider_than_the_struct_is_refused(device):
     assert_clean(device)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a record field of another type than its "
-                   "struct member (float32 for int) is read as the member's bits")
 def test_a_record_field_of_another_type_than_its_member_is_refused(device):
     """Field 'b' is float32 where the struct has ``int b``: same offset, same size, so the
     layout check passes and the kernel reads 2.0f's bits as an int (1.07e10 for 321).
@@ -573,8 +567,6 @@ def test_a_record_field_of_another_type_than_its_member_is_refused(device):
     assert_clean(device)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: record fields named as the struct's members "
-                   "in another order are read by position")
 def test_record_fields_named_as_members_in_another_order_are_refused(device):
     """Fields c, b, a at bytes 0, 4, 8 for ``struct { float a; int b; float c; }``: every
     offset and the size match by position, so the kernel's r.a reads field 'c' (123 where
@@ -595,9 +587,6 @@ __kernel void rec_make(__global const float *x, __global rec *r, ulong offset, u
 """
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a multi-field record view hiding a struct "
-                   "member passes the layout check (staged: the member is read from stale "
-                   "pinned bytes; zero-copy: the hidden field is read and written)")
 @pytest.mark.parametrize("zero_copy", [None, False], ids=["auto", "copying"])
 @pytest.mark.parametrize("end", ["input", "output"])
 def test_a_record_view_that_hides_a_struct_member_is_refused(device, end, zero_copy):
@@ -628,8 +617,6 @@ __kernel void summarize(__global const float *x, __global summary *r, ulong offs
 """
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a packed struct dtype given as an output "
-                   "(dtype, per_block, rows, npy_out) is told to pass a.astype(...)")
 @pytest.mark.parametrize("kind", ["dtype", "per_block", "rows", "npy_out"])
 def test_a_packed_record_output_is_told_the_aligned_dtype(device, kind, tmp_path):
     """NumPy's packed [('tag', 'u1'), ('sum', 'f4')] (5 bytes) for a kernel's 8-byte struct

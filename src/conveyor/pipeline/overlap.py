@@ -222,7 +222,7 @@ def file_backed(array: np.ndarray) -> bool:
 
 
 #: A file mapping of this process: (start, end, file offset, path, private).
-Mapping = tuple[int, int, int, str, bool]
+Mapping = tuple[int, int, int, str, bool, tuple[int, int]]  # ..., (device, inode)
 
 
 def read_maps() -> list[Mapping]:
@@ -233,14 +233,14 @@ def read_maps() -> list[Mapping]:
 def mapped_path(array: np.ndarray, maps: list[Mapping]) -> str | None:
     """The path of the file behind file-backed ``array`` (None where not found)."""
     low = byte_bounds(array)[0]
-    return next((path for start, end, _, path, _ in maps if start <= low < end), None)
+    return next((path for start, end, _, path, _, _ in maps if start <= low < end), None)
 
 
 def shared_file(array: np.ndarray, maps: list[Mapping]) -> str | None:
     """The path of the file that file-backed ``array`` writes through a shared mapping, or
     None (not found, or a private, copy-on-write mapping, whose writes stay in memory)."""
     low = byte_bounds(array)[0]
-    return next((path for start, end, _, path, private in maps
+    return next((path for start, end, _, path, private, _ in maps
                  if start <= low < end and not private), None)
 
 
@@ -261,8 +261,8 @@ def _any_file(regions: Sequence[_Region | None]) -> bool:
 
 
 def _read_maps() -> list[Mapping]:
-    """This process's file mappings: (start, end, file offset, path, private); empty where
-    the system has no /proc/self/maps."""
+    """This process's file mappings: (start, end, file offset, path, private, (device,
+    inode)); empty where the system has no /proc/self/maps."""
     try:
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()
@@ -274,7 +274,9 @@ def _read_maps() -> list[Mapping]:
         if len(fields) < 6 or not fields[5].startswith("/"):
             continue
         start, end = (int(x, 16) for x in fields[0].split("-"))
-        maps.append((start, end, int(fields[2], 16), fields[5], fields[1][3:4] == "p"))
+        major, _, minor = fields[3].partition(":")
+        node = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+        maps.append((start, end, int(fields[2], 16), fields[5], fields[1][3:4] == "p", node))
     return maps
 
 
@@ -285,14 +287,20 @@ def _mapped_file(array: np.ndarray, maps: list[Mapping], *, shared_only: bool = 
     if not _file_backed(array):
         return None
     low, high = byte_bounds(array)
-    for start, end, offset, path, private in maps:
+    for start, end, offset, path, private, (device, inode) in maps:
         if start <= low < end:
             if private and shared_only:
                 return None
-            try:
-                stat = os.stat(path)  # a deleted file (" (deleted)") is no longer shared
-            except OSError:
-                return None
             first = offset + low - start
-            return (stat.st_dev, stat.st_ino, first, first + high - low)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                stat = None
+            if stat is not None and stat.st_ino == inode:
+                # The file's own (device, inode), as a FileSource of its path takes them (some
+                # file systems show another device number in /proc/self/maps).
+                return (stat.st_dev, stat.st_ino, first, first + high - low)
+            # A file deleted or replaced since it was mapped, or a memfd: still one file for
+            # every map of it (a mapping keeps its inode alive), named by the map's numbers.
+            return (device, inode, first, first + high - low)
     return None

@@ -150,6 +150,46 @@ def spell(dtype: np.dtype) -> str:
     return f"np.dtype({fields}{', align=True' if dtype.isalignedstruct else ''})"
 
 
+def _member_misfit(name: str, fields: list[tuple[str, np.dtype, int]], source: str,
+                   type_name: str, offsets: list[int], sizes: list[int]) -> str | None:
+    """What, beside the offsets and the size, keeps records of ``fields`` (name, dtype,
+    offset) from being read as the struct's members, or None: a member no field covers (a
+    view of some fields keeps the stride but not the others: the kernel read the hidden or
+    stale bytes), a field named as another member than the one at its bytes, or a numeric
+    field of another kind or size than its member (a float32 for an int: its bits)."""
+    found = _members(source, type_name)
+    if found is None:
+        return None
+    members = found[1]
+    covered = sorted((at, at + ftype.itemsize) for _, ftype, at in fields)
+    for (member, _, _), at, size in zip(members, offsets, sizes, strict=True):
+        reach = at
+        for lo, hi in covered:
+            if lo <= reach < hi:
+                reach = hi
+        if reach < at + size:
+            return (f"no field covers member {member!r} (bytes {at} to {at + size - 1}), so "
+                    f"the kernel would read bytes the records do not hold")
+    if len(fields) != len(members):
+        return None
+    names = {member: number for number, (member, _, _) in enumerate(members)}
+    for number, ((field, ftype, _), (member, ctype, dims)) in enumerate(
+            zip(fields, members, strict=True)):
+        other = names.get(field)
+        if other is not None and other != number:
+            return (f"field {field!r} lies where C puts member {member!r}, and member "
+                    f"{field!r} is elsewhere in struct {name!r}")
+        base = ftype.subdtype[0] if ftype.subdtype is not None else ftype
+        want = np.dtype(C_DTYPES[ctype])
+        count = math.prod(ftype.subdtype[1]) if ftype.subdtype is not None else 1
+        if base.kind in "biuf" and (base.kind != want.kind or base.itemsize != want.itemsize
+                                    or count != math.prod(dims)):
+            return (f"field {field!r} holds {ftype} where member {member!r} of struct "
+                    f"{name!r} is {ctype}{''.join(f'[{d}]' for d in dims)}, so the kernel "
+                    f"would read its bytes as another type")
+    return None
+
+
 def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str) -> None:
     """InputError when ``dtype`` has no fields but ``where`` (a kernel parameter) points to
     the struct ``type_name`` that ``source`` defines: the kernel would read the array's
@@ -197,7 +237,14 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     if misfit is None and size != dtype.itemsize:
         misfit = f"C lays out struct {name!r} in {size} bytes"
     if misfit is None:
-        return
+        members = _member_misfit(name, fields, source, type_name, offsets, sizes)
+        wanted = c_dtype(source, type_name)
+        if members is None or wanted is None:
+            return
+        verb = "ask for" if output else "pass"
+        raise InputError(f"{where} has structured dtype {dtype}, but {members}: {verb} "
+                         f"records of the struct's own dtype, {spell(wanted)}, with each "
+                         f"field filled by its name")
     aligned = np.dtype([(field, ftype) for field, ftype, _ in fields], align=True)
     placed: Any = aligned.fields or {}
     same_members = [ftype.itemsize for _, ftype, _ in fields] == sizes
