@@ -560,8 +560,6 @@ def _after_output_row_written(monkeypatch, a: np.ndarray, old: np.ndarray) -> No
     monkeypatch.setattr(IterSource, "rows", rows)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: cv.iterate chunks that are views of the "
-                                       "output are read after the stream wrote them")
 @pytest.mark.parametrize("shape", ["in place, halo 1", "shifted by a row"])
 @pytest.mark.parametrize("chunk", [10_001, 3_000])
 def test_iterate_chunks_that_view_the_output_are_refused_or_read_before_written(
@@ -679,8 +677,6 @@ def _generator(x, *, queue, offset, n):
     yield 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a reducing callable's coroutine or "
-                                       "generator is the result over one block")
 @pytest.mark.parametrize("compute", [_coroutine, _generator])
 @pytest.mark.parametrize("rows", [100, 10_000])
 @pytest.mark.parametrize("in_chain", [False, True])
@@ -701,8 +697,6 @@ def test_an_async_or_generator_reducing_callable_is_refused_saying_so(device, co
     assert_clean(device)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: reduce='sum' of one block's dict partial "
-                                       "is returned as the total")
 def test_a_dict_partial_with_sum_is_refused_over_one_block_as_over_two(device):
     if device.backend != "opencl":
         pytest.skip("the callable reads PyOpenCL arrays")

@@ -19,6 +19,16 @@ Found (each an ``xfail(strict=True)`` test asserting the right behaviour):
 - ``conveyor.dask.map_blocks`` of a kernel with two output parameters is accepted on the
   client and fails in every chunk on the workers (one traceback each) with "takes 5
   parameters; this stream passes 4", which does not say that map_blocks makes one output.
+- A BaseException (not an Exception) from a chunk's callable on a Dask worker hangs the
+  compute for ever: ``conveyor.dask.worker.run`` catches ``Exception`` only, and Dask's
+  worker never finishes a task that raised a BaseException.
+- A ragged list yielded as a ``cv.iterate`` chunk is NumPy's raw ValueError ("setting an
+  array element with a sequence"): ``chunks.IterSource._next`` calls ``np.asarray`` unguarded.
+
+Noticed, not made a test (a race, not reproduced on demand): a child forked by ``os.fork()``
+after the parent streamed, kept arrays and held pinned arrays, that exits through
+``sys.exit`` (so the interpreter finalizes) hung once in PoCL's ``clEnqueueUnmapMemObject``
+called from ``array_dealloc`` (a NumPy array over a PyOpenCL mapping freed at exit).
 """
 
 from __future__ import annotations

@@ -68,3 +68,36 @@ def test_a_file_input_of_another_dtype_is_told_how_to_convert_the_file(device, t
     assert str(path) in message and "astype(np.float32)" in message, message
     assert "a.astype" not in message, message
     assert_clean(device)
+
+
+def test_iterate_chunks_that_are_the_outputs_own_rows_stream_in_place(device):
+    """guard (beside round fifteen's refusal of chunks that view an output): chunks that are
+    exactly the output's own rows, with no halo, are an in-place stream, read before written."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernel")
+    a = np.arange(10_000, dtype=np.float32)
+    chunks = (a[s:s + 3000] for s in range(0, len(a), 3000))
+    cv.stream(device.compile(INC, "inc"), [cv.iterate(chunks, length=len(a))], [a],
+              device=device, block_bytes=4000)
+    np.testing.assert_array_equal(a, np.arange(10_000, dtype=np.float32) + 1)
+    assert_clean(device)
+
+
+def test_a_bool_file_over_two_devices_is_checked_as_it_is_read(pair, tmp_path):
+    """Round fifteen: bool bytes other than 0 and 1 in a file input are refused on every way
+    in, a stream over two devices too (its readers are shared by the devices' engines)."""
+    raw = np.tile(np.array([0, 1, 2], np.uint8), 4000)
+    raw.tofile(tmp_path / "b.raw")
+    src = """__kernel void cnt(__global const bool *x, __global int *y, ulong offset, ulong n)
+    { ulong i = get_global_id(0); if (i < n) y[i] = x[i] ? 1 : 0; }"""
+    kernels = [d.compile(src, "cnt") for d in pair]
+    with pytest.raises(InputError, match="other than 0 and 1"):
+        cv.stream(kernels[0], [cv.raw(tmp_path / "b.raw", np.bool_)], [np.int32],
+                  device=list(pair), block_bytes=4000)
+    good = np.tile(np.array([0, 1, 1], np.uint8), 4000)
+    good.tofile(tmp_path / "b.raw")
+    report = cv.stream(kernels[0], [cv.raw(tmp_path / "b.raw", np.bool_)], [np.int32],
+                       device=list(pair), block_bytes=4000)
+    assert int(report.outputs[0].sum()) == 8000
+    for d in pair:
+        assert_clean(d)

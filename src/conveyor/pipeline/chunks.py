@@ -10,7 +10,7 @@ import sys
 import threading
 import types
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,14 @@ LOAN_PATIENCE_S = 0.5
 #: filter that passes nothing for a long run yields empty chunks legitimately: a million
 #: takes about three seconds of a core to reach.
 EMPTY_CHUNKS_LIMIT = 1_000_000
+
+
+def _same_rows(chunk: np.ndarray, out: np.ndarray, start: int) -> bool:
+    """Whether ``chunk`` is rows ``start:start+len(chunk)`` of ``out`` itself."""
+    return (chunk.dtype == out.dtype and chunk.shape[1:] == out.shape[1:]
+            and chunk.strides == out.strides and start + len(chunk) <= len(out)
+            and chunk.__array_interface__["data"][0]
+            == out.__array_interface__["data"][0] + start * out.strides[0])
 
 
 class IterSource(Source):
@@ -73,6 +81,8 @@ class IterSource(Source):
                        or self._chunks is not chunks)
         self._closed = False
         self._reader: object | None = None  # the stream that claimed it (see claim())
+        self._outputs: list[tuple[int, np.ndarray]] = []  # its stream's array outputs (watch())
+        self._halo = 0
         self._length = rows
         self._read = 0  # rows the iterable has yielded
         self._ended = False  # it raised StopIteration
@@ -132,11 +142,42 @@ class IterSource(Source):
                 f"gets 0 bytes from readinto: return there instead of yielding buf[:0]; a "
                 f"filter that passes nothing for that long can leave its empty chunks out: "
                 f"(c for c in chunks if len(c)))")
+        self._refuse_shared(array, self._read)
         self._read += len(array)
         if self._read > self._length:
             raise InputError(f"{self.name} yielded at least {self._read} rows but length="
                              f"{self._length}: pass the real length")
         return array
+
+    def watch(self, outputs: Sequence[tuple[int, np.ndarray]], halo: int) -> None:
+        """Refuse chunks that share memory with ``outputs`` ((index, array) of the claiming
+        stream's array outputs), the chunk held now included. Chunks are read when their
+        block is staged, after earlier blocks' outputs were written: a chunk that is a view
+        of an output (``a[s:e]`` of the output ``a``) was read with rows already overwritten
+        (one wrong value per block, with a halo, and no error). A chunk that is exactly the
+        output's own rows, with no halo, is in place and right: each block reads its rows
+        before it writes them."""
+        self._outputs = list(outputs)
+        self._halo = halo
+        for start, rows, own in getattr(self, "_held", []):
+            if own:
+                self._refuse_shared(rows, start)
+
+    def _refuse_shared(self, chunk: np.ndarray, start: int) -> None:
+        for index, out in self._outputs:
+            if not (chunk.size and out.size) or (not self._halo and _same_rows(chunk, out,
+                                                                               start)):
+                continue
+            try:
+                # NumPy's stubs allow only -1 and 0; any positive bound works at run time.
+                shared = np.shares_memory(chunk, out, max_work=10**6)  # type: ignore[arg-type]
+            except np.exceptions.TooHardError:
+                shared = True  # not ruled out: refused, as an overlap that may be
+            if shared:
+                raise InputError(
+                    f"{self.name}: the chunk from row {start} shares memory with output "
+                    f"{index}, which the stream writes while it still reads the chunks: yield "
+                    f"a copy (chunk.copy()), or write the results to another array")
 
     def claim(self, stream: object) -> None:
         """Mark this input as read by ``stream`` (any object standing for one call), before

@@ -14,6 +14,7 @@ stream folds them all once, in global block order (``Reduction.share``).
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +164,14 @@ def combine(
     # them end to end); every partial must have the first one's shape (NumPy broadcast a
     # one-bin np.bincount partial into every bin of the others, with no error).
     present = [np.asarray(p) if isinstance(p, list | tuple) else p for p in present]
+    odd = next((p for p in present if not _numeric(p)), None)
+    if odd is not None:
+        # Refused over one block as over many: one block's partial was never folded, so a
+        # dict came back as the total there and was refused only with two blocks or more.
+        raise InputError(
+            f"reduce={op!r} cannot fold the callable's partials ({type(odd).__name__}: "
+            f"{op} takes numbers): return a number or a numeric array, or pass reduce=f, a "
+            f"function that folds two partials")
     _check_shapes(op, blocks, present)
     halves = op == "sum" and all(getattr(p, "dtype", None) == np.float16 for p in present)
     if op == "sum":
@@ -219,6 +228,14 @@ def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
                 f"arguments (a function that adds into its first one ends with 'return a')")
         return folded
     return checked
+
+
+def _numeric(partial: Any) -> bool:
+    """Whether ``reduce="sum"``/``"min"``/``"max"`` can fold ``partial``: a number, or a
+    NumPy array or scalar of numbers, dates or durations."""
+    if isinstance(partial, np.ndarray | np.generic):
+        return partial.dtype.kind in "biufcmM"
+    return isinstance(partial, numbers.Number)
 
 
 def widened(partial: Any) -> Any:

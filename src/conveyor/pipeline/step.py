@@ -382,6 +382,15 @@ def partial_of(result: Any, block: Block) -> Any:
     """What a reducing callable returned for ``block``, on the host. InputError for None (a
     missing ``return`` would otherwise count as a block with no elements and the total
     would silently leave its rows out) and for text (which no fold adds up)."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        close = getattr(result, "close", None) or getattr(result, "aclose", None)
+        if inspect.isasyncgen(result):
+            close = None  # aclose() is itself a coroutine: dropping the generator ends it
+        if close is not None:
+            close()  # never awaited or run: closed now, not warned about at collection
+        raise InputError(
+            f"with reduce=, the callable returned {_what((), None, True, result)} for block "
+            f"{block.index}, not its partial value")
     if result is None:
         raise InputError(
             f"with reduce=, the callable returns each block's partial value; it returned None "

@@ -217,6 +217,10 @@ def stream(
                 for i, o in enumerate(outputs or ())
             ]
             _check_files(sources, sinks, compute)
+            arrays = [(j, s.array) for j, s in enumerate(sinks) if isinstance(s, ArraySink)]
+            for source in sources:
+                if isinstance(source, IterSource):
+                    source.watch(arrays, opts.halo)
             for source in sources:
                 if isinstance(source, FileSource):
                     source.begin()  # stamped now: a rewrite during the stream is seen
