@@ -647,8 +647,6 @@ def _no_keywords(xb, t):
     return xb * 2
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a chain's callable link is not checked "
-                                       "for its call's signature: Python's raw TypeError")
 @pytest.mark.parametrize("compute", [_one, _no_keywords])
 @pytest.mark.parametrize("warmup", [True, False])
 def test_a_callable_link_that_cannot_take_its_call_is_an_input_error_naming_it(device,
@@ -713,8 +711,6 @@ def test_a_dict_partial_with_sum_is_refused_over_one_block_as_over_two(device):
     assert_clean(device)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a writable table in a chain over several "
-                                       "devices is refused without naming its link")
 def test_a_writable_table_in_a_chain_over_two_devices_is_refused_naming_the_link(pair):
     """A device array in a chain's args over two devices is refused as "link 0 ('...'):
     args[0] ..." (round eleven); a writable cv.resident in link 1's args says only "args[0]

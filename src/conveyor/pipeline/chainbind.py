@@ -230,6 +230,14 @@ def _bind_link(index: int, item: Link, known: dict[str, tuple[str, int, np.dtype
     residents = None
     if isinstance(compute, Kernel):
         residents = _check_kernel_link(where, compute, device, reads, writes, item.args, known)
+    else:
+        from conveyor.pipeline.step import check_signature
+
+        try:  # called with its reads, its writes, its args, then queue=, offset=, n=
+            check_signature(compute, len(reads) + len(writes) + len(item.args))
+        except InputError as exc:
+            raise InputError(f"{where}: {exc} (a link gets its reads, then its writes, then "
+                             f"its args)") from None
     return BoundLink(index, item.name or _label(compute), compute, reads, writes, item.args,
                      residents)
 

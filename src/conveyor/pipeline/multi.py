@@ -160,17 +160,18 @@ class _Homes:
             handle.done()
 
 
-def _args_for(args: Sequence[Any], device: Device, homes: _Homes) -> list[Any]:
+def _args_for(args: Sequence[Any], device: Device, homes: _Homes, where: str = ""
+              ) -> list[Any]:
     """``args`` for the engine on ``device``: a cv.resident handle of another device becomes
     its table (``_Homes``; uploaded to this one as a copy made for the stream); a writable one
-    is refused (each device would write its own copy)."""
+    is refused (each device would write its own copy). ``where`` names a chain's link."""
     values = list(args)
     for index, value in enumerate(values):
         if isinstance(value, resident.Resident):
             if value.writable:
-                raise InputError(f"args[{index}] is cv.resident(writable=True): with several "
-                                 f"devices each would write its own copy; stream on one "
-                                 f"device, or pass a read-only table")
+                raise InputError(f"{where}args[{index}] is cv.resident(writable=True): with "
+                                 f"several devices each would write its own copy; stream on "
+                                 f"one device, or pass a read-only table")
             values[index] = homes.arg(value, device)
     return values
 
@@ -259,13 +260,14 @@ def _chain_for(chain: Chain, device: Device, homes: _Homes) -> Chain:
     """``chain`` with its kernel links built for ``device`` (kernel_for) and their resident
     args for it (as for a single kernel's args: see ``_args_for``)."""
     links: list[Any] = []
-    for item in chain.links:
+    for number, item in enumerate(chain.links):
         if isinstance(item, Link):
             compute = kernel_for(item.compute, device)
             # A callable link gets its args as given, the handle on every device (as a plain
             # callable over several devices does): only a kernel's are device tables.
-            args = (tuple(_args_for(item.args, device, homes)) if isinstance(compute, Kernel)
-                    else item.args)
+            where = f"link {number} ({item.name or getattr(compute, 'name', '?')!r}): "
+            args = (tuple(_args_for(item.args, device, homes, where))
+                    if isinstance(compute, Kernel) else item.args)
             links.append(replace(item, compute=compute, args=args))
         else:
             links.append(kernel_for(item, device))
