@@ -184,8 +184,6 @@ def test_threads_streaming_every_kind_at_once_on_one_device_and_over_the_pair(pa
 
 
 # -- 2. a resident table shared by threads ----------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="round 15: a failed stream's partial writes to a shared "
-                                       "writable resident reach the host through another stream")
 def test_a_failed_streams_writes_to_a_shared_writable_table_are_dropped(device):
     # Stream B (a thread) holds a writable table: its generator yields one chunk, then
     # waits. Stream A uses the same table, writes two chunks' counts and fails. B goes on
@@ -218,24 +216,27 @@ def test_a_failed_streams_writes_to_a_shared_writable_table_are_dropped(device):
         except BaseException as exc:
             result["b"] = exc
 
-    thread = threading.Thread(target=run_b)
-    thread.start()
-    refused = False
-    try:
-        assert started.wait(60)
+    def run_a():
         try:
             cv.stream(k, [cv.iterate(fails(), length=len(x))], [], args=(table,),
                       device=device, block_bytes=40_000)
-        except RuntimeError:
-            pass
-        except InputError:
-            refused = True
+        except BaseException as exc:
+            result["a"] = exc
+
+    thread = threading.Thread(target=run_b)
+    thread.start()
+    other = threading.Thread(target=run_a)
+    try:
+        assert started.wait(60)  # B holds the table now
+        other.start()  # A waits for the table (round 15), or shares it (before)
     finally:
         go.set()
         thread.join(60)
+        if other.ident is not None:
+            other.join(60)
     table.close()
-    if refused or isinstance(result.get("b"), InputError):
-        return
+    assert not thread.is_alive() and not other.is_alive()
+    assert isinstance(result.get("a"), RuntimeError), result
     assert "b" not in result, result
     np.testing.assert_array_equal(counts, np.bincount(x % 16, minlength=16))
     assert_clean(device)
@@ -579,8 +580,6 @@ def test_a_generator_yielding_a_wrong_chunk_part_way_is_an_input_error(device, b
     next_stream_right(device)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a ragged list as a cv.iterate chunk is NumPy's "
-                                       "raw ValueError from np.asarray, not an InputError")
 @pytest.mark.parametrize("first", [True, False], ids=["first-chunk", "later-chunk"])
 def test_a_ragged_list_as_a_chunk_is_an_input_error(device, first):
     # A plain list input is refused ("input 0 (list) is not an array"); a ragged list
@@ -761,8 +760,6 @@ def test_dask_threads_reduce_over_irregular_chunks_is_one_local_stream(inproc, o
     _idle(inproc)
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a two-output kernel goes to dask's workers and "
-                                       "fails in every chunk, not saying map_blocks has one output")
 def test_dask_map_blocks_of_a_kernel_with_two_outputs_is_refused_on_the_client(inproc):
     da = pytest.importorskip("dask.array")
     import conveyor.dask as cvd
@@ -777,8 +774,6 @@ class Stop(BaseException):
     """What a signal handler of the program might raise: no Exception."""
 
 
-@pytest.mark.xfail(strict=True, reason="round 15: a BaseException from a chunk's callable hangs "
-                                       "the Dask compute for ever")
 def test_dask_a_base_exception_from_a_chunk_reaches_the_client(inproc):
     # Locally a BaseException out of a callable is raised as itself. On a Dask worker,
     # conveyor.dask's run() catches Exception only: the Stop went raw into Dask's worker,

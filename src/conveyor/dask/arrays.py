@@ -63,6 +63,8 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
     _check_boundary(boundary)
     data = _rows(da, arrays)
+    if isinstance(job.compute, KernelSpec):
+        job.compute.check_count(len(data), len(job.args), "map_blocks")
     first = data[0]
     if h and not isinstance(boundary, str):
         from conveyor.pipeline.halo import constant
@@ -121,6 +123,8 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
         raise InputError("with a kernel, op is 'sum', 'min' or 'max' (a function f(a, b) "
                          "needs a callable compute that returns each block's partial)")
     (data,) = _rows(da, (array,))
+    if isinstance(job.compute, KernelSpec):
+        job.compute.check_count(1, len(job.args), "reduce")
     from conveyor.pipeline import reduce as reducing
 
     reducing.check_not_empty(op, int(np.prod(data.shape, dtype=np.int64)))

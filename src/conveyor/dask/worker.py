@@ -37,19 +37,35 @@ class KernelSpec:
         (the options' ``-D`` too, as the compiler sees them: a ``#define``d type was read as
         its name, and input 0's dtype was used instead, which every chunk then refused), or
         None."""
+        params = self.params()
+        if inputs < len(params) and params[inputs].is_pointer:
+            return params[inputs].dtype
+        return None
+
+    def params(self) -> list[Any]:
+        """The kernel's parameters, read on the client as :meth:`output_dtype` reads them."""
         from conveyor.kernels.preprocess import expand_checked
         from conveyor.kernels.signature import parse_params
 
         text, expanded = expand_checked(self.source, self.options)
         try:
-            params = parse_params(text, self.name)
+            return list(parse_params(text, self.name))
         except InputError:
             if not expanded:
                 raise
-            params = parse_params(self.source, self.name)
-        if inputs < len(params) and params[inputs].is_pointer:
-            return params[inputs].dtype
-        return None
+            return list(parse_params(self.source, self.name))
+
+    def check_count(self, inputs: int, args: int, call: str) -> None:
+        """InputError on the client when the kernel does not take ``inputs`` inputs, the one
+        output (or per-element buffer) that ``call`` passes, ``args`` args, offset and n:
+        otherwise every chunk failed on its worker with a traceback each."""
+        params = self.params()
+        expected = inputs + 1 + args + 2
+        if len(params) != expected:
+            raise InputError(
+                f"kernel {self.name!r} takes {len(params)} parameters; {call} passes "
+                f"{expected}: {inputs} inputs, one output buffer ({call} makes one: split a "
+                f"kernel that writes more), {args} args, then offset and n")
 
 
 def kernel(source: str, name: str, options: Sequence[str] = ()) -> KernelSpec:
@@ -192,10 +208,11 @@ def _warm_here(job: Job, dask_worker: Any = None) -> str:
     assert isinstance(job.compute, KernelSpec)
     try:
         dev, _ = resolve(job)
-    except Exception as exc:
-        exc.add_note(f"conveyor.dask: building kernel {job.compute.name!r}, on worker "
-                     f"{worker_name(dask_worker)}")
-        failure = _ready_to_travel(exc)
+    except BaseException as exc:
+        failure = _an_exception(exc)
+        failure.add_note(f"conveyor.dask: building kernel {job.compute.name!r}, on worker "
+                         f"{worker_name(dask_worker)}")
+        failure = _ready_to_travel(failure)
     else:
         return str(dev.spec)
     raise failure  # outside the handler: no __context__ (Dask pickles it, with tblib)
@@ -217,10 +234,23 @@ def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, wher
         dev, compute = resolve(job)
         return cv.stream(compute, inputs, outputs, device=dev, halo=halo, reduce=reduce,
                          args=job.args, first_row=first_row, **job.options)
-    except Exception as exc:
-        exc.add_note(f"conveyor.dask: {where}, on worker {worker_name()}")
-        failure = _ready_to_travel(exc)
+    except BaseException as exc:
+        failure = _an_exception(exc)
+        failure.add_note(f"conveyor.dask: {where}, on worker {worker_name()}")
+        failure = _ready_to_travel(failure)
     raise failure  # outside the handler: no __context__ (Dask pickles it, with tblib)
+
+
+def _an_exception(exc: BaseException) -> BaseException:
+    """``exc``, or for a BaseException that is no Exception (a callable's own, raised on a
+    worker thread, where no Ctrl-C lands) a RuntimeError naming it: Dask's worker cannot
+    finish a task that raises one, and the client waited for ever."""
+    if isinstance(exc, Exception):
+        return exc
+    wrapped = RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
+    for note in getattr(exc, "__notes__", ()):
+        wrapped.add_note(note)
+    return wrapped
 
 
 def _travel_light(exc: BaseException) -> None:

@@ -122,7 +122,12 @@ class IterSource(Source):
         # A plain ndarray view of the chunk's memory, as validate.plain gives for inputs:
         # np.asarray drops an ndarray subclass (a memmap too), so rows are never read through
         # a subclass's __getitem__ (one that copies would hand out copies of reused memory).
-        array = np.asarray(chunk)
+        try:
+            array = np.asarray(chunk)
+        except (ValueError, TypeError) as exc:  # a ragged list: NumPy's "inhomogeneous shape"
+            raise InputError(f"{self.name} yielded a chunk NumPy cannot make one array of "
+                             f"(from row {self._read}): {exc}; yield NumPy arrays cut along "
+                             f"axis 0") from None
         if array.ndim == 0 or array.dtype.hasobject:
             raise InputError(f"{self.name} yielded {array.dtype} of shape {array.shape}: yield "
                              f"numeric arrays, cut along axis 0")

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue
+from conveyor import interrupts
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
 from conveyor.kernels.signature import Param
@@ -57,6 +58,9 @@ class Resident(Closeable):
         self.users = 0
         self.closed = False
         self._lock = threading.RLock()
+        # A writable table is held by one thread's streams at a time (see use()).
+        self._free = threading.Condition(self._lock)
+        self._owner: int | None = None
         if device is not None:
             self._bind(device)
             self._upload_now()
@@ -94,6 +98,16 @@ class Resident(Closeable):
         """For a stream on ``device``: the device buffer, uploaded on ``queue`` first where it
         is not on the device (the queue orders the upload before the stream's launches)."""
         with self._lock:
+            if self.writable:
+                # Streams sharing one writable device table could not drop a failed one's
+                # partial writes: the other's copy-back brought them home with its own. So a
+                # stream on another thread waits until the table is free; one on the same
+                # thread (a callable's nested stream, which its outer stream waits for)
+                # shares it.
+                me = threading.get_ident()
+                while self.users and self._owner != me:
+                    interrupts.wait(self._free)
+                self._owner = me
             self._bind(device)
             host = self.current().reshape(-1).view(np.uint8)
             if self.buffer is None:
@@ -126,6 +140,9 @@ class Resident(Closeable):
         """A stream has finished with the table."""
         with self._lock:
             self.users -= 1
+            if not self.users:
+                self._owner = None
+                self._free.notify_all()
 
     def copy_back(self, queue: Queue) -> None:
         """Copy the device's table into ``array`` (writable handles, after a stream)."""
