@@ -212,10 +212,6 @@ def _check_shapes(op: str, blocks: list[int], partials: list[Any]) -> None:
                 f"a partial of one shape (for counts, np.bincount(x, minlength=K))")
 
 
-def _numeric(partial: Any) -> bool:
-    return isinstance(partial, int | float | complex | np.ndarray | np.generic)
-
-
 def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """``f``, with an InputError where it returns None (a forgotten ``return``): the next
     fold would get None, and a stream of two blocks would give None as its result."""
@@ -232,9 +228,10 @@ def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 def _numeric(partial: Any) -> bool:
     """Whether ``reduce="sum"``/``"min"``/``"max"`` can fold ``partial``: a number, or a
-    NumPy array or scalar of numbers, dates or durations."""
+    NumPy array or scalar of numbers, dates or durations (or objects: Python's own numbers,
+    past 64 bits, whose fold says what it cannot add)."""
     if isinstance(partial, np.ndarray | np.generic):
-        return partial.dtype.kind in "biufcmM"
+        return partial.dtype.kind in "biufcmMO"
     return isinstance(partial, numbers.Number)
 
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue
 from conveyor import interrupts
+from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
 from conveyor.kernels.signature import Param
