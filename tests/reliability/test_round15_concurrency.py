@@ -108,7 +108,9 @@ def _child(script: str, tmp_path: Path, *args: str, timeout: int = 90):
     """Run ``script`` in a fresh Python (the checkout's src first); its CompletedProcess."""
     path = tmp_path / "child.py"
     path.write_text(textwrap.dedent(script))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CONVEYOR_WARMUP="0")
+    path_now = os.environ.get("PYTHONPATH")  # the GPU machine's wheels are found through it
+    env = dict(os.environ, CONVEYOR_WARMUP="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), *([path_now] if path_now else [])]))
     return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=str(tmp_path))
 

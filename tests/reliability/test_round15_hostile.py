@@ -113,6 +113,7 @@ def test_a_lock_folder_that_is_a_file_leaves_the_kernel_built_and_cached(device,
                                                                         monkeypatch):
     """guard: ``locks`` planted as a plain file in the cache: one warning, the kernel builds
     (unlocked), is stored, and computes right; the file is not touched."""
+    opencl_c_only(device)
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     (cache / "locks").write_text("mine")
@@ -131,6 +132,7 @@ def test_a_relative_home_does_not_put_the_cache_in_the_current_folder(device, tm
     """``CONVEYOR_CACHE_DIR`` and ``XDG_CACHE_HOME`` must be absolute; ``HOME`` was taken as
     it is, so ``HOME=relhome`` made ``relhome/.cache/conveyor`` in whatever folder the process
     was in (binaries it will run, kept under a path that follows ``chdir``)."""
+    opencl_c_only(device)
     monkeypatch.delenv("CONVEYOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", "relhome")
@@ -148,6 +150,7 @@ def test_a_user_with_no_home_can_still_compile(device, monkeypatch):
     from ``config.cache_dir``. The cache is optional: the kernel builds uncached, with one
     warning that says how to name a cache folder. (The password database is made to have no
     entry for this user, as in such a container; the device and compiler are real.)"""
+    opencl_c_only(device)
     import pwd
 
     for name in ("HOME", "CONVEYOR_CACHE_DIR", "XDG_CACHE_HOME", "CONVEYOR_NO_CACHE"):

@@ -34,10 +34,9 @@ def _matplotlib() -> tuple[Any, Any]:
             "(or pip install matplotlib)"
         ) from exc
     except ValueError as exc:  # matplotlib refuses its settings: MPLBACKEND=bogus
-        backend = os.environ.get("MPLBACKEND")
-        setting = f"MPLBACKEND={backend!r}" if backend else "matplotlib's settings"
         raise InputError(f"timeline.plot: matplotlib would not load ({exc}): fix or unset "
-                         f"{setting} (conveyor draws with the Agg backend)") from exc
+                         f"MPLBACKEND, or fix matplotlib's settings (matplotlibrc); conveyor "
+                         f"draws with the Agg backend") from exc
     return Figure, FigureCanvasAgg
 
 
