@@ -110,3 +110,20 @@ def test_a_bool_file_over_two_devices_is_checked_as_it_is_read(pair, tmp_path):
     assert int(report.outputs[0].sum()) == 8000
     for d in pair:
         assert_clean(d)
+
+
+def test_a_callable_sum_of_python_bools_counts_them(device):
+    """Round fifteen: a callable ``reduce="sum"`` whose one block returned Python's ``True``
+    gave ``True``; over several blocks, bools are counted (1 each), as ``np.sum`` counts."""
+    if device.backend != "opencl":
+        pytest.skip("the callable reads PyOpenCL arrays")
+
+    def any_positive(x, *, queue, offset, n):
+        return bool((x.get(queue=queue) > 0).any())
+
+    x = np.ones(100, np.float32)
+    one = cv.stream(any_positive, [x], device=device, reduce="sum").result
+    assert one == 1 and type(one) is int, repr(one)
+    many = cv.stream(any_positive, [x], device=device, reduce="sum", block_bytes=40).result
+    assert many == 10 and type(many) is int
+    assert_clean(device)

@@ -243,6 +243,8 @@ def widened(partial: Any) -> Any:
     summed to True), int8/int16/int32 ones wrapped around (int8 arrays silently) and float16
     ones rounded each partial away (2048 + 1.0 is 2048 in float16). Anything else (Python
     numbers, float32/64, dicts) is returned as it is."""
+    if isinstance(partial, bool):  # Python's: True is 1, as np.sum counts it
+        return int(partial)
     dtype = getattr(partial, "dtype", None)
     if not isinstance(partial, np.ndarray | np.generic) or dtype is None:
         return partial
