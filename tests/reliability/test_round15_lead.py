@@ -127,3 +127,25 @@ def test_a_callable_sum_of_python_bools_counts_them(device):
     many = cv.stream(any_positive, [x], device=device, reduce="sum", block_bytes=40).result
     assert many == 10 and type(many) is int
     assert_clean(device)
+
+
+def test_a_whole_number_written_as_a_float_reaches_a_long_parameter_exactly(tmp_path,
+                                                                             monkeypatch):
+    """Round fifteen: ``--arg 9007199254740993.0`` for a ``long`` parameter went through
+    float64 and arrived as ...992; a whole number past 2**53 arrives exactly."""
+    from conveyor.cli import main
+
+    opencl = [d for d in cv.devices() if d.backend == "opencl"]
+    if not opencl:
+        pytest.skip("no OpenCL device")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.cl").write_text(
+        "__kernel void put(__global const uchar *x, __global long *y, long v, ulong offset, "
+        "ulong n) { ulong i = get_global_id(0); if (i < n) y[i] = v; }")
+    np.save(tmp_path / "x.npy", np.zeros(3, np.uint8))
+    for text, want in (("9007199254740993.0", 9007199254740993),
+                       ("-9007199254740993.00", -9007199254740993), ("3.7", 3)):
+        code = main(["map", "k.cl", "--kernel", "put", "--device", opencl[0].spec, "-q",
+                     "-i", "x.npy", "-o", "y.npy", "--force", f"--arg={text}"])
+        assert code == 0
+        assert np.load(tmp_path / "y.npy").tolist() == [want] * 3, text

@@ -8,6 +8,7 @@ only when stderr is a terminal, unless ``--progress``/``--no-progress`` says oth
 from __future__ import annotations
 
 import argparse
+import decimal
 import importlib.util
 import json
 import math
@@ -273,6 +274,15 @@ def _number(text: str) -> int | float:
         # float("1e400") is inf: a number past every float would otherwise run as infinity
         raise InputError(f"--arg {text} is past the largest float (1.8e308): it would be "
                          f"infinity; pass a smaller number, or inf if infinity is meant")
+    try:
+        exact = decimal.Decimal(text.strip())
+    except decimal.InvalidOperation:  # a spelling float() takes and Decimal does not
+        return value
+    if exact.is_finite() and exact == exact.to_integral_value() and \
+            decimal.Decimal(value) != exact:
+        # A whole number written as a float past 2**53 ("9007199254740993.0"): as a float it
+        # would reach a 64-bit integer parameter rounded (...992).
+        return int(exact)
     return value
 
 
