@@ -149,3 +149,19 @@ def test_a_whole_number_written_as_a_float_reaches_a_long_parameter_exactly(tmp_
                      "-i", "x.npy", "-o", "y.npy", "--force", f"--arg={text}"])
         assert code == 0
         assert np.load(tmp_path / "y.npy").tolist() == [want] * 3, text
+
+
+def test_a_link_figure_in_a_folder_others_may_write_is_not_read(tmp_path, monkeypatch):
+    """Round fifteen: the link-bandwidth file was read from the cache folder even where the
+    kernel cache refuses that folder (others may write it): a planted figure changed every
+    report's ratios. It is read only from a folder the kernel cache would use."""
+    from conveyor.trace import ceiling
+
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("CONVEYOR_CACHE_DIR", str(folder))
+    ceiling.save_link_ceiling("opencl:0:0", "dev", {"pinned_h2d_gbps": 12.5})
+    assert ceiling.link_ceiling("opencl:0:0", "dev").h2d_gbps == 12.5
+    folder.chmod(0o777)  # anyone may now replace the file
+    assert ceiling.link_ceiling("opencl:0:0", "dev") is None
+    folder.chmod(0o700)

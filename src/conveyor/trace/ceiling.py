@@ -98,6 +98,12 @@ def link_ceiling(spec: str, name: str, cache_dir: Path | None = None) -> LinkCei
     path = ceiling_path(cache_dir)
     if path is None:
         return None
+    from conveyor.kernels.cachedir import refusal
+
+    if refusal(path.parent) is not None:
+        # A folder the kernel cache refuses (others may write it, a link, another owner):
+        # a figure planted there would change every report's ratios, so none is read.
+        return None
     document = _read(path)
     devices = document.get("devices") if isinstance(document, dict) else None
     if not isinstance(devices, dict):
