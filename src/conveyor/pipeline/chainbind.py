@@ -151,6 +151,7 @@ class ChainResidents:
 
     def __init__(self, links: list[BoundLink]) -> None:
         self.links = links
+        self.claimed: list[resident.Resident] = []
 
     @property
     def nbytes(self) -> int:
@@ -158,7 +159,10 @@ class ChainResidents:
         return sum(b.residents.nbytes for b in self.links if b.residents is not None)
 
     def upload(self, device: Device, queue: Any, args: Sequence[Any]) -> tuple[Any, ...]:
-        """Upload every link's tables on ``queue``; ``args`` (the stream's) is empty."""
+        """Upload every link's tables on ``queue``; ``args`` (the stream's) is empty. Every
+        link's writable tables are taken at once first (resident.claim)."""
+        self.claimed = resident.claim([h for b in self.links if b.residents is not None
+                                       for h in b.residents.handles.values()])
         return tuple(b.args if b.residents is None else b.residents.upload(device, queue, b.args)
                      for b in self.links)
 
@@ -173,6 +177,8 @@ class ChainResidents:
         for b in self.links:
             if b.residents is not None:
                 b.residents.release()
+        claimed, self.claimed = self.claimed, []
+        resident.let_go(claimed)
 
 
 def _number_titles(links: list[BoundLink]) -> None:

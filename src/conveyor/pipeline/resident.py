@@ -58,9 +58,9 @@ class Resident(Closeable):
         self.users = 0
         self.closed = False
         self._lock = threading.RLock()
-        # A writable table is held by one thread's streams at a time (see use()).
-        self._free = threading.Condition(self._lock)
+        # A writable table is held by one thread's streams at a time (see claim()).
         self._owner: int | None = None
+        self._claims = 0
         if device is not None:
             self._bind(device)
             self._upload_now()
@@ -98,16 +98,6 @@ class Resident(Closeable):
         """For a stream on ``device``: the device buffer, uploaded on ``queue`` first where it
         is not on the device (the queue orders the upload before the stream's launches)."""
         with self._lock:
-            if self.writable:
-                # Streams sharing one writable device table could not drop a failed one's
-                # partial writes: the other's copy-back brought them home with its own. So a
-                # stream on another thread waits until the table is free; one on the same
-                # thread (a callable's nested stream, which its outer stream waits for)
-                # shares it.
-                me = threading.get_ident()
-                while self.users and self._owner != me:
-                    interrupts.wait(self._free)
-                self._owner = me
             self._bind(device)
             host = self.current().reshape(-1).view(np.uint8)
             if self.buffer is None:
@@ -140,9 +130,6 @@ class Resident(Closeable):
         """A stream has finished with the table."""
         with self._lock:
             self.users -= 1
-            if not self.users:
-                self._owner = None
-                self._free.notify_all()
 
     def copy_back(self, queue: Queue) -> None:
         """Copy the device's table into ``array`` (writable handles, after a stream)."""
@@ -175,11 +162,18 @@ class Resident(Closeable):
 
     def evict(self) -> bool:
         """Give the device copy back to the pool if no stream uses it (the pool's
-        out-of-memory ladder calls this); a later stream uploads the table again."""
-        with self._lock:
+        out-of-memory ladder calls this); a later stream uploads the table again. Never waits
+        for the table's lock: the ladder runs inside another table's upload, which holds that
+        table's lock, and two uploads evicting each other's tables hung for ever. A table
+        busy now is not evicted."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
             if self.users or self.buffer is None or self.device is None:
                 return False
             buffer, self.buffer = self.buffer, None
+        finally:
+            self._lock.release()
         self.device.memory_pool.release(buffer)
         return True
 
@@ -221,6 +215,43 @@ def resident(array: Any, *, writable: bool = False, device: Device | None = None
     return Resident(array, writable=writable, device=device)
 
 
+#: Guards every writable table's owner (see :func:`claim`).
+_claims = threading.Condition()
+
+
+def claim(handles: Sequence[Resident]) -> list[Resident]:
+    """Take the writable tables among ``handles`` for this thread's stream, all at once;
+    returns them, for :func:`let_go`. Streams sharing one writable device table could not drop
+    a failed one's partial writes (the other's copy-back brought them home with its own), so a
+    stream on another thread waits until every one of its tables is free. All at once, never
+    one by one: two streams taking two tables in opposite orders each held one and waited for
+    the other. One on the same thread (a callable's nested stream, which its outer stream waits
+    for) shares them."""
+    writable = [h for h in dict.fromkeys(handles) if h.writable]
+    if not writable:
+        return []
+    me = threading.get_ident()
+    with _claims:
+        while any(h._owner not in (None, me) for h in writable):
+            interrupts.wait(_claims)
+        for handle in writable:
+            handle._owner = me
+            handle._claims += 1
+    return writable
+
+
+def let_go(handles: Sequence[Resident]) -> None:
+    """Give back tables taken by :func:`claim`."""
+    if not handles:
+        return
+    with _claims:
+        for handle in handles:
+            handle._claims -= 1
+            if not handle._claims:
+                handle._owner = None
+        _claims.notify_all()
+
+
 class ResidentArgs:
     """The resident arrays of one stream's ``args``: which argument each is, uploaded at the
     start, substituted into every launch's arguments, let go of at the end."""
@@ -231,6 +262,7 @@ class ResidentArgs:
         self.device_arrays = device_arrays
         self.owned = list(owned)  # made for this stream from plain arrays: closed at its end
         self.used: list[Resident] = []
+        self.claimed: list[Resident] = []  # writable tables taken for the stream (claim())
 
     @property
     def nbytes(self) -> int:
@@ -243,6 +275,7 @@ class ResidentArgs:
         values = list(args)
         for index, value in self.device_arrays.items():
             values[index] = value
+        self.claimed = claim(list(self.handles.values()))
         for index, handle in self.handles.items():
             values[index] = handle.use(device, queue)
             self.used.append(handle)
@@ -258,6 +291,8 @@ class ResidentArgs:
         used, self.used = self.used, []
         for handle in used:
             handle.done()
+        claimed, self.claimed = self.claimed, []
+        let_go(claimed)
         for handle in self.owned:
             handle.close()
 
