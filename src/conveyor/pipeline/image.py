@@ -119,8 +119,10 @@ class ImageSource(Source):
         if self.columns == 0:
             raise InputError(f"{where} has no columns (shape {self.shape})")
         if not self.dtype.isnative:
+            from conveyor.pipeline.validate import native_order_fix
+
             raise InputError(f"{where} has dtype {self.dtype.str}, not in this machine's byte "
-                             f"order: pass a.astype(a.dtype.newbyteorder('='))")
+                             f"order: {native_order_fix(inner, self.dtype)}")
         if self.filter == "linear" and self.dtype.kind != "f":
             raise InputError(
                 f"{where}: filter='linear' interpolates float and half images only (OpenCL "

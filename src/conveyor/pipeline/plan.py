@@ -384,6 +384,13 @@ def make_plan(
             + ("" if footprint > limit else ", or a block_bytes that holds the whole input")
         )
     if halo and halo > block_rows and rows > block_rows:
+        if max_block_rows is not None and block_rows >= max_block_rows // step * step:
+            # Cut by the device's image height: a larger block_bytes cannot help.
+            raise InputError(
+                f"halo={halo} rows is more than a block ({block_rows} rows), and the "
+                f"device's image height (with the halo on both sides) caps a block there: "
+                f"use a halo of at most {(max_block_rows + 2 * halo) // 3} rows, or stream "
+                f"the array as a plain input (not cv.image)")
         raise InputError(
             f"halo={halo} rows is more than a block ({block_rows} rows): "
             f"use a larger block_bytes or memory_limit, or a smaller halo"

@@ -222,8 +222,9 @@ def stream(
                 if isinstance(source, IterSource):
                     source.watch(arrays, opts.halo)
             for source in sources:
-                if isinstance(source, FileSource):
-                    source.begin()  # stamped now: a rewrite during the stream is seen
+                inner = source.inner if isinstance(source, image.ImageSource) else source
+                if isinstance(inner, FileSource):
+                    inner.begin()  # stamped now: a rewrite during the stream is seen
             validate.check_widths(sources, sinks)
             if trace is not None:
                 _check_trace(trace, sources, sinks, opts.args)
@@ -328,6 +329,8 @@ def _check_trace(trace: str, sources: list[Source], sinks: list[Sink],
     tables = [getattr(a, "source", a) for a in args]  # a cv.resident's array, or the array
     for kind, ends in (("input", sources), ("output", sinks), ("args", tables)):
         for index, end in enumerate(ends):
+            # An image input keeps its file or array on the source it wraps.
+            end = end.inner if isinstance(end, image.ImageSource) else end
             path = getattr(end, "path", None)
             array = end if isinstance(end, np.ndarray) else getattr(end, "array", None)
             if path is None and isinstance(array, np.ndarray) and overlap.file_backed(array):
@@ -437,9 +440,16 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     opts = replace(opts, zero_copy=_zero_copy(opts.zero_copy, dev, opts.halo, sources, sinks,
                                               plan, compute, pairs))
     read = list(sources)  # bool inputs a kernel reads as bool, checked as they are read
-    validate.guard_bools(read, compute.bool_inputs() if isinstance(compute, BoundChain)
-                         else validate.bool_inputs(compute.params, sources)
-                         if isinstance(compute, Kernel) and not image.indices(sources) else [])
+    if isinstance(compute, BoundChain):
+        validate.guard_bools(read, compute.bool_inputs())
+    elif isinstance(compute, Kernel):
+        params = list(compute.params)
+        images = image.indices(sources)
+        if images:  # the samplers dropped: parameters lined up with the buffers
+            params = image.kernel_params(
+                compute.name, params, images, len(sources) + len(sinks) + len(opts.args) + 2
+                + (1 if reduce is not None else 0), dev.backend)
+        validate.guard_bools(read, validate.bool_inputs(params, sources))
     engine = Engine(dev, plan, compute, read, sinks, opts, reduction=reduction,
                     in_place=in_place, residents=residents)
     report = engine.run()
