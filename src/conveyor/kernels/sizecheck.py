@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import CompileError, InputError
 from conveyor.kernels.signature import code_only, kernel_names, parse_params, resolve
@@ -45,15 +45,20 @@ def checks(source: str, expanded: str) -> list[Check]:
     layouts = not packs(code)  # packed structs: conveyor does not lay them out (structs.py)
     for kernel in dict.fromkeys(kernel_names(expanded)):
         try:
-            written, read = parse_params(source, kernel), parse_params(expanded, kernel)
+            read = parse_params(expanded, kernel)
         except InputError:
-            continue  # its name or its parameters come from macros: nothing to line up
-        if len(written) != len(read):
             continue
+        try:
+            written: list[Any] | None = list(parse_params(source, kernel))
+        except InputError:
+            written = None  # its head comes from a macro (#define KERNEL __kernel)
+        if written is None or len(written) != len(read):
+            written = list(read)  # nothing to line up: the types as conveyor read them
         for raw, ours in zip(written, read, strict=True):
             if raw.is_pointer != ours.is_pointer or not raw.base:
-                continue
-            if resolve(raw.base)[0] is not None:
+                raw = ours  # the * or the type comes from a macro: conveyor's reading
+            name = raw.base if resolve(raw.base)[0] is None else ours.base
+            if not name or resolve(name)[0] is not None:
                 continue  # a built-in type: the same for conveyor and the compiler
             if "long long" in f"{ours.base} {ours.spelled}":
                 continue  # refused with its own message (128 bits in OpenCL C: argtypes.py)
@@ -64,9 +69,9 @@ def checks(source: str, expanded: str) -> list[Check]:
                 if layout is None:
                     continue  # an opaque type (image2d_t, sampler_t), or one not read
                 size = layout[1]
-            if (raw.base, size) not in seen:
-                seen.add((raw.base, size))
-                found.append((f"{kernel}.{ours.name or '(unnamed)'}", raw.base, size))
+            if (name, size) not in seen:
+                seen.add((name, size))
+                found.append((f"{kernel}.{ours.name or '(unnamed)'}", name, size))
     return found
 
 
