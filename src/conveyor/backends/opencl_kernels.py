@@ -147,7 +147,10 @@ def _arg_info(cl_kernel: cl.Kernel, source: Sequence[Param] = ()) -> list[Driver
     reported: list[DriverArg] = []
     try:
         count = int(cl_kernel.num_args)
-        unnamed = {i for i, p in enumerate(source) if not p.name} if len(source) == count else set()
+        # A source whose parameters do not line up with the driver's cannot say which are
+        # named: none is asked its name then (PoCL answers an unnamed one with SIGSEGV).
+        unnamed = ({i for i, p in enumerate(source) if not p.name} if len(source) == count
+                   else set(range(count)))
         for index in range(count):
             address = cl_kernel.get_arg_info(index, info.ADDRESS_QUALIFIER)
             type_name = str(cl_kernel.get_arg_info(index, info.TYPE_NAME)).strip("\0 ")

@@ -120,7 +120,10 @@ def parse_params(source: str, name: str) -> tuple[Param, ...]:
     """The parameters of kernel ``name`` in ``source``; InputError if no such kernel."""
     text = code_only(source)
     pattern = re.compile(_KERNEL_HEAD + re.escape(name) + r"\s*\(")
-    match = pattern.search(text)
+    heads = list(pattern.finditer(text))
+    # The definition (its ")" followed by "{"), not a prototype before it, whose parameters
+    # may be named where the definition's are not (PoCL, asked an unnamed one's name, crashed).
+    match = next((m for m in heads if _defines_body(text, m.end())), heads[0] if heads else None)
     if match is None:
         found = kernel_names(source)
         listing = ", ".join(found) if found else "none"
@@ -225,8 +228,25 @@ def _without_attributes(text: str) -> str:
     return "".join(out) + text[at:]
 
 
+def _defines_body(text: str, start: int) -> bool:
+    """Whether the parameter list opened just before ``start`` is followed by a body."""
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    return text[i:].lstrip().startswith("{")
+
+
 def _parse_one(text: str, names: dict[str, str]) -> Param:
     text = " ".join(_without_attributes(text).replace("*", " * ").split())
+    if text.endswith("]") and "[" in text:
+        # An array parameter is a pointer: "float x[4]" is "float * x"; "float []" has no name.
+        words = text[:text.index("[")].split()
+        if words and not _unnamed(words[:-1], words[-1]):
+            words = [*words[:-1], "*", words[-1]]
+        else:
+            words = [*words, "*"]
+        text = " ".join(words)
     tokens = text.split(" ")
     is_pointer = "*" in tokens
     name = tokens[-1] if tokens[-1] != "*" else ""
