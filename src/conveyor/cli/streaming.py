@@ -279,9 +279,10 @@ def _number(text: str) -> int | float:
     except decimal.InvalidOperation:  # a spelling float() takes and Decimal does not
         return value
     if exact.is_finite() and exact == exact.to_integral_value() and \
-            decimal.Decimal(value) != exact:
+            abs(exact) < 2**64 and decimal.Decimal(value) != exact:
         # A whole number written as a float past 2**53 ("9007199254740993.0"): as a float it
-        # would reach a 64-bit integer parameter rounded (...992).
+        # would reach a 64-bit integer parameter rounded (...992). (Past 2**64 no integer
+        # parameter holds it: it stays the float it was written as.)
         return int(exact)
     return value
 

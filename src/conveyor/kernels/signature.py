@@ -67,6 +67,7 @@ _KERNEL_WORD = r"(?:__kernel|\bkernel|__global__)"
 _KERNEL_HEAD = (rf"(?:{_KERNEL_WORD}\s+{_ATTRIBUTES}void|\bvoid\s+{_ATTRIBUTES}{_KERNEL_WORD})"
                 rf"\s+{_ATTRIBUTES}")
 _TYPEDEF = re.compile(r"\btypedef\s+([^;{}()]+?)\s+(\w+)\s*;")
+_TYPEDEF_ENUM = re.compile(r"\btypedef\s+enum\s*\w*\s*\{[^{}]*\}\s*(\w+)\s*;")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
 
 
@@ -150,6 +151,8 @@ def typedefs(source: str) -> dict[str, str]:
     found: dict[str, tuple[int, set[str]]] = {}
     matches = [(m.start(), m.group(2), m.group(1)) for m in _TYPEDEF.finditer(text)]
     matches += [(m.start(), m.group(1), m.group(2)) for m in _USING.finditer(text)]
+    # typedef enum { A, B } mode; (the braces keep it from _TYPEDEF): an enum, which is int
+    matches += [(m.start(), m.group(1), "enum") for m in _TYPEDEF_ENUM.finditer(text)]
     depth, at = 0, 0
     for start, name, target in sorted(matches):
         depth += text.count("{", at, start) - text.count("}", at, start)
@@ -175,6 +178,10 @@ def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | 
         known = _SCALARS.get(base)
         if known is not None:
             return np.dtype(known), 1
+        if base == "enum" or base.startswith("enum "):
+            # An enum's values are C ints (OpenCL C and CUDA C): cast to int32, as the driver
+            # passes it; as no type, any NumPy scalar was passed as its bytes.
+            return np.dtype(np.int32), 1
         vector = _VECTOR.fullmatch(base)
         if vector is not None:
             element = _VECTOR_ELEMENTS.get(vector.group(1), vector.group(1))
