@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,12 +73,18 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
     try:
         pre = _Quiet()
         pre.line_directive = None
-        implied = [("__FAST_RELAXED_MATH__", "1")] if "-cl-fast-relaxed-math" in options else []
+        words = [word for option in options for word in option.split()]
+        implied = [("__FAST_RELAXED_MATH__", "1")] if "-cl-fast-relaxed-math" in words else []
+        std = next((w[len("-cl-std=CL"):] for w in words if w.startswith("-cl-std=CL")), "")
+        if re.fullmatch(r"\d\.\d", std):  # -cl-std=CL3.0: the compiler's __OPENCL_C_VERSION__
+            implied.append(("__OPENCL_C_VERSION__", str(int(std[0]) * 100 + int(std[2]) * 10)))
         for name, value in (*macros, *implied, *_defines(options)):
             pre.define(f"{name} {value}")
         for path in include_dirs(options):  # the directories the cache key follows too
             pre.add_path(str(path))
-        pre.parse(source, "kernel")
+        # C joins a line ending in a backslash to the next before it finds comments (phase 2):
+        # "// note \" makes the next line a comment too, which pcpp read as code.
+        pre.parse(re.sub(r"\\\r?\n", "", source), "kernel")
         out = io.StringIO()
         pre.write(out)
     except Exception as exc:  # pcpp fails on some inputs: read the unexpanded source
@@ -91,7 +98,11 @@ def _defines(options: tuple[str, ...]) -> list[tuple[str, str]]:
     """The ``-D NAME[=VALUE]`` of a build's options (joined or separate), as (NAME, VALUE):
     ``-DX`` defines X as 1 and ``-DX=`` as nothing, as C compilers do."""
     defines: list[tuple[str, str]] = []
-    items = iter(options)
+    # PyOpenCL joins the options with spaces and the driver splits them at spaces: "-w -DX"
+    # (one option) defines X, and "-DA=1 -DB" defines A and B. (A separate "-D" takes the
+    # next word.)
+    words = [word for option in options for word in option.split()]
+    items = iter(words)
     for item in items:
         option = item + next(items, "") if item == "-D" else item
         if option.startswith("-D") and len(option) > 2:

@@ -49,7 +49,9 @@ def code_only(source: str) -> str:
     def blank(match: re.Match[str]) -> str:
         text = match.group(0)
         return '""' if text[0] == '"' else "' '" if text[0] == "'" else " "
-    return _NOT_CODE.sub(blank, source)
+    # Lines ending in a backslash joined first, as C does before it finds comments: a "//"
+    # comment so continued swallows the next line.
+    return _NOT_CODE.sub(blank, re.sub(r"\\\r?\n", "", source))
 
 # OpenCL C's (2, 3, 4, 8, 16 lanes) and CUDA's (1 to 4 lanes) vector types.
 _VECTOR = re.compile(
