@@ -395,8 +395,6 @@ __kernel void doubled_old(__global const float *x, __global float *y, ulong offs
 """ + MACRO_HEAD.replace("KERNEL void", "__kernel void")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "round 16: cv.stream(source) counts kernels in the raw text (macro head: 0; #if 0: 2)"))
 @pytest.mark.parametrize("source", [MACRO_HEAD, OLD_IN_IF0], ids=["macro head", "if 0"])
 def test_stream_of_a_source_string_finds_its_one_kernel(device, source):
     """``cv.stream(source, ...)`` runs the one kernel a source defines. It counts kernels in
@@ -412,8 +410,6 @@ def test_stream_of_a_source_string_finds_its_one_kernel(device, source):
     np.testing.assert_array_equal(y, x * 2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "round 16: conveyor.dask.kernel checks the name in the raw text (macro head, -D name)"))
 @pytest.mark.parametrize("source, name, options", [
     (MACRO_HEAD, "doubled", []),
     (MACRO_HEAD.replace("void doubled", "void KNAME"), "doubled", ["-DKNAME=doubled"]),
@@ -429,8 +425,6 @@ def test_dask_kernel_finds_a_kernel_the_compiler_builds(source, name, options):
     assert spec.name == name
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "round 16: a CUDA head '__global__ void __launch_bounds__(256) k(' is not found"))
 def test_cuda_launch_bounds_head_is_read():
     """CUDA's ``__launch_bounds__(...)`` stands between ``void`` and the name (NVRTC's
     headers make it an attribute; conveyor's preprocessor has no definition of it): the

@@ -72,13 +72,12 @@ def kernel(source: str, name: str, options: Sequence[str] = ()) -> KernelSpec:
     """Kernel ``name`` of ``source`` (built with ``options``), built on each worker the first
     time a task needs it and kept there: the client compiles nothing. InputError now when
     ``source`` has no kernel ``name``."""
-    from conveyor.kernels.signature import parse_params
-
     if not isinstance(source, str) or not isinstance(name, str):
         raise InputError("conveyor.dask.kernel(source, name): both are str (the source text "
                          "and the kernel's name)")
-    parse_params(source, name)
-    return KernelSpec(source, name, tuple(str(o) for o in options))
+    spec = KernelSpec(source, name, tuple(str(o) for o in options))
+    spec.params()  # read as the compiler reads it: macros and the -D options expanded
+    return spec
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ _VECTOR_ELEMENTS = {"longlong": "long long", "ulonglong": "unsigned long long"}
 # An attribute's parentheses are matched (two levels inside its own), never skipped over with
 # ``.*?``: a run of attributes then has one reading, not exponentially many to backtrack.
 _PARENS = r"\((?:[^()]|\([^()]*\))*\)"
-_ATTRIBUTES = rf"(?:__attribute__\s*\(\((?:[^()]|{_PARENS})*\)\)\s*)*"
+_ATTRIBUTES = (rf"(?:(?:__attribute__\s*\(\((?:[^()]|{_PARENS})*\)\)"
+               rf"|__launch_bounds__\s*{_PARENS})\s*)*")  # CUDA's __launch_bounds__(256, 2)
 _KERNEL_WORD = r"(?:__kernel|\bkernel|__global__)"
 _KERNEL_HEAD = (rf"(?:{_KERNEL_WORD}\s+{_ATTRIBUTES}void|\bvoid\s+{_ATTRIBUTES}{_KERNEL_WORD})"
                 rf"\s+{_ATTRIBUTES}")

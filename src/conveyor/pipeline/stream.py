@@ -278,9 +278,12 @@ def _close_iterables(inputs: Any, stream: object) -> None:
 
 def _compile_source(source: str, dev: Device) -> Kernel:
     """The one kernel a source string defines, built for ``dev`` (through the cache)."""
+    from conveyor.kernels.build import expanded_source
     from conveyor.kernels.signature import kernel_names
 
-    names = kernel_names(source)
+    # As the compiler sees it: a head made by a macro counts, one inside #if 0 does not.
+    names = list(dict.fromkeys(kernel_names(expanded_source(dev, source, ())))) or \
+        kernel_names(source)
     if len(names) != 1:
         raise InputError(f"compute is a source string that defines {len(names)} kernels "
                          f"({', '.join(names) or 'none'}): pass device.compile(source, name) "
