@@ -165,11 +165,14 @@ class Engine(Closeable):
         started = time.perf_counter()
         try:
             self._build()
+            # Every engine of a stream over several devices built and warmed up first: an
+            # anchor taken before that wait started a fast device's timeline at its own
+            # set-up's end, half a second before any block could run beside a slow one's.
+            if self.started is not None:
+                self.started()
             # One marker timed by host and device puts device spans on the host clock; taken
             # while the queues are idle, before the first block (trace/clock.py).
             self.clock = ClockAnchor.take(self.compute_q)
-            if self.started is not None:
-                self.started()
             with hazards.hot_path(self.device, strict=self.options.strict):
                 self._loop()
             for queue in self.queues:

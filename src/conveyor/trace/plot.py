@@ -155,7 +155,7 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
                     for s in spans if s.block % 2 == parity]
             axes.broken_barh(bars, (row - 0.4, 0.8), facecolors=color, alpha=alpha,
                              edgecolor="none")
-    axes.set_yticks(range(len(rows)), labels=[label for label, _, _ in rows])
+    axes.set_yticks(range(len(rows)), labels=[_drawable(label) for label, _, _ in rows])
     for tick in axes.get_yticklabels():  # "$...$" in a link's name is text, not mathtext
         tick.set_parse_math(False)
     axes.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # journey order, top to bottom
@@ -168,9 +168,16 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *,
     overlap = timeline.overlap
     figures = "overlap n/a" if overlap is None else f"overlap {overlap:.0%}"
     heading = f"{title}: {figures}" if title else figures
-    axes.set_title(heading, fontsize=10)
+    axes.set_title(_drawable(heading), fontsize=10, parse_math=False)  # "$" is text here
     figure.tight_layout()
     # Into a part file renamed over the target, as every conveyor output: a failed draw leaves
     # no half file, and a symlink another user planted in /tmp is refused (files.resolve).
     files.atomic_write(path, lambda handle: figure.savefig(handle, format=suffix),
                        durable=False, binary=True)
+
+
+def _drawable(text: str) -> str:
+    """``text`` as the font code takes it: a lone surrogate (a name read with
+    ``errors="surrogateescape"``) crashed matplotlib's ``set_text``; it is drawn escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
