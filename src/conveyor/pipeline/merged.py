@@ -45,9 +45,11 @@ def merge_reports(reports: Sequence[Report], engines: Sequence[Any], feeds: Sequ
     tags = device_tags([r.device for r in reports])
     per_device = []
     for report, engine, feed in zip(reports, engines, feeds, strict=True):
-        bytes_in, bytes_out = _share(plan, feed.blocks(engine.blocks_done))
+        ran = feed.blocks(engine.blocks_done)
+        bytes_in, bytes_out = _share(plan, ran)
         per_device.append(replace(report, bytes_in=bytes_in, bytes_out=bytes_out,
-                                  blocks=engine.blocks_done, outputs=[], result=None))
+                                  blocks=engine.blocks_done, outputs=[], result=None,
+                                  ranges=[(b.start, b.stop) for b in ran]))
     finishes = [e.finished_at for e in engines]
     imbalance = (max(finishes) - min(finishes)) / seconds if seconds > 0 else 0.0
 

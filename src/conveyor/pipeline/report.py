@@ -57,6 +57,9 @@ class Report:
     #: The Chrome trace file written (``trace=``); None when none was asked for or it could
     #: not be written (a warning said why).
     trace_file: str | None = None
+    #: The input rows ``(start, stop)`` of each block this report's device ran, where they are
+    #: not blocks 0, 1, ... of ``block_rows`` (a device of a stream over several).
+    ranges: list[tuple[int, int]] | None = field(default=None, repr=False)
     _timeline: Timeline | None = field(default=None, repr=False)
     _ceiling: Any = field(default=_UNREAD, repr=False)
 
@@ -93,6 +96,8 @@ class Report:
         array (row k is block k: the rows of record k of a per-block output)."""
         import numpy as np
 
+        if self.ranges is not None:
+            return np.array(self.ranges, dtype=np.int64).reshape(-1, 2)
         starts = np.arange(self.blocks, dtype=np.int64) * self.block_rows
         return np.stack([starts, np.minimum(starts + self.block_rows, self.rows)], axis=1)
 
@@ -191,6 +196,9 @@ class Report:
 
     # -- the table -----------------------------------------------------------------------------
     def __str__(self) -> str:
+        if self.blocks == 0 and self.rows:  # one device of several
+            return (f"conveyor stream on {self.device}: ran no block (the other devices took "
+                    f"them) in {self.seconds:.3f} s")
         if self.blocks == 0:
             return f"conveyor stream on {self.device}: nothing to do (zero-length inputs)"
         timeline = self.timeline
