@@ -275,8 +275,6 @@ def test_a_device_that_ran_no_block_does_not_say_the_inputs_are_empty(pair):
     assert "zero-length" not in str(idle[0]), str(idle[0])
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: a stream of no rows over two devices has no "
-                                       "per-device report")
 def test_a_stream_of_no_rows_over_two_devices_reports_each_device(pair):
     x = np.zeros(0, np.float32)
     report = cv.stream(kernel(pair[0], "scale"), [x], [np.float32], args=(2.0,), device=pair)

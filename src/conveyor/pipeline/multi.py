@@ -302,8 +302,10 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
 
         empty = open_sinks(sinks, plan, reduction, ",".join(d.spec for d in devices),
                            opts.depth)
-        if empty is not None:
-            return empty
+        if empty is not None:  # no rows: one report per device all the same, as promised
+            return replace(empty, imbalance=0.0, devices=[
+                Report(device=d.spec, device_name=d.name, depth=empty.depth, rows=empty.rows,
+                       block_rows=empty.block_rows) for d in devices])
         report = run(kernels, sources, sinks, devices, opts, plan, reduction, schedule,
                      residents)
     finally:
