@@ -320,8 +320,6 @@ def _staggered(first: list[Span], second: list[Span]) -> Timeline:
     return timeline
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: exposed transfer on several devices counts a "
-                                       "copy as hidden under another device's kernel")
 def test_exposed_transfer_counts_each_devices_copies_against_its_own_kernels():
     # Device a copies then computes; device b computes then copies: no copy of either runs
     # under its own kernel (overlap 0), yet one device's kernel covers the other's copy.
@@ -332,8 +330,6 @@ def test_exposed_transfer_counts_each_devices_copies_against_its_own_kernels():
     assert exposed is not None and exposed > 0  # was 0: "perfect overlap"
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: bound on several devices is the union of each "
-                                       "lane over devices")
 def test_bound_of_two_compute_bound_devices_is_compute():
     # Each device computes 100 ns and copies 60 ns: both are compute-bound. Their kernels
     # run at once, their copies one after the other (the union of copy-in is 120 ns).

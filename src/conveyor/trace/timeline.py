@@ -200,6 +200,13 @@ class Timeline:
         return sum(end - start for start, end in _merge(
             (s.start_ns, s.end_ns) for s in self.lane(name)))
 
+    def _by_device(self) -> list[list[Span]]:
+        """The spans of each device (one list on a stream of one device)."""
+        found: dict[str, list[Span]] = {}
+        for span in self.spans:
+            found.setdefault(span.device, []).append(span)
+        return list(found.values()) or [[]]
+
     # -- extent ------------------------------------------------------------------------------
     @property
     def origin_ns(self) -> int:
@@ -255,18 +262,25 @@ class Timeline:
     def bound(self) -> str | None:
         """The busiest work lane (stage-in, copy-in, compute, copy-out, stage-out, combine):
         what limits the stream. None for an empty timeline."""
-        busy = {lane: self.busy_ns(lane) for lane in WORK_LANES}
+        # Several devices: each device's own busy time per lane, summed (the union over
+        # devices made two compute-bound devices with staggered copies "copy-in" bound).
+        busy = {lane: sum(_busy(spans, lane) for spans in self._by_device())
+                for lane in WORK_LANES}
         lane = max(busy, key=lambda name: busy[name])
         return lane if busy[lane] > 0 else None
 
     @property
     def idle_ns(self) -> int | None:
         """Wall time minus compute busy time, in ns: how long the stream ran with no kernel
-        running (the device waited for data, or for the host to issue work). None when there
-        is no compute span."""
+        running (the device waited for data, or for the host to issue work); on several
+        devices, the mean of each device's own figure. None when there is no compute span."""
         if not self.lane("compute"):
             return None
-        return max(self.wall_ns - self.busy_ns("compute"), 0)
+        # Several devices: each device's idle time against its own kernels, averaged over the
+        # devices that ran any (one device's kernel does not keep another's busy).
+        idle = [max(self.wall_ns - _busy(spans, "compute"), 0) for spans in self._by_device()
+                if any(s.lane == "compute" for s in spans)]
+        return round(sum(idle) / len(idle))
 
     @property
     def exposed_transfer_ns(self) -> int | None:
@@ -333,3 +347,10 @@ def _call(method: str, path: object) -> str:
     it (a Path shown as its text, not ``PosixPath(...)``)."""
     shown = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
     return f"timeline.{method}({shown!r})"
+
+
+def _busy(spans: list[Span], lane: str) -> int:
+    """Time the spans of ``lane`` among ``spans`` covered (overlaps counted once), in ns."""
+    return sum(end - start for start, end in _merge(
+        (s.start_ns, s.end_ns) for s in spans if s.lane == lane))
+
