@@ -302,7 +302,7 @@ def test_settle_leaves_blocks_in_use_alone(pool):
     assert pool.stats().held_bytes == 0
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "1GiB", True])
+@pytest.mark.parametrize("bad", [-1, 1.5, "lots", True])
 def test_keep_must_be_none_or_bytes(pool, bad):
     with pytest.raises(cv.InputError, match="pool keep"):
         pool.keep = bad

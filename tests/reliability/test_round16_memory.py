@@ -411,8 +411,6 @@ def test_a_stream_with_the_default_memory_limit_fits_the_pinned_pools_limit(ctx)
     assert ctx.pinned_pool.stats().peak_in_use_bytes <= 2**20
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: pool.keep refuses the size strings and "
-                   "NumPy integers pool.limit takes")
 @pytest.mark.parametrize("value, expected", [("64MiB", 64 << 20), (np.int64(4096), 4096)])
 def test_a_pool_keep_takes_what_its_limit_takes(ctx, value, expected):
     for pool in (ctx.memory_pool, ctx.pinned_pool):
@@ -433,8 +431,6 @@ _HELPERS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: cv.pinned.* and cv.resident(device=) "
-                   "given a spec string (as cv.stream takes) are raw AttributeErrors")
 @pytest.mark.parametrize("helper", sorted(_HELPERS))
 def test_the_memory_helpers_take_a_device_spec_as_cv_stream_does(device, helper):
     made = _HELPERS[helper](device.spec)
@@ -445,16 +441,12 @@ def test_the_memory_helpers_take_a_device_spec_as_cv_stream_does(device, helper)
         assert cv.pinned.is_pinned(made)
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: cv.pinned.register(device=spec) is a raw "
-                   "AttributeError")
 def test_pinned_register_takes_a_device_spec(device):
     array = np.ones(1000, np.float32)
     with cv.pinned.register(array, device=device.spec) as registration:
         assert registration is not None
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: cv.pinned.empty_like of a list is a raw "
-                   "AttributeError ('list' object has no attribute 'shape')")
 def test_pinned_empty_like_of_a_list_is_like_numpys_or_refused_by_name(device):
     try:
         made = cv.pinned.empty_like([1.0, 2.0], device=device)

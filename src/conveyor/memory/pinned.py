@@ -124,9 +124,11 @@ def owner(array: np.ndarray) -> PinnedOwner | None:
     return None
 
 
-def is_pinned(array: np.ndarray, device: Device | None = None) -> bool:
+def is_pinned(array: np.ndarray, device: Device | str | None = None) -> bool:
     """True when ``array`` lives in conveyor pinned memory (of ``device``, if given)."""
     found = owner(array)
+    if isinstance(device, str):
+        device = _resolve(device)
     return found is not None and (device is None or found.device is device)
 
 
@@ -146,19 +148,19 @@ def record_use(array: np.ndarray, event: Event) -> None:
         found.record_use(event)
 
 
-def _resolve(device: Device | None) -> Device:
-    if device is not None:
-        return device
-    from conveyor.backends import device as default_device
+def _resolve(device: Device | str | None) -> Device:
+    """``device`` as ``cv.stream`` takes it: a Device, a spec string, or None (the default);
+    anything else is an InputError (a spec string was an AttributeError)."""
+    from conveyor.memory.keep import _device
 
-    return default_device(warm_up=False)
+    return _device(device)
 
 
 def empty(
     shape: int | tuple[int, ...],
     dtype: DTypeLike = np.float32,
     *,
-    device: Device | None = None,
+    device: Device | str | None = None,
     svm: bool = False,
 ) -> np.ndarray:
     """A new uninitialised C-ordered array in pinned memory (or fine-grained SVM with
@@ -224,7 +226,7 @@ def zeros(
     shape: int | tuple[int, ...],
     dtype: DTypeLike = np.float32,
     *,
-    device: Device | None = None,
+    device: Device | str | None = None,
     svm: bool = False,
 ) -> np.ndarray:
     """Like :func:`empty`, filled with zeros."""
@@ -233,17 +235,26 @@ def zeros(
     return out
 
 
-def empty_like(array: np.ndarray, *, device: Device | None = None) -> np.ndarray:
-    """A pinned array of ``array``'s shape and dtype (always C-ordered)."""
+def empty_like(array: Any, *, device: Device | str | None = None) -> np.ndarray:
+    """A pinned array of ``array``'s shape and dtype (always C-ordered); ``array`` may be
+    anything ``np.asarray`` takes, as for ``np.empty_like``."""
+    array = _with_shape(array)
     return empty(array.shape, array.dtype, device=device)
 
 
-def zeros_like(array: np.ndarray, *, device: Device | None = None) -> np.ndarray:
+def zeros_like(array: Any, *, device: Device | str | None = None) -> np.ndarray:
     """A pinned array of zeros of ``array``'s shape and dtype."""
+    array = _with_shape(array)
     return zeros(array.shape, array.dtype, device=device)
 
 
-def asarray(array: Any, *, device: Device | None = None) -> np.ndarray:
+def _with_shape(array: Any) -> Any:
+    """``array`` where it has a shape and a dtype (an array, a CuPy or PyTorch one), else
+    ``np.asarray(array)`` (a list), as ``np.empty_like`` takes it."""
+    return array if hasattr(array, "shape") and hasattr(array, "dtype") else np.asarray(array)
+
+
+def asarray(array: Any, *, device: Device | str | None = None) -> np.ndarray:
     """``array`` in pinned memory: itself when already pinned on the device, else a copy."""
     dev = _resolve(device)
     source = np.asarray(array)
@@ -255,7 +266,7 @@ def asarray(array: Any, *, device: Device | None = None) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def register(array: np.ndarray, *, device: Device | None = None) -> Iterator[Registration]:
+def register(array: np.ndarray, *, device: Device | str | None = None) -> Iterator[Registration]:
     """Pin ``array`` in place for the ``with`` block, where the backend can.
 
     CUDA page-locks the pages (cuMemHostRegister). OpenCL has no such call: it wraps the array

@@ -158,10 +158,16 @@ class BlockPool(Generic[B]):
         return self._keep
 
     @keep.setter
-    def keep(self, value: int | None) -> None:
+    def keep(self, value: int | str | None) -> None:
+        if isinstance(value, str):  # "64MiB", as the limit and CONVEYOR_POOL_KEEP take
+            value = 0 if value.strip() == "0" else config.parse_size("pool keep", value)
+        elif value is not None and not isinstance(value, bool | int) \
+                and hasattr(value, "__index__"):
+            value = int(value.__index__())  # a NumPy integer
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 0):
-            raise InputError(f"pool keep must be None or 0 or more bytes (an int), got {value!r}")
+            raise InputError(f"pool keep must be None or 0 or more bytes (an int or a size "
+                             f"like '64MiB'), got {value!r}")
         self._keep = value
 
     def bin_size(self, nbytes: int) -> int:

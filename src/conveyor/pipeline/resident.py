@@ -42,8 +42,8 @@ class Resident(Closeable):
     """A host array kept on one device across streams (see the module). ``nbytes`` is its
     size; it is uploaded when a stream first needs it (or now, when ``device`` is given)."""
 
-    def __init__(self, array: Any, *, writable: bool = False, device: Device | None = None
-                 ) -> None:
+    def __init__(self, array: Any, *, writable: bool = False,
+                 device: Device | str | None = None) -> None:
         array = _table(array, "the array given to cv.resident()")
         if writable and not (array.flags.c_contiguous and array.flags.writeable):
             raise InputError("resident(writable=True) copies the table back into the array: "
@@ -62,7 +62,9 @@ class Resident(Closeable):
         self._owner: int | None = None
         self._claims = 0
         if device is not None:
-            self._bind(device)
+            from conveyor.memory.keep import _device
+
+            self._bind(_device(device))  # a Device or a spec string, as cv.stream takes
             self._upload_now()
 
     @property
@@ -206,7 +208,8 @@ class Resident(Closeable):
             pass
 
 
-def resident(array: Any, *, writable: bool = False, device: Device | None = None) -> Resident:
+def resident(array: Any, *, writable: bool = False,
+             device: Device | str | None = None) -> Resident:
     """``array`` kept on the device across streams: pass the handle in ``args=`` where the
     kernel declares a pointer. ``writable=True`` lets the kernel write it: uploaded at the
     start of every stream, copied back into ``array`` after each that succeeded. A read-only
