@@ -305,8 +305,6 @@ def test_the_ladder_collects_a_dropped_pinned_array_in_a_cycle_for_the_ring(ctx)
     assert_clean(ctx)
 
 
-@pytest.mark.xfail(strict=True, reason="round 16: a kept array freed by a garbage collection "
-                   "that runs inside the device's host lock deadlocks against keep_pinned")
 def test_a_kept_array_collected_inside_the_host_lock_does_not_deadlock_keep_pinned(
         ctx, monkeypatch):
     # Python collects garbage at any allocation, also at those made under the device's host

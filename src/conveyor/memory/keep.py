@@ -26,6 +26,7 @@ after its copy, so the host sees the rows when the block is done (the OpenCL rul
 from __future__ import annotations
 
 import atexit
+import collections
 import threading
 import weakref
 from collections import OrderedDict
@@ -42,6 +43,18 @@ if TYPE_CHECKING:
     from conveyor.backends.base import Device, Registration
 
 _lock = threading.RLock()
+#: Keys of arrays freed while the lock was taken elsewhere (see _forget).
+_forgotten: collections.deque[tuple[int, int, int]] = collections.deque()
+
+
+def _forget_pending() -> None:
+    """Release the registrations of arrays freed while the lock was busy (``_forget``)."""
+    while _forgotten:
+        try:
+            key = _forgotten.popleft()
+        except IndexError:
+            return
+        _forget(key)
 _budget: int | None = None  # set by configure(); None: the environment's or the default
 #: (device, address, nbytes) -> Kept, least recently used first.
 _kept: OrderedDict[tuple[int, int, int], Kept] = OrderedDict()
@@ -116,6 +129,7 @@ def budget() -> int:
 
 def kept_bytes() -> int:
     """Bytes of host memory kept page-locked now (all devices)."""
+    _forget_pending()
     with _lock:
         return sum(k.nbytes for k in _kept.values())
 
@@ -164,6 +178,7 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
     if array.nbytes == 0 or pinned.is_pinned_for(array, device):
         return pinned.is_pinned_for(array, device)  # pinned for this device already
     key = _key(array, device)
+    _forget_pending()
     with _lock:
         found = _kept.get(key)
         if found is not None:
@@ -224,8 +239,16 @@ def _forget(key: tuple[int, int, int]) -> None:
     stream holds is released when the stream lets go: that stream reads the same memory
     through another array (``np.frombuffer`` twice, views of one shared buffer), which keeps
     the memory alive, and its later blocks would otherwise fall back to pageable copies, or
-    on CUDA copy from memory unregistered under them."""
-    with _lock:
+    on CUDA copy from memory unregistered under them.
+
+    Never waits for the lock: a garbage collection runs this callback wherever it happens,
+    also inside the device's host lock, while another thread holding this lock waits for that
+    one (keep_pinned registering an array): a key then waits in ``_forgotten`` for the next
+    call that takes the lock."""
+    if not _lock.acquire(blocking=False):
+        _forgotten.append(key)
+        return
+    try:
         kept = _kept.get(key)
         if kept is None:
             return
@@ -233,6 +256,8 @@ def _forget(key: tuple[int, int, int]) -> None:
             kept.doomed = True  # Holds.close() closes it
             return
         del _kept[key]
+    finally:
+        _lock.release()
     try:
         kept.registration.close()  # the finalizer is this call
     except Exception:  # never raise from a finalizer (a device gone, a forked child)
@@ -249,6 +274,7 @@ def release_pinned(array: np.ndarray | None = None, *,
                          f"None for every kept array; got {type(array).__name__}")
     if device is not None:
         device = _device(device)
+    _forget_pending()
     with _lock:
         doomed = [k for k in _kept.values()
                   if (device is None or k.device is device)
@@ -342,6 +368,7 @@ def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()
     read: dict[int, Kept] = {}
     # Found and held under one lock: another thread's keep_pinned() may release any kept
     # array no stream holds (the budget), and must not release one between the two.
+    _forget_pending()
     with _lock:
         found: list[Kept | None] = [find(device, a, written=w) if a.flags.c_contiguous
                                     else None for a, w in zip(arrays, writes, strict=True)]
