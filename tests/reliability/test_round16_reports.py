@@ -360,6 +360,8 @@ def test_guard_a_pickled_report_of_two_devices_keeps_every_figure(pair):
 def test_guard_a_stream_failing_part_way_leaves_the_old_trace_and_output(device, tmp_path):
     """guard: a callable that fails at block 3 of a file stream with trace=: the old trace
     and the old output file are as they were, and no temporary file is left beside them."""
+    if device.backend != "opencl":
+        pytest.skip("the callable does arithmetic on PyOpenCL arrays")
     (tmp_path / "t.json").write_text("OLD")
     np.save(tmp_path / "o.npy", np.zeros(3))
 
