@@ -125,3 +125,31 @@ __kernel void rec_make(__global const float *x, __global rec *r, ulong offset, u
     if (i < n) {{ r[i].a = ({member})x[i]; r[i].b = x[i] * 0.5f; }}
 }}
 """
+
+
+def _first_device_only(request: Any) -> None:
+    """Skip a test's copies on devices after the first (its ``device`` parameter): for checks
+    that are conveyor's, the same on every device (streams over two devices take the ``pair``
+    fixture). Rounds fifteen and sixteen use it, through :data:`first_device_only`, to keep
+    ``make test`` short."""
+    import pytest
+
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.indices.get("device", 0) != 0:
+        pytest.skip("checks conveyor's, the same on every device: run on the first device")
+
+
+def _make_first_device_only() -> Any:
+    import pytest
+
+    @pytest.fixture(autouse=True)
+    def first_device_only(request: Any) -> None:
+        _first_device_only(request)
+
+    return first_device_only
+
+
+#: An autouse fixture: a test module that imports it runs its one-device tests on the first
+#: device only.
+first_device_only = _make_first_device_only()
+

@@ -36,19 +36,15 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, opencl_c_only, zero_copy_where_unified  # noqa: E402
+from reliakit import (  # noqa: E402
+    assert_clean,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
+    opencl_c_only,
+    zero_copy_where_unified,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first device
-    (streams over two devices take the ``pair`` fixture), which keeps ``make test`` short."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 15 checks run on the first device")
 
 SRC = """
 __kernel void scale(__global const float *x, __global float *y, float k, ulong offset,

@@ -21,21 +21,16 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, opencl_c_only  # noqa: E402
+from reliakit import (  # noqa: E402
+    assert_clean,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
+    opencl_c_only,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor import config  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
 from conveyor.kernels import build  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first device
-    (streams over two devices take the ``pair`` fixture), which keeps ``make test`` short."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 15 checks run on the first device")
 
 pytestmark = pytest.mark.usefixtures("fresh_memo")  # tests/conftest.py: the disk cache on
 

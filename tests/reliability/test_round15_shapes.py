@@ -38,21 +38,13 @@ from reliakit import (  # noqa: E402
     add_reference,
     assert_clean,
     data,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
     kernel,
     stencil_reference,
 )
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first device
-    (streams over two devices take the ``pair`` fixture), which keeps ``make test`` short."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 15 checks run on the first device")
 
 #: np.pad's mode for each boundary= name.
 PAD = {"nearest": "edge", "reflect": "symmetric", "periodic": "wrap"}

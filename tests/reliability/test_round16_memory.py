@@ -52,6 +52,7 @@ from reliakit import (  # noqa: E402
     add_reference,
     assert_clean,
     data,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
     in_use,
     kernel,
     next_stream_right,
@@ -61,15 +62,6 @@ from reliakit import (  # noqa: E402
 import conveyor as cv  # noqa: E402
 from conveyor import interrupts  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 16 checks run on the first device")
 
 
 @pytest.fixture

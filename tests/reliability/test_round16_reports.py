@@ -59,13 +59,7 @@ from conveyor.trace.timeline import Span, Timeline  # noqa: E402
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 16 checks run on the first device")
+from reliakit import first_device_only  # noqa: E402, F401 (autouse: first device only)
 
 
 def _strict_json(text: str):

@@ -351,11 +351,15 @@ def _file_in_fix(source: Any, want: np.dtype) -> str:
     if source.is_npy:
         return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
                 f"np.save({copy!r}, np.load({path!r}, mmap_mode='r').astype(np.{want}))")
+    return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
+            f"np.save({copy!r}, {_fromfile(source, source.dtype)}.astype(np.{want}))")
+
+
+def _fromfile(source: Any, dtype: np.dtype) -> str:
+    """The NumPy call that reads raw file input ``source``'s values as ``dtype``."""
     offset = f", offset={source.offset}" if source.offset else ""
     shape = f".reshape({source.shape})" if len(source.shape) > 1 else ""
-    return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
-            f"np.save({copy!r}, np.fromfile({path!r}, {source.dtype.str!r}{offset}){shape}"
-            f".astype(np.{want}))")
+    return f"np.fromfile({str(source.path)!r}, {dtype.str!r}{offset}){shape}"
 
 
 def native_order_fix(source: Any, dtype: np.dtype) -> str:
@@ -376,11 +380,8 @@ def native_order_fix(source: Any, dtype: np.dtype) -> str:
                     f"np.save({path!r}, a.astype(a.dtype.newbyteorder('=')))")
         return (f"rewrite the file in this machine's byte order: np.save({path!r}, "
                 f"np.load({path!r}).astype({native.str!r}))")
-    offset = f", offset={source.offset}" if source.offset else ""
-    shape = f".reshape({source.shape})" if len(source.shape) > 1 else ""
     return (f"write its values in this machine's byte order to a .npy file and pass that: "
-            f"np.save('native.npy', np.fromfile({path!r}, {dtype.str!r}{offset})"
-            f"{shape}.astype({native.str!r}))")
+            f"np.save('native.npy', {_fromfile(source, dtype)}.astype({native.str!r}))")
 
 
 def check_args(params: Sequence[Param], args: Sequence[Any], kernel: Any = None) -> None:
