@@ -60,7 +60,7 @@ class Resident(Closeable):
         self._lock = threading.RLock()
         # A writable table is held by one thread's streams at a time (see claim()).
         self._owner: int | None = None
-        self._claims = 0
+        self._claim_count = 0
         if device is not None:
             from conveyor.memory.keep import _device
 
@@ -239,7 +239,7 @@ def claim(handles: Sequence[Resident]) -> list[Resident]:
             interrupts.wait(_claims)
         for handle in writable:
             handle._owner = me
-            handle._claims += 1
+            handle._claim_count += 1
     return writable
 
 
@@ -249,8 +249,8 @@ def let_go(handles: Sequence[Resident]) -> None:
         return
     with _claims:
         for handle in handles:
-            handle._claims -= 1
-            if not handle._claims:
+            handle._claim_count -= 1
+            if not handle._claim_count:
                 handle._owner = None
         _claims.notify_all()
 
