@@ -48,8 +48,9 @@ _forgotten: collections.deque[tuple[int, int, int]] = collections.deque()
 
 
 def _forget_pending() -> None:
-    """Release the registrations of arrays freed while the lock was busy (``_forget``)."""
-    while _forgotten:
+    """Release the registrations of arrays freed while the lock was busy (``_forget``): those
+    waiting now, once each (one whose lock is busy again waits for the next call)."""
+    for _ in range(len(_forgotten)):
         try:
             key = _forgotten.popleft()
         except IndexError:
