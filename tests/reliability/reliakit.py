@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,8 @@ import conveyor as cv  # noqa: E402
 
 __all__ = [
     "Boom", "add_reference", "assert_clean", "data", "in_use", "kernel", "next_stream_right",
-    "opencl_c_only", "record_paths", "stage_threads", "stencil_reference", "store", "to_host",
-    "vadd_arrays",
+    "opencl_c_only", "record_paths", "run_threads", "stage_threads", "stencil_reference",
+    "store", "to_host", "vadd_arrays",
 ]
 
 
@@ -153,3 +154,25 @@ def _make_first_device_only() -> Any:
 #: device only.
 first_device_only = _make_first_device_only()
 
+
+def run_threads(target: Any, count: int) -> None:
+    """Run ``target(i)`` on ``count`` threads started together; raise the first failure."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def main(index: int) -> None:
+        try:
+            barrier.wait()
+            target(index)
+        except BaseException as exc:  # reported by the main thread
+            exc.add_note(f"thread {index}")
+            errors.append(exc)
+
+    threads = [threading.Thread(target=main, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    if errors:
+        raise errors[0]

@@ -41,6 +41,7 @@ from reliakit import (  # noqa: E402
     kernel,
     next_stream_right,
     record_paths,
+    run_threads,
     stencil_reference,
     store,
     to_host,
@@ -65,29 +66,6 @@ def nothing_kept_before_or_after():
     keep.release_pinned()
     keep._budget = old
     assert keep.kept_bytes() == 0
-
-
-def _run_threads(target, count: int) -> None:
-    """Run ``target(i)`` on ``count`` threads started together; raise the first failure."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
-
-    def main(index):
-        try:
-            barrier.wait()
-            target(index)
-        except BaseException as exc:  # reported by the main thread
-            exc.add_note(f"thread {index}")
-            errors.append(exc)
-
-    threads = [threading.Thread(target=main, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(thread.is_alive() for thread in threads)
-    if errors:
-        raise errors[0]
 
 
 def _paused_stream(device, x, y, *, at, **kw):
@@ -148,7 +126,7 @@ def test_threads_streaming_over_two_devices_at_once_are_each_exact(pair, tmp_pat
                       block_bytes=4000)
             np.testing.assert_array_equal(np.load(out), add_reference(a, b))
 
-    _run_threads(work, 4)
+    run_threads(work, 4)
     for dev in pair:
         assert_clean(dev)
     assert sys.getswitchinterval() == interval
@@ -170,7 +148,7 @@ def test_threads_on_one_device_sharing_kept_inputs_and_one_kept_output(device):
             cv.stream(k, [a[lo:hi], b[lo:hi]], [c[lo:hi]], device=device, block_bytes=4000,
                       zero_copy=False, first_row=lo)
 
-    _run_threads(work, 4)
+    run_threads(work, 4)
     np.testing.assert_array_equal(c, add_reference(a, b))
     assert_clean(device)
 

@@ -53,6 +53,7 @@ from reliakit import (  # noqa: E402
     first_device_only,  # noqa: E402, F401 (autouse: first device only)
     kernel,
     next_stream_right,
+    run_threads,
     stencil_reference,
     store,
     to_host,
@@ -80,29 +81,6 @@ LUT = """__kernel void lut(__global const float *x, __global float *y, __global 
 def _opencl(device: cv.Device) -> None:
     if device.backend != "opencl":
         pytest.skip("OpenCL C kernels (atomic_inc) and PyOpenCL arrays")
-
-
-def _run_threads(target, count: int) -> None:
-    """Run ``target(i)`` on ``count`` threads started together; raise the first failure."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
-
-    def main(index):
-        try:
-            barrier.wait()
-            target(index)
-        except BaseException as exc:  # reported by the main thread
-            exc.add_note(f"thread {index}")
-            errors.append(exc)
-
-    threads = [threading.Thread(target=main, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(thread.is_alive() for thread in threads)
-    if errors:
-        raise errors[0]
 
 
 def _child(script: str, tmp_path: Path, *args: str, timeout: int = 90):
@@ -180,7 +158,7 @@ def test_threads_streaming_every_kind_at_once_on_one_device_and_over_the_pair(pa
                   device=one, args=(1, 1), halo=1, block_bytes=1600)
         np.testing.assert_array_equal(out, stencil_reference(a, 1))
 
-    _run_threads(work, len(wheres))
+    run_threads(work, len(wheres))
     for dev in pair:
         assert_clean(dev)
     # The page-faulting and compiling pools (memory/hostmem.py, kernels/build.py) are the
@@ -260,7 +238,7 @@ def test_threads_adding_into_one_writable_table_count_every_stream(device):
             for _ in range(5):
                 cv.stream(k, [x], [], args=(table,), device=device, block_bytes=20_000)
 
-        _run_threads(work, 4)
+        run_threads(work, 4)
     np.testing.assert_array_equal(counts, 20 * np.bincount(x % 16, minlength=16))
     assert_clean(device)
 
@@ -333,7 +311,7 @@ def test_one_kernel_future_first_loaded_by_many_threads_at_once(device):
         cv.stream(future, [x], [y], device=device, block_bytes=4000)
         np.testing.assert_array_equal(y, reference)
 
-    _run_threads(work, 6)
+    run_threads(work, 6)
     assert_clean(device)
 
 
@@ -352,7 +330,7 @@ def test_threads_streaming_into_one_output_file_and_one_trace_file(device, tmp_p
         for _ in range(3):
             cv.stream(k, [x], [str(out)], device=device, block_bytes=4000, trace=str(trace))
 
-    _run_threads(work, 4)
+    run_threads(work, 4)
     np.testing.assert_array_equal(np.load(out), x * 2 + np.arange(len(x)).astype(np.float32))
     assert "traceEvents" in json.loads(trace.read_text())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json", "y.npy"]

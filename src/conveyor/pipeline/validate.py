@@ -291,8 +291,6 @@ def check_kernel(
     for index, (param, (what, dtype, given)) in enumerate(zip(params, arrays, strict=False)):
         if index not in images:
             check_buffer(kernel.name, param, what, dtype, code, given)
-        if index < len(inputs) and dtype == np.bool_ and param.dtype == np.bool_:
-            check_bool_bytes(what, given)
         if index >= len(inputs) and (param.is_const or param.address == "constant"):
             # The kernel cannot write it: the stream would copy back what the device buffer
             # held (the chain refuses the same, chainbind).
