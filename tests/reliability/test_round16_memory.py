@@ -336,8 +336,6 @@ def test_a_kept_array_collected_inside_the_host_lock_does_not_deadlock_keep_pinn
 
 
 # -- 2. after device.close() ---------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="round 16: blocks given back after device.close() "
-                   "(a pinned array, a resident table) stay held by its pools for good")
 def test_what_comes_back_to_a_closed_devices_pools_is_freed_not_held(ctx):
     k = ctx.compile(cv.portable(LUT), "lut")
     x = data((20_000,), np.float32, 2)
@@ -390,8 +388,6 @@ def test_objects_made_before_close_still_work_after_it(ctx):
 
 
 # -- 3. pool limits and the plan -------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="round 16: a default stream plans its staging ring "
-                   "past the pinned pool's limit and fails with OutOfMemoryError every time")
 def test_a_stream_with_the_default_memory_limit_fits_the_pinned_pools_limit(ctx):
     k = kernel(ctx, "add")
     a, b, c = vadd_arrays(400_000)

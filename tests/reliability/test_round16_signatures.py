@@ -440,8 +440,6 @@ def test_cuda_launch_bounds_head_is_read():
 # ---------------------------------------------------------------------------------------
 # __constant inputs and the device's constant buffer size.
 
-@pytest.mark.xfail(strict=True, reason=(
-    "round 16: __constant input blocks are not capped at CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE"))
 def test_constant_input_blocks_fit_the_constant_buffer(device):
     """A ``__constant float *x`` input streamed in blocks of 1 MiB: a block bigger than
     the device's ``CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE`` (PoCL: 512 KiB; NVIDIA: 64 KiB)

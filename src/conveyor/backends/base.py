@@ -323,6 +323,13 @@ class Device(Closeable, ABC):
         return self.info.max_alloc_bytes
 
     @property
+    def max_constant_bytes(self) -> int | None:
+        """The most bytes a kernel's ``__constant`` buffer arguments may have (OpenCL's
+        ``CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE``), or None where parameters have no such
+        address space (CUDA)."""
+        return None
+
+    @property
     def compute_units(self) -> int:
         """Compute units (OpenCL) or streaming multiprocessors (CUDA)."""
         return self.info.compute_units

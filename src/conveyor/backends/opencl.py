@@ -823,6 +823,10 @@ class Device(base.Device):
         own = cl.Buffer.from_int_ptr(_cl_buf(buf).int_ptr, retain=True)
         return cl_array.Array(queue._q, shape, dtype, data=own)
 
+    @property
+    def max_constant_bytes(self) -> int | None:
+        return int(self.cl_device.max_constant_buffer_size)
+
     # Images live in opencl_images.py (this file keeps the buffer backend's shape).
     def image_limits(self) -> base.ImageLimits:
         from conveyor.backends import opencl_images

@@ -131,6 +131,9 @@ class BlockPool(Generic[B]):
         self._keep_bytes: int | None = None
         self._trims = 0
         self._trimmed_bytes = 0
+        # close() was called and no block has been asked for since: what comes back is freed,
+        # not held (a pinned array or a table dropped after device.close() was held for good).
+        self._closed = False
 
     # -- configuration --------------------------------------------------------------------
     @property
@@ -216,6 +219,7 @@ class BlockPool(Generic[B]):
     def _take_idle(self, size: int, count: bool = True) -> B | None:
         """An idle block of ``size`` marked in use, or None (a miss, counted if ``count``)."""
         with self._lock:
+            self._closed = False  # in use again: hold what comes back, as before close()
             self._collect_done()
             free = self._free.get(size)
             if not free:
@@ -245,6 +249,8 @@ class BlockPool(Generic[B]):
         use, so it moves neither the statistics nor the keep budget."""
         size = self._bin_size(max(nbytes, 1))
         requests = self.requests if since is None else since
+        with self._lock:
+            self._closed = False  # made ready for use: held as before close()
 
         def admit() -> bool:  # no request since, and within the keep budget
             return (self._hits + self._misses == requests
@@ -290,7 +296,10 @@ class BlockPool(Generic[B]):
             # all held, one block per size (keep=0 held megabytes). Within a stream some block
             # is always in use, so its ring is never trimmed before its own settle().
             doomed: list[B] = []
-            if self._keep is not None and not self._in_use_bytes \
+            if self._closed:
+                self._collect_done()
+                doomed = self._over_budget(0)
+            elif self._keep is not None and not self._in_use_bytes \
                     and self._held_bytes > self._keep:
                 doomed = self._over_budget(self._keep)
         for idle in doomed:
@@ -369,6 +378,7 @@ class BlockPool(Generic[B]):
 
     def stats(self) -> PoolStats:
         """Current counters."""
+        self._free_if_closed()
         with self._lock:
             self._collect_done()
             return PoolStats(
@@ -391,9 +401,23 @@ class BlockPool(Generic[B]):
             self._peak = self._in_use_bytes
 
     def close(self) -> None:
-        """Wait for fenced blocks and free everything held. Blocks still in use stay valid."""
+        """Wait for fenced blocks and free everything held. Blocks still in use stay valid;
+        those given back later are freed as they come back (once their fence completes),
+        until a block is asked for again."""
+        with self._lock:
+            self._closed = True
         self._drain_pending()
         self.trim()
+
+    def _free_if_closed(self) -> None:
+        """After close(): free blocks whose fences have completed since they came back."""
+        with self._lock:
+            if not self._closed:
+                return
+            self._collect_done()
+            doomed = self._over_budget(0)
+        for idle in doomed:
+            idle.close()
 
     # -- internals --------------------------------------------------------------------------
     def _mark_in_use(self, block: B, size: int) -> B:

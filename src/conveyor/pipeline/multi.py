@@ -295,8 +295,11 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
             max_alloc_bytes=min(d.max_alloc_bytes for d in devices),
             pool_limit=min((d.memory_pool.limit for d in devices
                             if d.memory_pool.limit is not None), default=None),
+            pinned_limit=min((d.pinned_pool.limit for d in devices
+                              if d.pinned_pool.limit is not None), default=None),
             **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
             resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
+            **_constant_cap(kernels, devices, sources, opts.halo),
         )
         from conveyor.pipeline.stream import open_sinks
 
@@ -456,6 +459,18 @@ def check_host_memory_of_all(plan: Plan, devices: Sequence[Device]) -> None:
         f"memory (each device's pinned staging ring, and its device buffers where the device "
         f"keeps them in host memory: {each}), more than the host's {host}: use {advice}, or "
         f"fewer devices")
+
+
+def _constant_cap(kernels: Sequence[Any], devices: Sequence[Device], sources: list[Source],
+                  halo: int) -> dict[str, Any]:
+    """make_plan's ``max_block_rows`` where ``__constant`` inputs must fit the smallest
+    constant buffer of the devices (stream.constant_rows), else nothing."""
+    from conveyor.pipeline.stream import constant_rows
+
+    caps = [constant_rows(k, d, sources, halo, None)[0]
+            for k, d in zip(kernels, devices, strict=True)]
+    rows = min((c for c in caps if c is not None), default=None)
+    return {} if rows is None else {"max_block_rows": rows, "block_cap": "constant"}
 
 
 def _wait(barrier: threading.Barrier) -> None:

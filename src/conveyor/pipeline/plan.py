@@ -27,10 +27,14 @@ from typing import Protocol, overload
 import numpy as np
 
 from conveyor.errors import InputError
+from conveyor.memory.pinned import page_bin
 from conveyor.memory.pool import device_bin
 
 DEFAULT_MEMORY_FRACTION = 0.5
 DEFAULT_BLOCK_BYTES = 64 * 2**20
+#: Pinned staging entries beyond the device ring's depth: how far staging may run ahead of
+#: the device (inputs) and behind it (outputs). Used by pipeline/staged.py.
+STAGING_EXTRA = 2
 
 
 @dataclass(frozen=True)
@@ -295,12 +299,16 @@ def make_plan(
     temp_row_bytes: tuple[int, ...] = (),
     max_block_rows: int | None = None,
     pool_limit: int | None = None,
+    pinned_limit: int | None = None,
+    block_cap: str = "image",
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits (beside
     ``resident_bytes`` of resident arrays, counted against the same limit). Blocks have at
-    most ``max_block_rows`` rows where given (image inputs: the device's image height).
+    most ``max_block_rows`` rows where given (``block_cap`` says why, a key of ``_CAPS``: the
+    device's image height for image inputs, its constant buffer for ``__constant`` inputs).
     Without a ``memory_limit``, the ring fits half the device's memory and the device
-    pool's own ``limit`` (``pool_limit``), where one is set."""
+    pool's own ``limit`` (``pool_limit``), where one is set, and the pinned staging rings fit
+    the pinned pool's ``limit`` (``pinned_limit``)."""
     if not inputs:
         raise InputError("a stream needs at least one input array")
     if depth < 1:
@@ -356,14 +364,17 @@ def make_plan(
         block_rows = max(block_rows // step * step, step)
         block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
                           partial_bytes, rows, step, temp_row_bytes)
+        if memory_limit is None and pinned_limit is not None:
+            block_rows = _fit_staging(block_rows, depth, halo, inputs, outputs, pinned_limit,
+                                      rows, step)
     if rows:
         block_rows = min(block_rows, rows)  # rows is a multiple of step (shaped.Rows)
     block_rows = max(block_rows, 1)
     if max_block_rows is not None and block_rows > max_block_rows:
         if max_block_rows < step:
             raise InputError(f"blocks may have at most {max_block_rows} rows (the device's "
-                             f"image height less the halo), fewer than the {step} rows an "
-                             f"output's ratio needs: use a smaller halo or ratio")
+                             f"{_CAPS[block_cap][0]} less the halo), fewer than the {step} "
+                             f"rows an output's ratio needs: use a smaller halo or ratio")
         block_rows = max_block_rows // step * step
     if rows:
         # No more slots than blocks: depth=10**6 on a short stream held 781 MiB of slots
@@ -385,12 +396,13 @@ def make_plan(
         )
     if halo and halo > block_rows and rows > block_rows:
         if max_block_rows is not None and block_rows >= max_block_rows // step * step:
-            # Cut by the device's image height: a larger block_bytes cannot help.
+            # Cut by the device's image height or constant buffer: a larger block_bytes
+            # cannot help.
+            what, other = _CAPS[block_cap]
             raise InputError(
                 f"halo={halo} rows is more than a block ({block_rows} rows), and the "
-                f"device's image height (with the halo on both sides) caps a block there: "
-                f"use a halo of at most {(max_block_rows + 2 * halo) // 3} rows, or stream "
-                f"the array as a plain input (not cv.image)")
+                f"device's {what} (with the halo on both sides) caps a block there: "
+                f"use a halo of at most {(max_block_rows + 2 * halo) // 3} rows, or {other}")
         raise InputError(
             f"halo={halo} rows is more than a block ({block_rows} rows): "
             f"use a larger block_bytes or memory_limit, or a smaller halo"
@@ -421,6 +433,39 @@ def make_plan(
         )
     return Plan(rows, block_rows, depth, halo, inputs, outputs, total_limit, scratch_row_bytes,
                 partial_bytes, resident_bytes, temp_row_bytes)
+
+
+#: What caps a block's rows (make_plan's ``block_cap``): the device's limit, and what else
+#: the user can do than a smaller halo.
+_CAPS = {
+    "image": ("image height", "stream the array as a plain input (not cv.image)"),
+    "constant": ("constant buffer size (CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE)",
+                 "declare the kernel's parameter __global const instead of __constant"),
+}
+
+
+def _fit_staging(block_rows: int, depth: int, halo: int, inputs: tuple[ArraySpec, ...],
+                 outputs: tuple[ArraySpec, ...], limit: int, rows: int, step: int) -> int:
+    """Shrink ``block_rows`` until pinned staging rings for every input and output (each
+    entry as the pinned pool bins it, ``depth + STAGING_EXTRA`` entries, fewer where there
+    are fewer blocks) fit the pinned pool's ``limit``: a default plan past it failed with
+    OutOfMemoryError every time. Counts every array as staged (which ones are is decided
+    later: pinned and zero-copy arrays are not), so it may shrink more than it must."""
+    first = inputs[0]
+
+    def staged(block_rows: int) -> int:
+        blocks = -(-rows // block_rows) if rows else depth
+        entries = max(min(depth + STAGING_EXTRA, blocks), 1)
+        entry = sum(page_bin(spec.device_bytes(block_rows + 2 * halo, block_rows, first))
+                    for spec in inputs)
+        entry += sum(page_bin(spec.device_bytes(spec.block_rows_of(block_rows), block_rows,
+                                                first)) for spec in outputs)
+        return entries * entry
+
+    while block_rows > step and staged(block_rows) > limit:
+        smaller = block_rows * 7 // 8 if block_rows > 8 * step else block_rows - step
+        block_rows = max(smaller // step * step, step)
+    return block_rows
 
 
 def _fit(

@@ -18,16 +18,13 @@ from conveyor.pipeline import staging
 from conveyor.pipeline.halo import Boundary, HaloRows, Pads, fill_pads
 from conveyor.pipeline.io import Source
 from conveyor.pipeline.paths import Path, Records, Slot
-from conveyor.pipeline.plan import Block, BlockSource, Plan
+from conveyor.pipeline.plan import STAGING_EXTRA, Block, BlockSource, Plan
 from conveyor.pipeline.ring import Ring
 from conveyor.pipeline.sinks import ArraySink, Sink
 from conveyor.pipeline.stage import Stager, StageTask
 from conveyor.pipeline.staging import Entry, StageAhead, StageBehind
 from conveyor.trace.timeline import Span
 
-#: Pinned staging entries beyond the device ring's depth: how far staging may run ahead of
-#: the device (inputs) and behind it (outputs).
-STAGING_EXTRA = 2
 #: Blocks of array outputs faulted in ahead of the stage-out (memory/prefault.py).
 PREFAULT_AHEAD = 4
 

@@ -422,6 +422,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     pairs = overlap.in_place_pairs(
         [s.inner if isinstance(s, image.ImageSource) else s for s in sources], sinks)
     in_place = frozenset(i for i, _ in pairs)
+    max_rows, cap = constant_rows(compute, dev, sources, opts.halo, max_rows)
     plan = planner(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -431,10 +432,12 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         halo=opts.halo,
         global_mem_bytes=dev.global_mem_bytes,
         pool_limit=dev.memory_pool.limit,
+        pinned_limit=dev.pinned_pool.limit,
         max_alloc_bytes=dev.max_alloc_bytes,
         **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
         resident_bytes=residents.nbytes if residents is not None else 0,
         max_block_rows=max_rows,
+        block_cap=cap,
     )
     check_host_memory(plan, dev)
     empty = open_sinks(sinks, plan, reduction, dev.spec, opts.depth)
@@ -511,6 +514,40 @@ def inputs_written(compute: Any, inputs: int) -> list[str]:
                       for ref, param in zip(link.reads, link.compute.params, strict=False)
                       if ref.kind == "in" and writable(param)]
     return found
+
+
+def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
+                  max_rows: int | None) -> tuple[int | None, str]:
+    """``max_rows`` (an image height's cap, or None) capped so that the block (and halo
+    rows) of every input bound to a ``__constant`` parameter fits the device's constant
+    buffers together, and which cap it is (make_plan's ``block_cap``): a block past it (64
+    KiB on NVIDIA) fails the launch mid-stream on a GPU. InputError when not one row fits."""
+    cap = dev.max_constant_bytes
+    if cap is None:
+        return max_rows, "image"
+    bound: dict[int, str] = {}
+    if isinstance(compute, Kernel):
+        params = [p for p in compute.params if "sampler" not in p.base]  # an image's pair
+        bound = {i: f"parameter {p.name!r} of kernel {compute.name!r}"
+                 for i, p in enumerate(params[:len(sources)]) if p.address == "constant"}
+    for link in getattr(compute, "links", ()):  # a bound chain (pipeline/chainbind.py)
+        if isinstance(link.compute, Kernel):
+            bound.update({ref.index: f"parameter {p.name!r} of {link.where()}"
+                          for ref, p in zip(link.reads, link.compute.params, strict=False)
+                          if ref.kind == "in" and p.address == "constant"})
+    if not bound:
+        return max_rows, "image"
+    row_bytes = sum(validate.spec(sources[i]).row_bytes for i in bound)
+    rows = cap // max(row_bytes, 1) - 2 * halo
+    if rows < 1:
+        named = ", ".join(f"input {i} ({where})" for i, where in sorted(bound.items()))
+        raise InputError(
+            f"{named}: __constant, and {1 + 2 * halo} row(s) of it ({row_bytes} bytes a row"
+            f"{f', halo={halo}' if halo else ''}) do not fit the device's constant buffers "
+            f"({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE): declare it __global const")
+    if max_rows is not None and max_rows <= rows:
+        return max_rows, "image"
+    return rows, "constant"
 
 
 def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],

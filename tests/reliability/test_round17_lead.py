@@ -1,0 +1,122 @@
+"""Round seventeen: what the lead fixed beside the helpers' reports (each test fails on the code
+before its fix).
+
+- Round sixteen's known ones: a ``__constant`` input's blocks were not capped at the device's
+  constant buffer size (a GPU driver fails such a launch mid-stream); a default plan ignored
+  the pinned pool's ``limit`` (OutOfMemoryError every time); blocks given back to a pool
+  after ``device.close()`` were held for good. Here: the same over several devices and in a
+  chain, the refusal when not one row fits, and a pool used again after close() holding again.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
+from reliakit import (
+    assert_clean,  # noqa: E402
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
+)
+
+import conveyor as cv  # noqa: E402
+from conveyor.errors import InputError  # noqa: E402
+
+FROM_CONSTANT = """__kernel void from_constant(__constant float *x, __global float *y, ulong offset,
+                            ulong n) { ulong i = get_global_id(0); if (i < n) y[i] = x[i] * 2.0f; }
+__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n)
+{ ulong i = get_global_id(0); if (i < n) y[i] = x[i] * 2.0f; }"""
+
+
+def _opencl(device):
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernel")
+
+
+def test_constant_input_blocks_over_two_devices_fit_the_smallest_constant_buffer(pair):
+    for dev in pair:
+        _opencl(dev)
+    kernel = pair[0].compile(FROM_CONSTANT, "from_constant")
+    limit = min(dev.max_constant_bytes for dev in pair)
+    x = np.arange(limit // 2, dtype=np.float32) / 7  # twice the limit in bytes
+    y = np.zeros_like(x)
+    report = cv.stream(kernel, [x], [y], device=pair, block_bytes=1 << 20)
+    np.testing.assert_array_equal(y, x * 2)
+    assert report.block_rows * x.itemsize <= limit
+
+
+def test_constant_input_read_by_a_chain_link_fits_the_constant_buffer(device):
+    _opencl(device)
+    chain = cv.chain([device.compile(FROM_CONSTANT, "twice"),
+                      device.compile(FROM_CONSTANT, "from_constant")], temps=[np.float32])
+    # The temp is read through __constant by the second link: it is a temp, not an input,
+    # so only inputs are capped; the first link reads input 0 as __global.
+    limit = device.max_constant_bytes
+    x = np.arange(limit // 2, dtype=np.float32)
+    y = np.zeros_like(x)
+    cv.stream(chain, [x], [y], device=device, block_bytes=limit // 2)
+    np.testing.assert_array_equal(y, x * 4)
+    chain = cv.chain(cv.link(device.compile(FROM_CONSTANT, "from_constant"), reads="in0",
+                             writes="out0"))
+    report = cv.stream(chain, [x], [y], device=device, block_bytes=1 << 20)
+    np.testing.assert_array_equal(y, x * 2)
+    assert report.block_rows * x.itemsize <= limit
+
+
+def test_a_halo_that_leaves_no_row_of_the_constant_buffer_is_refused_by_name(device):
+    _opencl(device)
+    k = device.compile(FROM_CONSTANT, "from_constant")
+    limit = device.max_constant_bytes
+    x = np.zeros(limit, np.float32)
+    with pytest.raises(InputError, match=r"input 0 \(parameter 'x'.*__global const"):
+        cv.stream(k, [x], [np.float32], device=device, halo=limit // 8)
+    with pytest.raises(InputError, match="constant buffer size.*__global const"):
+        cv.stream(k, [x], [np.float32], device=device, halo=limit // 12 + 1)
+    assert_clean(device)
+
+
+def test_the_pinned_pools_limit_is_planned_within_over_two_devices(pair):
+    for dev in pair:
+        _opencl(dev)
+    kernel = pair[0].compile(FROM_CONSTANT, "twice")
+    x = np.arange(300_000, dtype=np.float32)
+    y = np.zeros_like(x)
+    old = [dev.pinned_pool.limit for dev in pair]
+    try:
+        for dev in pair:
+            dev.pinned_pool.limit = "1MiB"
+            dev.pinned_pool.reset_peak()
+        cv.stream(kernel, [x], [y], device=pair, zero_copy=False)
+    finally:
+        for dev, value in zip(pair, old, strict=True):
+            dev.pinned_pool.limit = value
+    np.testing.assert_array_equal(y, x * 2)
+    assert all(dev.pinned_pool.stats().peak_in_use_bytes <= 2**20 for dev in pair)
+
+
+def test_a_pool_used_again_after_close_holds_its_blocks_again(device):
+    _opencl(device)
+    from conveyor.backends import opencl
+
+    platform, index = (int(part) for part in device.spec.split(":")[1:])
+    ctx = opencl.Device(device.cl_device, platform, index)  # type: ignore[attr-defined]
+    try:
+        k = ctx.compile(FROM_CONSTANT, "twice")
+        x = np.arange(50_000, dtype=np.float32)
+        y = np.zeros_like(x)
+        pinned = cv.pinned.empty(1000, np.float32, device=ctx)
+        ctx.close()
+        del pinned
+        gc.collect()
+        assert ctx.pinned_pool.stats().held_bytes == 0  # freed as it came back
+        cv.stream(k, [x], [y], device=ctx, zero_copy=False, block_bytes=40_000)
+        np.testing.assert_array_equal(y, x * 2)
+        stats = ctx.pinned_pool.stats()
+        assert stats.in_use_bytes == 0 and stats.held_bytes > 0  # kept for the next stream
+    finally:
+        gc.collect()
+        ctx.close()
