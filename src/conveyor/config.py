@@ -114,6 +114,8 @@ def parse_size(name: str, value: str) -> int:
     unit = match.group(3).lower() if match else ""
     negative = _SIZE.fullmatch(value.strip()[1:]) if value.strip()[:1] == "-" else None
     if negative is not None and negative.group(3).lower() in _SIZE_UNITS:
+        if not parse_size(name, value.strip()[1:]):
+            return 0  # "-0" is zero, not negative: what takes no 0 says so itself
         raise InputError(f"{name}={value!r} is negative: give a size such as "
                          f"'64MiB'")
     if match is None or unit not in _SIZE_UNITS:

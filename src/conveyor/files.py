@@ -175,6 +175,8 @@ def path_text(path: object, what: str) -> str:
     if "\0" in text:
         raise InputError(f"{what} got {text!r}, which holds a NUL character (\\x00): no file "
                          f"name can; name the file without it")
+    if not text:  # '' is no file; os.path calls take it as the current folder
+        raise InputError(f"{what} got an empty file name ''; name the file")
     return text
 
 

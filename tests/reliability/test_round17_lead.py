@@ -120,3 +120,57 @@ def test_a_pool_used_again_after_close_holds_its_blocks_again(device):
     finally:
         gc.collect()
         ctx.close()
+
+
+# -- round fifteen's noticed-and-left messages ----------------------------------------------
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A kernel file and a float32 .npy input in the current folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.cl").write_text(FROM_CONSTANT)
+    np.save(tmp_path / "x.npy", np.arange(10, dtype=np.float32))
+    return tmp_path
+
+
+def _cli(argv, capsys) -> tuple[int, str]:
+    from conveyor.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--block-bytes", "-0"], "give at least 1 byte"),  # was "'-0' is negative"
+    (["--trace", ""], "--trace got an empty file name ''"),  # was "names a folder"
+    (["--plot", ""], "--plot got an empty file name ''"),
+])
+def test_empty_and_minus_zero_options_are_told_plainly(work, capsys, extra, expected):
+    code, err = _cli(["map", "k.cl", "--kernel", "twice", "-i", "x.npy", "-o", "y.npy",
+                      "-q", *extra], capsys)
+    assert code == 2 and expected in err, err
+    assert not (work / "y.npy").exists()
+
+
+def test_an_empty_input_name_is_told_to_name_the_file(work, capsys):
+    code, err = _cli(["map", "k.cl", "--kernel", "twice", "-i", "", "-o", "y.npy"], capsys)
+    assert code == 2 and "-i '': name the input file" in err, err
+
+
+def test_measured_figures_are_not_saved_where_they_would_not_be_read(tmp_path):
+    from conveyor.trace.ceiling import link_ceiling, save_link_ceiling
+
+    a_file = tmp_path / "cache"
+    a_file.write_text("")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        save_link_ceiling("opencl:0:0", "dev", {"pinned_h2d_gbps": 1.0}, cache_dir=a_file)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(InputError, match="writable by group or others"):
+        save_link_ceiling("opencl:0:0", "dev", {"pinned_h2d_gbps": 1.0}, cache_dir=shared)
+    mine = tmp_path / "mine"
+    save_link_ceiling("opencl:0:0", "dev", {"pinned_h2d_gbps": 1.0}, cache_dir=mine)
+    assert link_ceiling("opencl:0:0", "dev", cache_dir=mine).h2d_gbps == 1.0

@@ -49,6 +49,8 @@ def check_options(inputs: Sequence[Input], options: argparse.Namespace) -> None:
     """InputError for options that would be ignored: --dtype/--shape with no raw input,
     --column with no Parquet/Arrow input that takes it, FILE:COLUMN on a non-table file."""
     for item in inputs:
+        if not item.text:
+            raise InputError("-i '': name the input file, e.g. -i data.npy")
         if item.columns is not None and item.kind != "table":
             raise InputError(f"-i {item.text}: only Parquet/Arrow inputs take :COLUMN")
     kinds = {item.kind for item in inputs}

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor import config
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, InputError
 from conveyor.files import atomic_write
 
 FILE_NAME = "link-bandwidth.json"
@@ -121,7 +121,17 @@ def save_link_ceiling(spec: str, name: str, figures: dict[str, float],
     device, keeping other devices' entries; written atomically. Returns the file's path.
     Raises InputError when the cache directory is misconfigured, OSError when unwritable."""
     path = cache_dir / FILE_NAME if cache_dir is not None else config.cache_dir() / FILE_NAME
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    from conveyor.kernels.cachedir import refusal
+
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's "[Errno 17] File exists" said nothing of a file
+        raise InputError(f"the cache folder {path.parent} is a file, not a folder: set "
+                         f"CONVEYOR_CACHE_DIR to a folder") from None
+    why = refusal(path.parent)
+    if why is not None:  # load_link_ceiling would never read it back: say so now
+        raise InputError(f"the cache folder {path.parent} {why}: set CONVEYOR_CACHE_DIR to "
+                         f"a private folder")
     document = _read(path)
     devices = document.get("devices") if isinstance(document, dict) else None
     if not isinstance(devices, dict):
