@@ -29,7 +29,10 @@ from conveyor.errors import InputError  # noqa: E402
 FROM_CONSTANT = """__kernel void from_constant(__constant float *x, __global float *y, ulong offset,
                             ulong n) { ulong i = get_global_id(0); if (i < n) y[i] = x[i] * 2.0f; }
 __kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n)
-{ ulong i = get_global_id(0); if (i < n) y[i] = x[i] * 2.0f; }"""
+{ ulong i = get_global_id(0); if (i < n) y[i] = x[i] * 2.0f; }
+__kernel void plus_table(__constant float *x, __global float *y, __constant float *t,
+                         ulong offset, ulong n)
+{ ulong i = get_global_id(0); if (i < n) y[i] = x[i] + t[i % 4]; }"""
 
 
 def _opencl(device):
@@ -76,6 +79,23 @@ def test_a_halo_that_leaves_no_row_of_the_constant_buffer_is_refused_by_name(dev
         cv.stream(k, [x], [np.float32], device=device, halo=limit // 8)
     with pytest.raises(InputError, match="constant buffer size.*__global const"):
         cv.stream(k, [x], [np.float32], device=device, halo=limit // 12 + 1)
+    assert_clean(device)
+
+
+def test_constant_tables_in_args_count_against_the_constant_buffer(device):
+    _opencl(device)
+    k = device.compile(FROM_CONSTANT, "plus_table")
+    limit = device.max_constant_bytes
+    x = np.arange(limit // 4, dtype=np.float32)  # the limit in bytes
+    big = np.zeros(limit // 4 + 1, np.float32)
+    with pytest.raises(InputError, match=r"args\[0\] \(parameter 't'\).*__global const"):
+        cv.stream(k, [x], [np.float32], args=(big,), device=device)
+    table = np.zeros(limit // 8, np.float32)  # half the constant buffer
+    table[:4] = [1, 2, 3, 4]
+    y = np.zeros_like(x)
+    report = cv.stream(k, [x], [y], args=(table,), device=device, block_bytes=limit)
+    np.testing.assert_array_equal(y, x + np.tile(table[:4], len(x) // 4))
+    assert report.block_rows * 4 + table.nbytes <= limit
     assert_clean(device)
 
 

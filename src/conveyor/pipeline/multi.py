@@ -299,7 +299,7 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
                               if d.pinned_pool.limit is not None), default=None),
             **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
             resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
-            **_constant_cap(kernels, devices, sources, opts.halo),
+            **_constant_cap(kernels, devices, sources, opts.halo, residents),
         )
         from conveyor.pipeline.stream import open_sinks
 
@@ -462,13 +462,13 @@ def check_host_memory_of_all(plan: Plan, devices: Sequence[Device]) -> None:
 
 
 def _constant_cap(kernels: Sequence[Any], devices: Sequence[Device], sources: list[Source],
-                  halo: int) -> dict[str, Any]:
+                  halo: int, residents: Sequence[Any]) -> dict[str, Any]:
     """make_plan's ``max_block_rows`` where ``__constant`` inputs must fit the smallest
     constant buffer of the devices (stream.constant_rows), else nothing."""
     from conveyor.pipeline.stream import constant_rows
 
-    caps = [constant_rows(k, d, sources, halo, None)[0]
-            for k, d in zip(kernels, devices, strict=True)]
+    caps = [constant_rows(k, d, sources, halo, None, r)[0]
+            for k, d, r in zip(kernels, devices, residents, strict=True)]
     rows = min((c for c in caps if c is not None), default=None)
     return {} if rows is None else {"max_block_rows": rows, "block_cap": "constant"}
 

@@ -260,8 +260,9 @@ class ResidentArgs:
     start, substituted into every launch's arguments, let go of at the end."""
 
     def __init__(self, handles: dict[int, Resident], device_arrays: dict[int, Any],
-                 owned: Sequence[Resident]) -> None:
+                 owned: Sequence[Resident], constant: dict[int, str] | None = None) -> None:
         self.handles = handles
+        self.constant = constant or {}  # args index -> name of its __constant parameter
         self.device_arrays = device_arrays
         self.owned = list(owned)  # made for this stream from plain arrays: closed at its end
         self.used: list[Resident] = []
@@ -307,6 +308,7 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
     handles: dict[int, Resident] = {}
     device_arrays: dict[int, Any] = {}
     owned: list[Resident] = []
+    constant: dict[int, str] = {}
     params = kernel.params[first_arg : first_arg + len(args)]
     for index, (param, value) in enumerate(zip(params, args, strict=False)):
         if not param.is_pointer:
@@ -339,7 +341,9 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
         _check(param, index, handle,
                structs.struct_source(kernel) if param.dtype is None else None)
         handles[index] = handle
-    return ResidentArgs(handles, device_arrays, owned)
+        if param.address == "constant":
+            constant[index] = param.name
+    return ResidentArgs(handles, device_arrays, owned, constant)
 
 
 def _table(value: Any, what: str) -> np.ndarray:

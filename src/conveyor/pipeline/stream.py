@@ -422,7 +422,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
     pairs = overlap.in_place_pairs(
         [s.inner if isinstance(s, image.ImageSource) else s for s in sources], sinks)
     in_place = frozenset(i for i, _ in pairs)
-    max_rows, cap = constant_rows(compute, dev, sources, opts.halo, max_rows)
+    max_rows, cap = constant_rows(compute, dev, sources, opts.halo, max_rows, residents)
     plan = planner(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -517,14 +517,24 @@ def inputs_written(compute: Any, inputs: int) -> list[str]:
 
 
 def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
-                  max_rows: int | None) -> tuple[int | None, str]:
+                  max_rows: int | None, residents: Any = None) -> tuple[int | None, str]:
     """``max_rows`` (an image height's cap, or None) capped so that the block (and halo
     rows) of every input bound to a ``__constant`` parameter fits the device's constant
-    buffers together, and which cap it is (make_plan's ``block_cap``): a block past it (64
-    KiB on NVIDIA) fails the launch mid-stream on a GPU. InputError when not one row fits."""
+    buffers together with the ``__constant`` tables of ``args=`` (``residents``), and which
+    cap it is (make_plan's ``block_cap``): past it (64 KiB on NVIDIA) a GPU driver fails the
+    launch. InputError when the tables alone do not fit, or not one row does beside them."""
     cap = dev.max_constant_bytes
     if cap is None:
         return max_rows, "image"
+    tables = getattr(residents, "constant", {})
+    table_bytes = sum(residents.handles[i].nbytes for i in tables)
+    if table_bytes > cap:
+        named = ", ".join(f"args[{i}] (parameter {name!r})" for i, name in tables.items())
+        raise InputError(
+            f"{named}: __constant tables of {table_bytes} bytes, more than the device's "
+            f"constant buffers hold ({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE): declare "
+            f"the parameter __global const")
+    cap -= table_bytes
     bound: dict[int, str] = {}
     if isinstance(compute, Kernel):
         params = [p for p in compute.params if "sampler" not in p.base]  # an image's pair
@@ -544,7 +554,9 @@ def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
         raise InputError(
             f"{named}: __constant, and {1 + 2 * halo} row(s) of it ({row_bytes} bytes a row"
             f"{f', halo={halo}' if halo else ''}) do not fit the device's constant buffers "
-            f"({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE): declare it __global const")
+            f"({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE"
+            f"{f', less {table_bytes} of __constant tables in args=' if table_bytes else ''}"
+            f"): declare it __global const")
     if max_rows is not None and max_rows <= rows:
         return max_rows, "image"
     return rows, "constant"
