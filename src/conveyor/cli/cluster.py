@@ -35,9 +35,13 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
     for flag in ("trace", "plot"):
         if getattr(options, flag, None):
             raise InputError(f"--{flag} is per-process: drop it with --scheduler/--cluster")
-    from conveyor.cli.streaming import read_kernel
+    from conveyor.cli.streaming import check_backend, kernel_source
 
-    source = read_kernel(Path(options.kernel_file))
+    source, backend = kernel_source(options)
+    device = _one_device(options.device)
+    named = (device or "").strip().lower().split(":")[0]
+    if named in ("opencl", "cuda"):  # the workers' own default is theirs to choose
+        check_backend(Path(options.kernel_file), backend, device or "", named)
     spec = kernel(source, options.kernel)
     inputs = [Input(text) for text in options.inputs]
     options.input_names = [item.text for item in inputs]
@@ -51,7 +55,7 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
     with connect(options.scheduler, options.cluster) as client:
         report = stream(spec, sources, outputs, client=client, reduce=reduce,
                         args=[_number(a) for a in options.args],
-                        halo=getattr(options, "halo", 0), device=_one_device(options.device),
+                        halo=getattr(options, "halo", 0), device=device,
                         depth=options.depth, block_bytes=options.block_bytes,
                         memory_limit=options.memory_limit, workers=options.workers)
     if options.json:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import conveyor
-from conveyor.cli import StdoutError, stdout_gone, words
+from conveyor.cli import StdoutError, cluster, stdout_gone, words
 from conveyor.cli import parser as cli_parser
 from conveyor.errors import CompileError, ConveyorError, InputError, outputs_written
 
@@ -106,7 +106,8 @@ def _warning_line(options: argparse.Namespace) -> Callable[..., None]:
 
 
 def _say(options: argparse.Namespace, message: str) -> None:
-    text = words.cli_terms(message, getattr(options, "input_names", ()))
+    text = words.cli_terms(message, getattr(options, "input_names", ()),
+                           cluster=cluster.on_cluster(options))
     print(f"conveyor {options.command}: {text}", file=sys.stderr)
 
 

@@ -127,9 +127,11 @@ def _files_read(options: argparse.Namespace) -> list[tuple[str, str]]:
             *(("-i", Input(text).path) for text in options.inputs)]
 
 
-def _stream(options: argparse.Namespace, outputs: list[Any],
-            reduce: str | None = None) -> cv.Report:
-    """Check everything that can be checked cheaply, then build the kernel and stream."""
+def kernel_source(options: argparse.Namespace) -> tuple[str, str]:
+    """The kernel file's text, its quoted includes anchored beside it, and the backend its
+    suffix names; InputError for another suffix or an empty file. The local command and a
+    cluster run both read it so (a cluster run once compiled ``#include "common.h"``
+    against the current folder's header, and a ``.cu`` file as OpenCL C)."""
     kernel_path = Path(options.kernel_file)
     backend = KERNEL_SUFFIXES.get(kernel_path.suffix.lower())
     if backend is None:
@@ -138,6 +140,24 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
     if not source.lstrip("\ufeff \t\r\n"):
         raise InputError(f"kernel file {kernel_path} is empty: write the kernel "
                          f"{options.kernel!r} in it (or name the file that has it)")
+    return source, backend
+
+
+def check_backend(kernel_path: Path, backend: str, spec: str, device_backend: str) -> None:
+    """InputError when the kernel file's language (``backend``) is not the device's."""
+    if device_backend != backend:
+        other = "cuda" if backend == "cuda" else "opencl"
+        raise InputError(
+            f"{kernel_path.name} is {'CUDA' if backend == 'cuda' else 'OpenCL'} C but "
+            f"{spec} is an {device_backend} device: pass --device {other}, or write "
+            f"the kernel as {'.cl' if device_backend == 'opencl' else '.cu'}")
+
+
+def _stream(options: argparse.Namespace, outputs: list[Any],
+            reduce: str | None = None) -> cv.Report:
+    """Check everything that can be checked cheaply, then build the kernel and stream."""
+    kernel_path = Path(options.kernel_file)
+    source, backend = kernel_source(options)
     # A wrong --kernel fails before any file is read, unless the device's macros may decide.
     name_settled = check_kernel_name(source, options.kernel)
     inputs = [Input(text) for text in options.inputs]
@@ -151,13 +171,7 @@ def _stream(options: argparse.Namespace, outputs: list[Any],
         devs = (select(options.device, warm_up=False) if options.device
                 else [cv.device(None, warm_up=False)])
         for dev in devs:
-            if dev.backend != backend:
-                other = "cuda" if backend == "cuda" else "opencl"
-                raise InputError(
-                    f"{kernel_path.name} is {'CUDA' if backend == 'cuda' else 'OpenCL'} C but "
-                    f"{dev.spec} is an {dev.backend} device: pass --device {other}, or write "
-                    f"the kernel as {'.cl' if dev.backend == 'opencl' else '.cu'}"
-                )
+            check_backend(kernel_path, backend, dev.spec, dev.backend)
         dev = devs[0]
         if not name_settled:
             check_kernel_name(source, options.kernel, dev)

@@ -88,31 +88,36 @@ _INPUT_INDEX = re.compile(r"\binput (\d+)\b(?! \()")
 _COMPILER_SUMMARY = re.compile(r"^\d+ (?:errors?|warnings?)( and \d+ warnings?)? generated\.$")
 
 
-def cli_terms(message: str, inputs: Sequence[str] = ()) -> str:
+def cli_terms(message: str, inputs: Sequence[str] = (), *, cluster: bool = False) -> str:
     """``message`` (one line) in the command's options; ``inputs`` are the ``-i`` texts.
     The user's file names in it are kept as written: the rules would rewrite a file named
-    ``block_bytes.npy`` or ``input 1.npy`` as if it were conveyor's words."""
+    ``block_bytes.npy`` or ``input 1.npy`` as if it were conveyor's words. On a ``cluster``
+    (--scheduler/--cluster, which take no --cast) a type's advice stays the library's: write
+    a converted copy of the file."""
     # File-like names only: a bare "a" would be held inside the rules' own words ("pass an").
     names = sorted({n for text in inputs for n in (text, text.split(":", 1)[0])
                     if "." in n or "/" in n}, key=len, reverse=True)
     held = [n for n in names if n in message]
     for number, name in enumerate(held):
         message = message.replace(name, f"\0{number}\0")
-    message = _terms(message, inputs)
+    message = _terms(message, inputs, cluster)
     for number, name in enumerate(held):
         message = message.replace(f"\0{number}\0", name)
     return message
 
 
-def _terms(message: str, inputs: Sequence[str]) -> str:
-    message = _ASTYPE.sub(lambda m: _cast_advice(m, inputs), message)
+def _terms(message: str, inputs: Sequence[str], cluster: bool = False) -> str:
+    if not cluster:
+        message = _ASTYPE.sub(lambda m: _cast_advice(m, inputs), message)
     message = _COMPLEX.sub(lambda m: f"{m['head']} and --cast makes no real numbers of "
                                      f"complex ones: write the file as its real and imaginary "
                                      f"parts interleaved, np.save('parts.npy', "
                                      f"np.load('FILE').view(np.{m['part']})), and pass that "
                                      f"(2 elements per value)", message)
-    message = _SWAPPED.sub(lambda m: f"{m['head']}add --cast {m['param']}:{m['want']} (it "
-                                     f"converts the values as they are read), or ", message)
+    if not cluster:
+        message = _SWAPPED.sub(lambda m: f"{m['head']}add --cast {m['param']}:{m['want']} "
+                                         f"(it converts the values as they are read), or ",
+                               message)
     for pattern, replacement in _RULES:
         message = pattern.sub(replacement, message)
 

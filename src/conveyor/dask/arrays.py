@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.dask.worker import Job, KernelSpec, as_job, run
+from conveyor.dask.worker import Job, KernelSpec, as_job, check_op, run
 from conveyor.errors import InputError
 
 BOUNDARIES = ("nearest", "reflect", "periodic", "none")
@@ -91,7 +91,8 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
         data = [da.overlap.overlap(a, depth={k: (h if k == 0 else 0) for k in range(a.ndim)},
                                    boundary={k: boundary for k in range(a.ndim)})
                 for a in data]
-    chunk_fn = functools.partial(_map_chunk, job=job, halo=h, dtype=out_dtype)
+    chunk_fn = functools.partial(_map_chunk, job=job, halo=h, dtype=out_dtype,
+                                 defaulted=dtype is None)
     out_ind = _index(first.ndim, "o")
     pairs: list[Any] = []
     for i, a in enumerate(data):
@@ -117,11 +118,7 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
     """
     da = _dask_array()
     job = as_job(compute, device, args, _stream_options(options))
-    if not callable(op) and op not in ("sum", "min", "max"):
-        raise InputError(f"op={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
-    if isinstance(job.compute, KernelSpec) and callable(op):
-        raise InputError("with a kernel, op is 'sum', 'min' or 'max' (a function f(a, b) "
-                         "needs a callable compute that returns each block's partial)")
+    check_op(job, op, "op")
     (data,) = _rows(da, (array,))
     if isinstance(job.compute, KernelSpec):
         job.compute.check_count(1, len(job.args), "reduce")
@@ -152,10 +149,12 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
 
 
 # -- on the workers ---------------------------------------------------------------------------
-def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype) -> np.ndarray:
+def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bool = False
+               ) -> np.ndarray:
     *data, (i, lo, before, count) = blocks
     report = run(job, list(data), [dtype], first_row=lo - before, halo=halo,
-                 where=f"chunk {i} (rows {lo}:{lo + count})")
+                 where=f"chunk {i} (rows {lo}:{lo + count})",
+                 defaulted={0: "pass dtype=np.{dtype} to map_blocks"} if defaulted else None)
     result: np.ndarray = report.outputs[0]
     return result[before : before + count] if halo else result
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.dask.worker import Job, KernelSpec, as_job, run, worker_name
+from conveyor.dask.worker import Job, KernelSpec, as_job, check_op, run, worker_name
 from conveyor.errors import InputError
 from conveyor.files import same_file
 from conveyor.pipeline.io import FileRows, FileSource
@@ -126,6 +126,8 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     started = time.perf_counter()
     job = as_job(compute, device, args, _stream_options(options))
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
+    if reduce is not None:
+        check_op(job, reduce, "reduce")
     client = _client(client)
     sources = [as_source(x, i) for i, x in enumerate(as_inputs(inputs))]
     try:
@@ -160,9 +162,12 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
         for sink in sinks:
             sink.open()
         out_refs: list[FileRef] = [(str(s._tmp), s.dtype.str, s.shape, s.offset) for s in sinks]
+        # Outputs named by path take the kernel's type as read here (no device's macros).
+        defaulted = {i: f"name the output's type: cv.npy_out({str(out)!r}, np.{{dtype}})"
+                     for i, out in enumerate(wanted) if isinstance(out, str | os.PathLike)}
         ranges = _ranges(total, _workers(client))
         futures = [
-            client.submit(_stream_range, job, refs, out_refs, lo, hi, h, reduce,
+            client.submit(_stream_range, job, refs, out_refs, lo, hi, h, reduce, defaulted,
                           workers=[addr], allow_other_workers=True, pure=False,
                           key=f"conveyor-rows-{lo}-{hi}-{os.urandom(6).hex()}")
             for addr, (lo, hi) in ranges
@@ -189,7 +194,8 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
 
 
 def _stream_range(job: Job, refs: list[InputRef], out_refs: list[FileRef], lo: int, hi: int,
-                  halo: int, reduce: Any) -> dict[str, Any]:
+                  halo: int, reduce: Any, defaulted: dict[int, str] | None = None
+                  ) -> dict[str, Any]:
     """On a worker: stream rows ``lo:hi`` (plus ``halo`` rows each side, where the file has
     them) from the input files into the same rows of the output files."""
     total = refs[0][2][0]
@@ -197,7 +203,7 @@ def _stream_range(job: Job, refs: list[InputRef], out_refs: list[FileRef], lo: i
     sources = [_range_source(ref, first, last) for ref in refs]
     sinks = [RangeSink(ref, lo, hi, lo - first, last - first) for ref in out_refs]
     report = run(job, list(sources), list(sinks), first_row=first, halo=halo, reduce=reduce,
-                 where=f"rows {lo}:{hi} of {refs[0][0]}")
+                 where=f"rows {lo}:{hi} of {refs[0][0]}", defaulted=defaulted)
     return {"rows": (lo, hi), "worker": worker_name(), "seconds": report.seconds,
             "blocks": report.blocks, "partial": report.result}
 
@@ -232,6 +238,10 @@ def _default_dtype(job: Job, inputs: int, fallback: np.dtype) -> np.dtype:
 
 def _client(client: Any) -> Any:
     if client is not None:
+        if getattr(client, "status", "running") in ("closing", "closed"):
+            # Its scheduler_info() had no "workers": a bare KeyError.
+            raise InputError("the Dask client is closed: pass an open Client (or none, to "
+                             "use the current one)")
         return client
     try:
         from distributed import get_client
@@ -243,7 +253,7 @@ def _client(client: Any) -> Any:
 
 
 def _workers(client: Any) -> list[str]:
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(client.scheduler_info(n_workers=-1).get("workers") or ())
     if not workers:
         raise InputError("the Dask cluster has no workers: start some, or wait for them "
                          "(client.wait_for_workers(n))")

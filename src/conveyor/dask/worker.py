@@ -5,15 +5,14 @@ KernelFuture, :func:`kernel`, or a Python callable) into a :class:`Job`, which h
 kernel's source text, name and build options, the device spec and the stream options, and
 pickles small. On the worker, :func:`resolve` finds the device (``cv.device``: one per process,
 so its memory pools stay warm from one task to the next) and builds the kernel once per worker
-process (the per-worker cache ``_kernels``; the disk cache makes even the first build a load
-on every worker after the first). Dask's default nanny workers start by spawn, so no driver
+process (the device's in-process memo; the disk cache makes even the first build a load on
+every worker after the first). Dask's default nanny workers start by spawn, so no driver
 state crosses a fork (the OpenCL backend refuses use after a fork anyway).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,6 +123,7 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
         what = KernelSpec(compute.source, compute.name, tuple(compute.options))
         spec = spec if spec is not None else compute.device.spec
     elif callable(compute):
+        _refuse_held(compute)
         what = compute
     elif type(compute).__name__ == "Chain":  # not imported: the client loads no engine
         raise InputError("conveyor.dask runs one kernel or callable per chunk; a chain "
@@ -144,6 +144,16 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
     return Job(what, spec, _tables(parsed.args), kept)
 
 
+def check_op(job: Job, op: Any, name: str) -> None:
+    """InputError on the client for a fold the workers would refuse (``name`` is the
+    parameter: ``op`` of reduce, ``reduce`` of stream): every range failed there instead."""
+    if not callable(op) and op not in ("sum", "min", "max"):
+        raise InputError(f"{name}={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+    if isinstance(job.compute, KernelSpec) and callable(op):
+        raise InputError(f"with a kernel, {name} is 'sum', 'min' or 'max' (a function f(a, b) "
+                         f"needs a callable compute that returns each block's partial)")
+
+
 def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """``args`` as they travel to workers: a cv.resident handle (a device buffer and locks of
     this process, which Dask failed to pickle: "Could not serialize object") becomes its
@@ -151,6 +161,11 @@ def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
     refused (it is copied back into this process's array)."""
     values = list(args)
     for index, value in enumerate(values):
+        if _device_array(value):
+            # Dask failed to pickle it ("Could not serialize object", a CommandQueue inside).
+            raise InputError(f"args[{index}] is a device array of this process, which "
+                             f"cannot travel to Dask workers: pass a NumPy array (a.get()) "
+                             f"or a read-only cv.resident, which each worker uploads")
         if type(value).__name__ != "Resident":  # not imported: the client loads no engine
             continue
         if value.writable:
@@ -163,28 +178,62 @@ def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(values)
 
 
-_lock = threading.Lock()
-#: (device spec, source, name, options) -> loaded Kernel, for the life of the worker process.
-_kernels: dict[tuple[str, str, str, tuple[str, ...]], Any] = {}
+def _device_array(value: Any) -> bool:
+    """True for an array in a device's memory (PyOpenCL, CuPy, a CUDA tensor, Numba)."""
+    if type(value).__module__.startswith("pyopencl") and hasattr(value, "base_data"):
+        return True
+    return hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray)
+
+
+def _refuse_held(compute: Callable[..., Any]) -> None:
+    """InputError on the client when callable ``compute`` uses a device, a kernel, a
+    resident table or a device array of this process (a closure's variable, or a global of
+    ``__main__``, which is sent by value): Dask failed to pickle it with "Could not serialize
+    object", naming none of them."""
+    import inspect
+
+    from conveyor.backends.base import Device, Kernel
+    from conveyor.kernels.build import KernelFuture
+
+    try:
+        found = inspect.getclosurevars(compute)
+    except TypeError:  # a callable object, a builtin: nothing to look into
+        return
+    held = dict(found.nonlocals)
+    if getattr(compute, "__module__", None) == "__main__":
+        held.update(found.globals)
+    remedies = [
+        (lambda v: isinstance(v, Device), "a device of this process",
+         "each worker opens its own: pass device='SPEC' to conveyor.dask and use the "
+         "queue= the callable is given"),
+        (lambda v: isinstance(v, Kernel | KernelFuture), "a kernel built in this process",
+         "pass the kernel as compute (or conveyor.dask.kernel(source, name)), which each "
+         "worker builds"),
+        (lambda v: type(v).__name__ == "Resident", "a cv.resident table of this process",
+         "pass its array in args=, which each worker uploads"),
+        (_device_array, "a device array of this process",
+         "pass a NumPy array (a.get()) in args="),
+    ]
+    for name, value in held.items():
+        for test, what, fix in remedies:
+            if test(value):
+                raise InputError(
+                    f"the callable {getattr(compute, '__name__', compute)!r} uses {name!r}, "
+                    f"{what}, which cannot travel to Dask workers: {fix}")
 
 
 def resolve(job: Job) -> tuple[Any, Any]:
     """(device, compute) on this worker: the device ``job`` names and its kernel, built the
-    first time this process needs it and kept."""
+    first time this process needs it and kept by the device's memo (kernels/build.py), whose
+    key covers the contents of included headers: a worker's own memo keyed by the source
+    text kept a kernel built against a header since edited (wrong values, no error)."""
     import conveyor as cv
 
     dev = cv.device(job.device, warm_up=False)  # it streams at once: nothing to overlap
     if not isinstance(job.compute, KernelSpec):
         return dev, job.compute
     spec = job.compute
-    key = (dev.spec, spec.source, spec.name, spec.options)
-    with _lock:
-        built = _kernels.get(key)
-    if built is None:
-        built = dev.compile(spec.source, spec.name, spec.options)
-        with _lock:
-            built = _kernels.setdefault(key, built)
-    return dev, built
+    return dev, dev.compile(spec.source, spec.name, spec.options)
 
 
 def warm(compute: Any, *, client: Any = None, device: Any = None) -> dict[str, str]:
@@ -219,18 +268,23 @@ def _warm_here(job: Job, dask_worker: Any = None) -> str:
 
 def cached_kernels() -> int:
     """How many kernels this process keeps built (tests ask workers this)."""
-    with _lock:
-        return len(_kernels)
+    from conveyor.kernels.build import memo_count
+
+    return memo_count()
 
 
 def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, where: str,
-        halo: int = 0, reduce: Any = None) -> Any:
+        halo: int = 0, reduce: Any = None, defaulted: dict[int, str] | None = None) -> Any:
     """One ``cv.stream`` of ``job`` on this worker; the Report. A failure is raised as is,
-    with a note naming ``where`` (the chunk and its rows) and this worker."""
+    with a note naming ``where`` (the chunk and its rows) and this worker. ``defaulted``:
+    the outputs whose dtype the client read from the kernel's source, each with what the
+    user passes to name it (:func:`_check_defaulted`)."""
     import conveyor as cv
 
     try:
         dev, compute = resolve(job)
+        if defaulted and isinstance(job.compute, KernelSpec):
+            _check_defaulted(compute, len(inputs), outputs, defaulted)
         return cv.stream(compute, inputs, outputs, device=dev, halo=halo, reduce=reduce,
                          args=job.args, first_row=first_row, **job.options)
     except BaseException as exc:
@@ -238,6 +292,24 @@ def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, wher
         failure.add_note(f"conveyor.dask: {where}, on worker {worker_name()}")
         failure = _ready_to_travel(failure)
     raise failure  # outside the handler: no __context__ (Dask pickles it, with tblib)
+
+
+def _check_defaulted(kernel: Any, inputs: int, outputs: list[Any],
+                     defaulted: dict[int, str]) -> None:
+    """InputError when an output's dtype, read on the client from the kernel's source with no
+    device's macros (``#ifdef __opencl_c_fp64``...), is not the type the worker's build takes:
+    each chunk was refused with advice to pass an array, which map_blocks makes itself."""
+    for index, fix in defaulted.items():
+        if inputs + index >= len(kernel.params) or index >= len(outputs):
+            continue
+        param = kernel.params[inputs + index]
+        wanted = np.dtype(getattr(outputs[index], "dtype", outputs[index]))
+        if param.is_pointer and param.dtype is not None and np.dtype(param.dtype) != wanted:
+            raise InputError(
+                f"output {index}: kernel {kernel.name!r} writes {param.type_text} "
+                f"({np.dtype(param.dtype)}) on {kernel.device.spec}, a type its source "
+                f"chooses by the device's macros, where the client (no device) read "
+                f"{wanted}: {fix.format(dtype=np.dtype(param.dtype))}")
 
 
 def _an_exception(exc: BaseException) -> BaseException:

@@ -220,6 +220,13 @@ def clear_memo() -> None:
             _memo_of(device).clear()
 
 
+def memo_count() -> int:
+    """How many kernels the in-process memo holds, over every device (Dask tests ask
+    workers this)."""
+    with _lock:
+        return sum(len(_memo_of(device)) for device in list(_memo_owners))
+
+
 def _memo_of(device: Device) -> dict[tuple[str, str], Kernel]:
     """``device``'s loaded kernels (made on first use); hold ``_lock``."""
     memo: dict[tuple[str, str], Kernel] | None = device.__dict__.get(_MEMO_ATTRIBUTE)
