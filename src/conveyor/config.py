@@ -107,6 +107,16 @@ def parse_bool(name: str, value: str | None, default: bool) -> bool:
     raise InputError(f"{name}={value!r} is not a boolean: use 1 or 0")
 
 
+def flag(name: str, value: object) -> bool:
+    """``value`` as a bool: True or False (a NumPy bool too); InputError for anything else,
+    since ``bool()`` would take ``"off"``, ``"no"`` or a callback for True."""
+    numpy_bool = (type(value).__module__ == "numpy"
+                  and type(value).__name__ in ("bool", "bool_"))  # not imported here
+    if isinstance(value, bool) or numpy_bool:
+        return bool(value)
+    raise InputError(f"{name}={value!r}: {name} takes True or False")
+
+
 def parse_size(name: str, value: str) -> int:
     """Bytes in a size string such as "512MiB", "1.5GB", "4096" or "1e5"; InputError naming
     ``name`` for anything else (a bare K/M/G/T, a fraction of a byte, a negative size)."""

@@ -99,7 +99,7 @@ def device(spec: str | Device | None = None, *, warm_up: bool = True) -> Device:
                          f"lists them)")
     else:
         chosen = _device(spec)
-    if warm_up:
+    if config.flag("warm_up", warm_up):
         chosen.warm_up()
     return chosen
 
@@ -184,6 +184,7 @@ def select(spec: str | Device | Sequence[str | Device], *, warm_up: bool = True
         listing = "; ".join(f"{d.spec} ({d.kind})" for d in devices()) or "none"
         raise InputError(f"no device matches {spec!r}; devices here: {listing}")
     config.warmup_bytes()
+    warm_up = config.flag("warm_up", warm_up)
     for dev in found:
         if warm_up:
             dev.warm_up()

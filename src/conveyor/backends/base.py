@@ -514,7 +514,9 @@ class Device(Closeable, ABC):
         from conveyor.kernels.build import KernelFuture, compile_kernel
 
         options = _build_options(source, name, options)
-        if not wait:
+        from conveyor.config import flag
+
+        if not flag("wait", wait):
             return KernelFuture(self, source, name, options)
         return compile_kernel(self, source, name, options)
 
@@ -593,19 +595,21 @@ class Device(Closeable, ABC):
             self._release()
 
 
-def _build_options(source: Any, name: Any, options: Any) -> tuple[str, ...]:
-    """``options`` as a tuple of strings; InputError for a source, name or options of the
-    wrong type (a bare string of options would be split into its characters)."""
+def _build_options(source: Any, name: Any, options: Any, call: str = "compile()"
+                   ) -> tuple[str, ...]:
+    """``options`` as a tuple of strings; InputError naming ``call`` for a source, name or
+    options of the wrong type (a bare string of options would be split into its
+    characters)."""
     from conveyor.errors import InputError
 
     if isinstance(source, bytes | bytearray):
-        raise InputError("compile() takes the source as a str: decode it first "
-                         "(source.decode('utf-8'))")
+        raise InputError(f"{call} takes the source as a str: decode it first "
+                         f"(source.decode('utf-8'))")
     if not isinstance(source, str):
-        raise InputError(f"compile() takes the kernel's source as a str, got "
+        raise InputError(f"{call} takes the kernel's source as a str, got "
                          f"{type(source).__name__}")
     if not isinstance(name, str) or not name:
-        raise InputError(f"compile() takes the kernel's name as a non-empty str, got {name!r}")
+        raise InputError(f"{call} takes the kernel's name as a non-empty str, got {name!r}")
     if isinstance(options, str):
         raise InputError(f"options={options!r}: pass a list of options, e.g. "
                          f"{options.split()!r}")

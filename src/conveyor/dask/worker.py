@@ -41,8 +41,10 @@ class KernelSpec:
             return params[inputs].dtype
         return None
 
-    def params(self) -> list[Any]:
-        """The kernel's parameters, read on the client as :meth:`output_dtype` reads them."""
+    def params(self, strict: bool = False) -> list[Any]:
+        """The kernel's parameters, read on the client as :meth:`output_dtype` reads them.
+        Not found in the expanded text, they are read from the raw text, unless ``strict``
+        (:func:`kernel`: a kernel inside ``#if 0`` was taken, and every chunk failed)."""
         from conveyor.kernels.preprocess import expand_checked
         from conveyor.kernels.signature import parse_params
 
@@ -50,7 +52,7 @@ class KernelSpec:
         try:
             return list(parse_params(text, self.name))
         except InputError:
-            if not expanded:
+            if not expanded or strict:
                 raise
             return list(parse_params(self.source, self.name))
 
@@ -71,11 +73,11 @@ def kernel(source: str, name: str, options: Sequence[str] = ()) -> KernelSpec:
     """Kernel ``name`` of ``source`` (built with ``options``), built on each worker the first
     time a task needs it and kept there: the client compiles nothing. InputError now when
     ``source`` has no kernel ``name``."""
-    if not isinstance(source, str) or not isinstance(name, str):
-        raise InputError("conveyor.dask.kernel(source, name): both are str (the source text "
-                         "and the kernel's name)")
-    spec = KernelSpec(source, name, tuple(str(o) for o in options))
-    spec.params()  # read as the compiler reads it: macros and the -D options expanded
+    from conveyor.backends.base import _build_options
+
+    spec = KernelSpec(source, name, _build_options(source, name, options,
+                                                   "conveyor.dask.kernel()"))
+    spec.params(strict=True)  # read as the compiler reads it: macros, -D options expanded
     return spec
 
 

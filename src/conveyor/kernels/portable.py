@@ -11,6 +11,8 @@ vector types.
 
 from __future__ import annotations
 
+from conveyor.errors import InputError
+
 PRELUDE = """#ifdef __CUDACC__
 #define __kernel extern "C" __global__
 #define __global
@@ -26,4 +28,10 @@ PRELUDE = """#ifdef __CUDACC__
 
 def portable(source: str) -> str:
     """``source`` with :data:`PRELUDE` in front: builds on OpenCL and CUDA alike."""
+    if isinstance(source, bytes | bytearray):
+        raise InputError("portable() takes the source as a str: decode it first "
+                         "(source.decode('utf-8'))")
+    if not isinstance(source, str):
+        raise InputError(f"portable() takes the kernel's source as a str, got "
+                         f"{type(source).__name__}")
     return PRELUDE + source

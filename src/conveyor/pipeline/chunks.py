@@ -73,7 +73,11 @@ class IterSource(Source):
                              f"iterate over its pieces (iterate(np.array_split(a, k), "
                              f"length=len(a)))")
         self.name = f"iterable of {type(chunks).__name__}"
-        self._chunks: Iterator[Any] = iter(chunks)
+        try:
+            self._chunks: Iterator[Any] = iter(chunks)
+        except TypeError:
+            raise InputError(f"iterate() takes an iterable of arrays (a generator, a list of "
+                             f"chunks), got {type(chunks).__name__}") from None
         # What the stream closes when it ends (see close()): a generator, or an iterator that
         # iter() made here from an iterable (nobody else holds it); never an iterator object
         # the caller passed in, which a ``for`` loop would not close either.

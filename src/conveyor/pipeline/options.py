@@ -76,12 +76,7 @@ class StreamOptions:
         )
 
 
-def flag(name: str, value: Any) -> bool:
-    """``value`` as a bool: True or False (a NumPy bool too); InputError for anything else,
-    since ``bool()`` would take ``"off"`` or a callback for True."""
-    if isinstance(value, bool | np.bool_):
-        return bool(value)
-    raise InputError(f"{name}={value!r}: {name} takes True or False")
+flag = config.flag  # ``value`` as a bool, or InputError naming ``name`` (config.flag)
 
 
 #: The range of ``first_row`` (and of every element offset a stream passes): a signed 64-bit

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import interrupts
+from conveyor import config, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
@@ -45,6 +45,7 @@ class Resident(Closeable):
     def __init__(self, array: Any, *, writable: bool = False,
                  device: Device | str | None = None) -> None:
         array = _table(array, "the array given to cv.resident()")
+        writable = config.flag("writable", writable)
         if writable and not (array.flags.c_contiguous and array.flags.writeable):
             raise InputError("resident(writable=True) copies the table back into the array: "
                              "pass a C-contiguous, writable array")

@@ -47,6 +47,10 @@ class PerBlock(Shaped):
                                   f"positive ints, e.g. per_block((4,), np.float32) or "
                                   f"per_block(1, ...)")
         self.dtype = _dtype(dtype, "per_block")
+        record = math.prod(self.shape) * self.dtype.itemsize
+        if record >= 2**63:  # np.empty raised a bare "array is too big" ValueError
+            raise InputError(f"per_block(shape={shape!r}): a record of {record} bytes is more "
+                             f"than any array holds: give a smaller record shape")
 
     def sink(self, index: int, rows: int, row_shape: tuple[int, ...]) -> ShapedSink:
         return ShapedSink(self, np.empty((0, *self.shape), self.dtype), f"output {index}")
