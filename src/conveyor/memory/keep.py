@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,6 +46,16 @@ if TYPE_CHECKING:
 _lock = threading.RLock()
 #: Keys of arrays freed while the lock was taken elsewhere (see _forget).
 _forgotten: collections.deque[tuple[int, int, int]] = collections.deque()
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Hold keep's lock; once this thread lets go of it (not a nested hold), release what
+    ``_forget`` deferred meanwhile (a garbage collection inside the hold)."""
+    with _lock:
+        yield
+    if _forgotten and not _lock._is_owned():  # type: ignore[attr-defined]
+        _forget_pending()
 
 
 def _forget_pending() -> None:
@@ -108,7 +119,7 @@ def configure(*, pinned_budget: int | str | None = None) -> dict[str, int]:
             raise InputError(f"pinned_budget={pinned_budget!r}: use 0 or more bytes (an int "
                              f"or a size like '8GiB')")
         config.check_size_cap("pinned_budget", pinned_budget, pinned_budget)
-        with _lock:
+        with _locked():
             _budget = pinned_budget
             _fit(0)
     return {"pinned_budget": budget()}
@@ -131,7 +142,7 @@ def budget() -> int:
 def kept_bytes() -> int:
     """Bytes of host memory kept page-locked now (all devices)."""
     _forget_pending()
-    with _lock:
+    with _locked():
         return sum(k.nbytes for k in _kept.values())
 
 
@@ -180,7 +191,7 @@ def keep_pinned(array: np.ndarray, *, device: Device | str | None = None) -> boo
         return pinned.is_pinned_for(array, device)  # pinned for this device already
     key = _key(array, device)
     _forget_pending()
-    with _lock:
+    with _locked():
         found = _kept.get(key)
         if found is not None:
             # Released while a stream held it (doomed), then kept again: keep that
@@ -246,7 +257,10 @@ def _forget(key: tuple[int, int, int]) -> None:
     also inside the device's host lock, while another thread holding this lock waits for that
     one (keep_pinned registering an array): a key then waits in ``_forgotten`` for the next
     call that takes the lock."""
-    if not _lock.acquire(blocking=False):
+    # On a thread that holds the lock already (a collection inside release_pinned's loop,
+    # or device.close()'s) the RLock would be taken again and _kept changed under that loop:
+    # a KeyError, and the registrations after it left registered. Deferred to the hold's end.
+    if _lock._is_owned() or not _lock.acquire(blocking=False):  # type: ignore[attr-defined]
         _forgotten.append(key)
         return
     try:
@@ -276,7 +290,7 @@ def release_pinned(array: np.ndarray | None = None, *,
     if device is not None:
         device = _device(device)
     _forget_pending()
-    with _lock:
+    with _locked():
         doomed = [k for k in _kept.values()
                   if (device is None or k.device is device)
                   and (array is None or k.key[1:] == _key(array, k.device)[1:])]
@@ -294,7 +308,7 @@ def release_pinned(array: np.ndarray | None = None, *,
 def release_device(device: Device) -> None:
     """Release every registration on ``device`` (it is closing); one a running stream holds
     when that stream lets go (CUDA would otherwise unregister memory its copies still read)."""
-    with _lock:
+    with _locked():
         for kept in [k for k in _kept.values() if k.device is device]:
             if kept.holds:
                 kept.doomed = True
@@ -311,7 +325,7 @@ def find(device: Device, array: np.ndarray, *, written: bool = False) -> Kept | 
         return None
     start = int(array.__array_interface__["data"][0])
     end = start + array.nbytes
-    with _lock:
+    with _locked():
         for kept in reversed(_kept.values()):
             if kept.device is device and kept.address <= start \
                     and end <= kept.address + kept.nbytes and (kept.writable or not written):
@@ -325,7 +339,7 @@ def locked_elsewhere(device: Device, array: np.ndarray, *, written: bool = False
     device copies it directly; with ``written`` (an output), only where the device may write
     it. Memory of a kept array is left to :func:`hold`, which decides whether a stream may
     write it and holds it while the stream runs."""
-    with _lock:
+    with _locked():
         if _overlaps_kept(device, array):
             return False
     return device.page_locked(array, written=written)
@@ -348,7 +362,7 @@ class Holds(Closeable):
 
     def close(self) -> None:
         held, self.held = self.held, []
-        with _lock:
+        with _locked():
             for kept in held:
                 kept.holds -= 1
                 if kept.doomed and not kept.holds and _kept.get(kept.key) is kept:
@@ -370,7 +384,7 @@ def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()
     # Found and held under one lock: another thread's keep_pinned() may release any kept
     # array no stream holds (the budget), and must not release one between the two.
     _forget_pending()
-    with _lock:
+    with _locked():
         found: list[Kept | None] = [find(device, a, written=w) if a.flags.c_contiguous
                                     else None for a, w in zip(arrays, writes, strict=True)]
         for kept, w in zip(found, writes, strict=True):

@@ -121,9 +121,7 @@ class BlockPool(Generic[B]):
         self._hits = 0
         self._misses = 0
         self._limit: int | None = None
-        self.limit = limit
         self._keep: int | None = None
-        self.keep = keep
         self._streams = 0  # settle() calls: the pool's clock for "not used for a while"
         self._last_used: dict[int, int] = {}  # size class -> stream count at its last use
         self._stream_peak = 0  # most bytes in use since the last settle()
@@ -134,6 +132,8 @@ class BlockPool(Generic[B]):
         # close() was called and no block has been asked for since: what comes back is freed,
         # not held (a pinned array or a table dropped after device.close() was held for good).
         self._closed = False
+        self.limit = limit  # the setters last: the limit's trims use the counters above
+        self.keep = keep
 
     # -- configuration --------------------------------------------------------------------
     @property
@@ -152,7 +152,17 @@ class BlockPool(Generic[B]):
                                   or value <= 0):
             raise InputError(f"pool limit must be None or a positive number of bytes (an int "
                              f"or a size like '64MiB'), got {value!r}")
-        self._limit = value
+        with self._lock:
+            self._limit = value
+            # Idle blocks past a lowered limit go back now: they were kept, and handed to the
+            # next stream, whatever the limit said.
+            doomed: list[B] = []
+            if value is not None:
+                self._collect_done()
+                doomed = self._over_budget(max(value - self._in_use_bytes
+                                               - self._pending_bytes, 0))
+        for idle in doomed:
+            idle.close()
 
     @property
     def keep(self) -> int | None:
@@ -222,7 +232,8 @@ class BlockPool(Generic[B]):
             self._closed = False  # in use again: hold what comes back, as before close()
             self._collect_done()
             free = self._free.get(size)
-            if not free:
+            if not free or (self._limit is not None
+                            and self._in_use_bytes + self._pending_bytes + size > self._limit):
                 if count:
                     self._misses += 1
                 return None
@@ -350,6 +361,9 @@ class BlockPool(Generic[B]):
             budget = self._keep
             if budget is None:
                 budget = KEEP_FACTOR * max(self._recent_peaks)
+            if self._limit is not None:  # never more than the limit leaves beside what is used
+                budget = min(budget, max(self._limit - self._in_use_bytes
+                                         - self._pending_bytes, 0))
             self._keep_bytes = budget
             self._stream_peak = self._in_use_bytes
             newest_first = sorted(self._free, key=lambda s: (self._last_used.get(s, 0), s),

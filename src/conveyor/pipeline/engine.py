@@ -322,7 +322,12 @@ class Engine(Closeable):
         self.queues = []
 
     def _report(self, seconds: float) -> Report:
-        host_spans, records, clock = self.host_spans, self.records, self.clock
+        host_spans, clock = self.host_spans, self.clock
+        # Detached: PyOpenCL's copy events hold the host arrays they read until waited on,
+        # and a kept report whose timeline was never read held the caller's dropped pinned
+        # inputs (in use in the pool) and trimmed staging blocks. Every event is complete.
+        records = [(kind, index, event.detached(), nbytes)
+                   for kind, index, event, nbytes in self.records]
         self.host_spans, self.records = [], []
 
         def timeline() -> Timeline:

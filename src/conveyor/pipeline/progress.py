@@ -1,7 +1,15 @@
-"""The progress bar of ``stream(progress=True)``: bytes done and GB/s, through tqdm."""
+"""The progress bar of ``stream(progress=True)``: bytes done and GB/s, through tqdm.
+
+The bar is a side channel, as a trace is: a standard error that fails (a closed pipe after a
+killed ``| tee``, an ssh session gone) turns the bar off with one warning, and the stream goes
+on. tqdm raised the pipe's BrokenPipeError out of the stream's clean-up, after every block had
+run, and the finished stream's output files were thrown away.
+"""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from conveyor.backends.base import Closeable
@@ -22,13 +30,29 @@ class Progress(Closeable):
 
         total = sum(self._bytes(block) for block in plan.blocks()[-2:])
         total += (plan.block_count - min(plan.block_count, 2)) * self._bytes(plan.block(0))
-        self._bar = tqdm(total=total, unit="B", unit_scale=True,
-                         unit_divisor=1000, desc="conveyor", leave=False)
+        self._guarded(lambda: setattr(self, "_bar", tqdm(
+            total=total, unit="B", unit_scale=True, unit_divisor=1000, desc="conveyor",
+            leave=False)))
 
     def advance(self, block: Block) -> None:
         """Count a finished block."""
-        if self._bar is not None:
-            self._bar.update(self._bytes(block))
+        bar = self._bar
+        if bar is not None:
+            self._guarded(lambda: bar.update(self._bytes(block)))
+
+    def _guarded(self, call: Callable[[], object]) -> None:
+        """``call()``; a failure to write the bar turns it off with a warning (module doc)."""
+        try:
+            call()
+        except (OSError, ValueError) as exc:  # ValueError: "I/O operation on closed file"
+            bar, self._bar = self._bar, None
+            warnings.warn(f"conveyor: progress bar turned off ({type(exc).__name__}: {exc}); "
+                          f"the stream goes on", RuntimeWarning, stacklevel=2)
+            if bar is not None:
+                try:
+                    bar.close()  # leaves tqdm's instance list (and monitor) before it writes
+                except (OSError, ValueError):
+                    pass
 
     def _bytes(self, block: Block) -> int:
         """The input and output bytes of one block (outputs of other lengths included)."""
@@ -41,6 +65,7 @@ class Progress(Closeable):
 
     def close(self) -> None:
         """Remove the bar."""
-        if self._bar is not None:
-            self._bar.close()
+        bar = self._bar
+        if bar is not None:
+            self._guarded(bar.close)
             self._bar = None

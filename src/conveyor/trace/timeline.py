@@ -81,6 +81,10 @@ class Between:
             return None
         return first[1], max(last[1], first[1])
 
+    def detached(self) -> Between:
+        """The same markers, detached (``Event.detached``)."""
+        return Between(self.before.detached(), self.after.detached())
+
 
 def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     merged: list[tuple[int, int]] = []
