@@ -92,6 +92,8 @@ def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{what}: folder {folder} is not writable: write elsewhere or fix "
                          f"its permissions")
+    if mode is not None:
+        _check_sticky_owner(target, folder, what)
     if probe:
         _probe_folder(folder, what)
     longest = _name_max(folder) - _PART_EXTRA
@@ -104,6 +106,20 @@ def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
                          f"system's names hold {longest + _PART_EXTRA}: shorten it to "
                          f"{longest} bytes or fewer")
     return target
+
+
+def _check_sticky_owner(target: Path, folder: Path, what: str) -> None:
+    """InputError when ``target`` exists in a sticky folder (``/tmp``) and belongs to
+    another user: only its owner, the folder's or root may rename over it, and the rename
+    that commits the output failed after all the work, naming the temporary part."""
+    try:
+        owner, held = os.stat(target).st_uid, os.stat(folder)
+    except OSError:
+        return  # gone meanwhile: the write makes it anew
+    if not held.st_mode & stat.S_ISVTX or os.geteuid() in (0, owner, held.st_uid):
+        return
+    raise InputError(f"{what}: {target} belongs to {_user(owner)} in {folder}, a sticky "
+                     f"folder, where only a file's owner may replace it: write elsewhere")
 
 
 def _probe_folder(folder: Path, what: str) -> None:
@@ -176,7 +192,7 @@ def path_text(path: object, what: str) -> str:
         raise InputError(f"{what} got {text!r}, which holds a NUL character (\\x00): no file "
                          f"name can; name the file without it")
     if not text:  # '' is no file; os.path calls take it as the current folder
-        raise InputError(f"{what} got an empty file name ''; name the file")
+        raise InputError(f"{what} got an empty file name ''; name a file")
     return text
 
 
@@ -216,10 +232,28 @@ def resolve(path: PathLike, what: str) -> Path:
             raise InputError(f"{what}: {text} goes through more than {_MAX_LINKS} symlinks (a "
                              f"loop of links?): name the file itself")
         _may_follow(step, st, resolved, what)
+        if step.startswith("/proc/") and link.startswith("/"):  # pipe:[..]: not a name
+            _check_proc_link(step, link, what)
         if link.startswith("/"):
             resolved = "/"
         pending.extend(link.split("/")[::-1])
     return Path(resolved)
+
+
+def _check_proc_link(step: str, link: str, what: str) -> None:
+    """InputError unless the /proc link ``step`` (``/proc/self/fd/N``) names its file by a
+    path that is that file. The kernel opens such a link as the open file itself, but its
+    text is only a description for a file with no name (a ``TemporaryFile``, one removed
+    after it was opened: "/tmp/#123 (deleted)", a memfd: "/memfd:x (deleted)"): followed as a
+    path, conveyor wrote a new file of that name and left the open file empty."""
+    try:
+        same = os.path.samefile(step, os.path.join(os.path.dirname(step), link))
+    except OSError:
+        same = False
+    if not same:
+        raise InputError(f"{what}: {step} is an open file with no name of its own ({link!r}): "
+                         f"conveyor writes a new file and renames it over the name it "
+                         f"replaces, so it cannot write into it; name a file")
 
 
 def _may_follow(link: str, st: os.stat_result, folder: str, what: str) -> None:
@@ -338,8 +372,24 @@ def ready_part(fd: int, target: Path, durable: bool = True) -> None:
     output before it renames the first, so a refused one leaves the others as they were."""
     if durable:
         os.fsync(fd)
+    _keep_owner(fd, target)
     os.fchmod(fd, target_mode(target))
     output_target(target, f"output {target}")
+
+
+def _keep_owner(fd: int, target: Path) -> None:
+    """Run by root, give the new file the owner and group of the regular file it replaces:
+    a user's output rewritten by root became root's, and its user could no longer write it.
+    Anyone else cannot give a file away, and their new file is theirs, as with any editor."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return
+    try:
+        st = os.stat(target)
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        with contextlib.suppress(OSError):
+            os.fchown(fd, st.st_uid, st.st_gid)
 
 
 def target_mode(target: Path) -> int:

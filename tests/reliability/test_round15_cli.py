@@ -448,7 +448,7 @@ def test_guard_a_table_column_with_a_colon_through_the_column_option(work, capsy
 
 # -- guards: sizes, devices, failures that leave nothing ----------------------------------------
 @pytest.mark.parametrize(("value", "phrase"), [
-    ("0", "at least 1 byte"), ("-5", "negative"), ("-0", "negative"), ("64M", "not a size"),
+    ("0", "at least 1 byte"), ("-5", "negative"), ("-0", "at least 1 byte"), ("64M", "not a size"),
     ("0x40", "not a size"), ("1_000", "not a size"), ("inf", "not a size"),
     ("1e30", "larger than any memory"), ("2**10", "not a size"),
 ])

@@ -79,8 +79,17 @@ def run_map(options: argparse.Namespace) -> int:
     return 0
 
 
+def _trace_written(options: argparse.Namespace, report: cv.Report) -> None:
+    """OSError (exit 1) when ``--trace`` was asked for and not written: the library only
+    warns (a trace is a side output of a stream), and the command exited 0 without the file
+    it was asked for, where a --plot that fails exits 1."""
+    if options.trace and not report.trace_file:
+        raise OSError(f"--trace {options.trace} was not written (the warning above says why)")
+
+
 def _after_map(options: argparse.Namespace, report: cv.Report) -> None:
     """What ``conveyor map`` does once its outputs are written: the plot, then the figures."""
+    _trace_written(options, report)
     if options.plot:
         from conveyor.trace.plot import plot_timeline
 
@@ -118,6 +127,7 @@ def run_reduce(options: argparse.Namespace) -> int:
         if report.trace_file:
             print(f"trace written to {report.trace_file}")
         print(f"{options.op} = {_plain(report.result)}")
+    _trace_written(options, report)
     return 0
 
 

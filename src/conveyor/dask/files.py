@@ -26,7 +26,7 @@ import numpy as np
 from conveyor.dask.worker import Job, KernelSpec, as_job, check_op, run, worker_name
 from conveyor.errors import InputError
 from conveyor.files import same_file
-from conveyor.pipeline.io import FileRows, FileSource
+from conveyor.pipeline.io import FileRows, FileSource, byte_view
 from conveyor.pipeline.sinks import FileSink, Sink, commit_all
 
 #: A file as workers get it: (path, dtype string, shape of the whole array, data offset).
@@ -70,7 +70,7 @@ class RangeSink(Sink):
         first, last = max(lo, self.keep[0]), min(lo + len(src), self.keep[1])
         if first >= last:
             return
-        view = memoryview(np.ascontiguousarray(src[first - lo : last - lo]).data).cast("B")
+        view = byte_view(np.ascontiguousarray(src[first - lo : last - lo]))
         position = self.start + first * self.row_bytes
         done = 0
         while done < len(view):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import tokenize
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,7 +137,9 @@ class FileSource(Source):
 
     def __init__(self, path: PathLike, dtype: Any, shape: Sequence[int], offset: int,
                  header: bytes = b"", size: int | None = None) -> None:
-        self.path = Path(path)
+        # Absolute now: each stream opens the file again by path, and a relative one read
+        # another folder's file after os.chdir (same size and header: wrong values).
+        self.path = Path(os.path.abspath(path))
         self.name = str(path)
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(s) for s in shape)
@@ -168,7 +171,7 @@ class FileSource(Source):
 
     def read_into(self, dst: np.ndarray, lo: int) -> None:
         """Read ``len(dst)`` rows from row ``lo`` straight into ``dst`` (C-contiguous)."""
-        view = memoryview(dst.data).cast("B")
+        view = byte_view(dst)
         position = self.offset + lo * self.row_bytes
         fd = self._hold()
         try:
@@ -318,12 +321,16 @@ def npy(path: PathLike) -> FileSource:
             _check_header_length(f, version, target)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
+            elif version == (2, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:  # 3.0 is 2.0 in UTF-8: the 2.0 reader's Latin-1 mangled field names
+                shape, fortran, dtype = _read_header_3_0(f)
             offset = f.tell()
             f.seek(0)
             header = f.read(offset)
-    except (ValueError, OSError, SyntaxError) as exc:
+    except (ValueError, OSError, SyntaxError, tokenize.TokenError, RecursionError) as exc:
+        # TokenError: a header cut short ("{'descr': '<f4', 'fortran_or"), which NumPy
+        # tokenizes before it parses.
         raise InputError(f"{path} is not a .npy file ({exc}): write it with np.save") from exc
     if dtype.hasobject:
         raise InputError(f"{path} holds Python objects ({dtype}): save a numeric array")
@@ -371,6 +378,10 @@ def raw_source(path: PathLike, dtype: Any, shape: Sequence[int] | int | None, of
         raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype: give "
                          f"{names[0]} a numeric dtype, e.g. float32")
     file_size = target.stat().st_size
+    if not file_size and _holds_bytes(target):
+        raise InputError(f"raw input {path} says it has 0 bytes but holds data (a /proc, /sys "
+                         f"or FUSE file, whose size is not its length): copy it to a regular "
+                         f"file and pass that")
     start = _whole(offset)
     if start is None:
         raise InputError(f"raw input {path}: offset={offset!r} is not a whole number: give "
@@ -443,6 +454,12 @@ def as_source(value: Any, index: int) -> Source:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def byte_view(array: np.ndarray) -> memoryview:
+    """The bytes of C-contiguous ``array``, of any dtype (``memoryview(a.data)`` refused
+    datetimes: "cannot include dtype 'M' in a buffer", mid-stream)."""
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
 def _existing(path: PathLike) -> Path:
     """``path`` as a Path; InputError, before any work, unless it is a regular file this
     process may read (an unreadable one failed mid-stream, after the kernel was built)."""
@@ -462,6 +479,38 @@ def _existing(path: PathLike) -> Path:
         raise InputError(f"cannot read input file {target} ({exc.strerror}): check its "
                          f"permissions") from None
     return target
+
+
+def _read_header_3_0(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """A format 3.0 header (NumPy writes it for field names outside Latin-1): as
+    ``read_array_header_2_0``, with the text read as UTF-8."""
+    import ast
+    import struct
+
+    (length,) = struct.unpack("<I", f.read(4))
+    text = f.read(length).decode("utf-8")
+    found = ast.literal_eval(text)
+    if not isinstance(found, dict) or set(found) != {"descr", "fortran_order", "shape"}:
+        raise ValueError(f"header is not a dict of descr, fortran_order and shape: {text!r}")
+    shape, fortran = found["shape"], found["fortran_order"]
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) for d in shape) \
+            or not isinstance(fortran, bool):
+        raise ValueError(f"header's shape or fortran_order is not valid: {text!r}")
+    return shape, fortran, np.lib.format.descr_to_dtype(found["descr"])
+
+
+def _holds_bytes(path: Path) -> bool:
+    """Whether ``path`` yields a byte when read (whatever its size says)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return bool(os.pread(fd, 1, 0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _check_header_length(f: Any, version: tuple[int, int], target: Path) -> None:

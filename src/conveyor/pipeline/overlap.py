@@ -244,6 +244,33 @@ def shared_file(array: np.ndarray, maps: list[Mapping]) -> str | None:
                  if start <= low < end and not private), None)
 
 
+def check_map_sizes(arrays: Sequence[tuple[str, np.ndarray]]) -> None:
+    """InputError for a file-backed array (``what``, array) whose file was cut below what its
+    map reaches after it was mapped: reading or writing those pages kills the process with
+    SIGBUS (no Python error), so it is refused before any work."""
+    maps: list[Mapping] | None = None
+    for what, array in arrays:
+        if not array.size or not _file_backed(array):
+            continue
+        maps = _read_maps() if maps is None else maps
+        low, high = byte_bounds(array)
+        for start, end, offset, path, _, (_, inode) in maps:
+            if not start <= low < end:
+                continue
+            try:
+                held = os.stat(path)
+            except OSError:
+                break  # removed or replaced since: its size cannot be read by name
+            needed = offset + high - start
+            if held.st_ino == inode and held.st_size < needed:
+                raise InputError(
+                    f"{what} is a memory map of {path}, which now holds {held.st_size} "
+                    f"bytes, fewer than the {needed} the map reaches: the file was cut after "
+                    f"it was mapped, and touching those pages would kill the process "
+                    f"(SIGBUS); map the file again (np.load(..., mmap_mode=...))")
+            break
+
+
 def _file_backed(array: np.ndarray) -> bool:
     base: object = array
     while base is not None:

@@ -15,7 +15,8 @@ import copy
 import errno
 import math
 import os
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 from conveyor import files
 from conveyor.errors import InputError
 from conveyor.interrupts import deferred_sigint
-from conveyor.pipeline.io import FileRows, PathLike
+from conveyor.pipeline.io import FileRows, PathLike, byte_view
 
 
 # -- sinks -----------------------------------------------------------------------------------
@@ -165,11 +166,13 @@ class FileSink(Sink):
                                  f"fix its permissions") from exc
         fd = self._fd
         if self.header:
-            with os.fdopen(os.dup(fd), "wb") as f:
+            with self._naming_errors(), os.fdopen(os.dup(fd), "wb") as f:
                 header = {"descr": np.lib.format.dtype_to_descr(self.dtype),
                           "fortran_order": False, "shape": self.shape}
                 try:
                     np.lib.format.write_array_header_1_0(f, header)
+                except UnicodeEncodeError:  # field names outside Latin-1 (a ValueError too)
+                    _write_header_3_0(f, header)
                 except ValueError:  # a header too long for format 1.0
                     np.lib.format.write_array_header_2_0(f, header)
                 self.offset = f.tell()
@@ -190,17 +193,32 @@ class FileSink(Sink):
     def write_from(self, src: np.ndarray, lo: int) -> None:
         """Write ``src`` (C-contiguous rows) at row ``lo``."""
         assert self._fd is not None, "open() first"
-        view = memoryview(np.ascontiguousarray(src).data).cast("B")
+        view = byte_view(np.ascontiguousarray(src))
         row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
         position = self.offset + lo * row_bytes
         done = 0
-        while done < len(view):
-            done += os.pwritev(self._fd, [view[done:]], position + done)
+        with self._naming_errors():
+            while done < len(view):
+                done += os.pwritev(self._fd, [view[done:]], position + done)
+
+    @contextlib.contextmanager
+    def _naming_errors(self) -> Iterator[None]:
+        """A full disk or quota, named: "[Errno 28] No space left on device" named no output
+        and no folder."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise OSError(exc.errno, f"output {self.name}: {exc.strerror} in "
+                                     f"{self.target.parent}: free some space or write "
+                                     f"elsewhere") from exc
 
     def prepare(self) -> None:
         """Flush to disk, take the mode of the file it replaces, check the target again."""
         assert self._fd is not None and self._tmp is not None
-        files.ready_part(self._fd, self.target, self.durable)
+        with self._naming_errors():
+            files.ready_part(self._fd, self.target, self.durable)
         self._ready = True
 
     def commit(self) -> None:
@@ -274,6 +292,17 @@ def _out_shape(name: str, shape: Any) -> tuple[int, ...]:
 
 
 # -- the public constructors ------------------------------------------------------------------
+
+
+def _write_header_3_0(f: Any, header: dict[str, Any]) -> None:
+    """A ``.npy`` header of format 3.0 (2.0 in UTF-8), laid out as NumPy lays it out: what
+    ``np.save`` writes for field names outside Latin-1, which formats 1.0 and 2.0 cannot
+    hold (a bare UnicodeEncodeError before)."""
+    text = "{" + "".join(f"'{key}': {value!r}, " for key, value in sorted(header.items()))
+    encoded = (text + "}").encode("utf-8")
+    pad = 64 - (6 + 2 + 4 + len(encoded) + 1) % 64  # magic, version, length, text, "\n"
+    encoded += b" " * pad + b"\n"
+    f.write(b"\x93NUMPY\x03\x00" + struct.pack("<I", len(encoded)) + encoded)
 
 
 def npy_out(path: PathLike, dtype: Any = None, shape: Sequence[int] | None = None) -> FileSink:

@@ -359,6 +359,11 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
             if files.same_file(first.target, second.target):
                 raise InputError(f"outputs {first.name} and {second.name} are one file: name "
                                  f"a different file for each output")
+    overlap.check_map_sizes(
+        [(f"{kind} {index}", array) for kind, ends in (("input", sources), ("output", sinks))
+         for index, end in enumerate(ends)
+         if isinstance(array := getattr(getattr(end, "inner", end), "array", None),
+                       np.ndarray)])
     maps = None
     for index, sink in enumerate(sinks):
         array = getattr(sink, "array", None)
