@@ -220,7 +220,7 @@ def _check_boundary(boundary: Any) -> None:
         if boundary not in BOUNDARIES:
             raise InputError(f"boundary={boundary!r}: use one of {', '.join(BOUNDARIES)} or "
                              f"a constant (dask's names, as in da.map_overlap)")
-    elif isinstance(boundary, bool | np.bool_) or not isinstance(boundary, numbers.Real):
+    elif isinstance(boundary, bool | np.bool_) or not isinstance(boundary, numbers.Complex):
         raise InputError(f"boundary={boundary!r}: use one of {', '.join(BOUNDARIES)} or a "
                          f"number (a constant for the rows past either end)")
 

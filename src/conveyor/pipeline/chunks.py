@@ -99,6 +99,9 @@ class IterSource(Source):
                 raise InputError(f"{self.name} is empty but length={rows}: pass the real "
                                  f"length")
             template = first if first is not None else np.empty(0, np.float32)
+            # No chunk at all: float32 is a stand-in, which a kernel's parameter type
+            # replaces (adopt_types): a uchar kernel refused "input 0 has dtype float32".
+            self.untyped = first is None
             self.dtype = template.dtype
             self.shape = (rows, *template.shape[1:])
             # The rows held, in order from row _first on: (input row of rows[0], rows,
@@ -350,6 +353,14 @@ class _Loan:
             if not self.cond.wait(LOAN_PATIENCE_S) and not self.reading:
                 self.rows = self.rows.copy()
                 return
+
+
+def adopt_types(sources: Sequence[Any], params: Sequence[Any]) -> None:
+    """An iterable that yielded no chunk takes the type of the kernel parameter it is
+    bound to (inputs come first): with no rows there is nothing of its own to check."""
+    for source, param in zip(sources, params, strict=False):
+        if isinstance(source, IterSource) and source.untyped and param.dtype is not None:
+            source.dtype = np.dtype(param.dtype)
 
 
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:

@@ -22,6 +22,7 @@ of those rows come from here instead of from the input at the moment of the copy
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -136,7 +137,7 @@ def _save_rows(saved: np.ndarray, source: Source, plan: Plan) -> None:
 PAD_MODES = {"nearest": "edge", "reflect": "symmetric", "periodic": "wrap"}
 
 #: A boundary: one of PAD_MODES' names, or a number (np.pad's "constant").
-Boundary = str | int | float
+Boundary = str | int | float | complex
 
 
 def pad_index(rows: int, positions: np.ndarray, mode: str) -> np.ndarray:
@@ -194,7 +195,7 @@ class Pads:
         return out
 
 
-def constant(boundary: int | float, dtype: np.dtype, name: str) -> np.ndarray:
+def constant(boundary: int | float | complex, dtype: np.dtype, name: str) -> np.ndarray:
     """``boundary`` as one value of ``dtype`` (0-d), as np.pad's "constant" makes it; an
     InputError naming input ``name`` and the type's range if ``dtype`` cannot hold it.
 
@@ -205,6 +206,16 @@ def constant(boundary: int | float, dtype: np.dtype, name: str) -> np.ndarray:
     type (0.1 for float32, as np.pad does) unless that overflows to ±inf; NaN and ±inf are
     float values. Integer and bool types take whole numbers in their range only."""
     kind = dtype.kind
+    if isinstance(boundary, numbers.Complex) and not isinstance(boundary, numbers.Real):
+        boundary = complex(boundary)  # np.complex64 is no Python complex
+    if isinstance(boundary, complex):
+        if kind != "c":
+            raise InputError(f"boundary={boundary!r} is complex, and {name} holds {dtype}, "
+                             f"which has no imaginary part: pass a real constant")
+        part = np.dtype(f"f{dtype.itemsize // 2}")
+        real = constant(boundary.real, part, name)
+        imag = constant(boundary.imag, part, name)
+        return np.array(complex(float(real), float(imag))).astype(dtype)
     if kind in "fc":
         part = np.dtype(f"f{dtype.itemsize // 2}") if kind == "c" else dtype
         try:

@@ -40,7 +40,7 @@ from conveyor.closing import finish_uninterrupted, join
 from conveyor.errors import CompileError, InputError
 from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory import hostmem, numa
-from conveyor.pipeline import image, overlap, resident, validate
+from conveyor.pipeline import chunks, image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain, Link
 from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.engine import Compute, Engine
@@ -216,6 +216,7 @@ def _several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
             raise InputError(
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device")
+        chunks.adopt_types(sources, first_kernel.params)
         for kernel, dev in zip(kernels, devices, strict=True):
             assert isinstance(kernel, Kernel)
             element = validate.check_kernel(kernel, dev, sources, sinks, opts.args, reduce)

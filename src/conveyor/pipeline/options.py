@@ -44,7 +44,7 @@ class StreamOptions:
     warmup: bool = True
     #: The halo's rows past either end (pipeline/halo.py): "nearest", "reflect", "periodic"
     #: or a number.
-    boundary: str | int | float = "nearest"
+    boundary: str | int | float | complex = "nearest"
     #: The row of a larger whole array that the inputs' row 0 is: offsets count from there.
     first_row: int = 0
 
@@ -186,9 +186,13 @@ def scalar_args(value: Any) -> tuple[Any, ...]:
                      f"arguments, e.g. args=(2.0, 7)")
 
 
-def _boundary(value: Any) -> str | int | float:
+def _boundary(value: Any) -> str | int | float | complex:
     if isinstance(value, str) and value in ("nearest", "reflect", "periodic"):
         return value
+    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+        # A complex constant, for complex inputs (np.pad takes one); each part is checked
+        # against the input's type by halo.constant.
+        return complex(value)  # 2+0j too: a complex constant is refused for real inputs
     if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
         number = value.item() if isinstance(value, np.generic) else value
         if isinstance(number, numbers.Integral):

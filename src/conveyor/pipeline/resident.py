@@ -261,9 +261,11 @@ class ResidentArgs:
     start, substituted into every launch's arguments, let go of at the end."""
 
     def __init__(self, handles: dict[int, Resident], device_arrays: dict[int, Any],
-                 owned: Sequence[Resident], constant: dict[int, str] | None = None) -> None:
+                 owned: Sequence[Resident],
+                 constant: dict[int, tuple[str, int]] | None = None) -> None:
         self.handles = handles
-        self.constant = constant or {}  # args index -> name of its __constant parameter
+        # args index -> (name of its __constant parameter, bytes of the table)
+        self.constant = constant or {}
         self.device_arrays = device_arrays
         self.owned = list(owned)  # made for this stream from plain arrays: closed at its end
         self.used: list[Resident] = []
@@ -309,7 +311,7 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
     handles: dict[int, Resident] = {}
     device_arrays: dict[int, Any] = {}
     owned: list[Resident] = []
-    constant: dict[int, str] = {}
+    constant: dict[int, tuple[str, int]] = {}
     params = kernel.params[first_arg : first_arg + len(args)]
     for index, (param, value) in enumerate(zip(params, args, strict=False)):
         if not param.is_pointer:
@@ -327,6 +329,8 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
         native = _device_array(value, kernel, param, index)
         if native is not None:
             device_arrays[index] = native
+            if param.address == "constant":
+                constant[index] = (param.name, int(getattr(value, "nbytes", 0)))
             continue
         handle = value if isinstance(value, Resident) else None
         if handle is None:
@@ -343,7 +347,7 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
                structs.struct_source(kernel) if param.dtype is None else None)
         handles[index] = handle
         if param.address == "constant":
-            constant[index] = param.name
+            constant[index] = (param.name, handle.nbytes)
     return ResidentArgs(handles, device_arrays, owned, constant)
 
 

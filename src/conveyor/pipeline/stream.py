@@ -13,7 +13,7 @@ from conveyor import config, files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError, note_outputs_written
 from conveyor.memory import hostmem
-from conveyor.pipeline import image, overlap, resident, validate
+from conveyor.pipeline import chunks, image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.chunks import IterSource
@@ -410,6 +410,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device"
             )
+        chunks.adopt_types(sources, compute.params)
         element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
         buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
         buffers += image.sampler_params(dev, sources)  # each image input's sampler_t
@@ -524,45 +525,52 @@ def inputs_written(compute: Any, inputs: int) -> list[str]:
 def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
                   max_rows: int | None, residents: Any = None) -> tuple[int | None, str]:
     """``max_rows`` (an image height's cap, or None) capped so that the block (and halo
-    rows) of every input bound to a ``__constant`` parameter fits the device's constant
-    buffers together with the ``__constant`` tables of ``args=`` (``residents``), and which
-    cap it is (make_plan's ``block_cap``): past it (64 KiB on NVIDIA) a GPU driver fails the
-    launch. InputError when the tables alone do not fit, or not one row does beside them."""
+    rows) of every input a kernel (or a chain's kernel link) reads through ``__constant``
+    fits the device's constant buffers together with that kernel's ``__constant`` tables in
+    ``args=`` (``residents``, or each link's own), and which cap it is (make_plan's
+    ``block_cap``): past it (64 KiB on NVIDIA) a GPU driver fails the launch. InputError
+    when a kernel's tables alone do not fit, or not one row does beside them."""
     cap = dev.max_constant_bytes
     if cap is None:
         return max_rows, "image"
-    tables = getattr(residents, "constant", {})
-    table_bytes = sum(residents.handles[i].nbytes for i in tables)
-    if table_bytes > cap:
-        named = ", ".join(f"args[{i}] (parameter {name!r})" for i, name in tables.items())
-        raise InputError(
-            f"{named}: __constant tables of {table_bytes} bytes, more than the device's "
-            f"constant buffers hold ({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE): declare "
-            f"the parameter __global const")
-    cap -= table_bytes
-    bound: dict[int, str] = {}
+    kernels: list[tuple[str, dict[int, str], dict[int, tuple[str, int]]]] = []
     if isinstance(compute, Kernel):
         params = [p for p in compute.params if "sampler" not in p.base]  # an image's pair
-        bound = {i: f"parameter {p.name!r} of kernel {compute.name!r}"
-                 for i, p in enumerate(params[:len(sources)]) if p.address == "constant"}
+        kernels.append(("", {i: f"parameter {p.name!r} of kernel {compute.name!r}"
+                             for i, p in enumerate(params[:len(sources)])
+                             if p.address == "constant"},
+                        getattr(residents, "constant", {})))
     for link in getattr(compute, "links", ()):  # a bound chain (pipeline/chainbind.py)
         if isinstance(link.compute, Kernel):
-            bound.update({ref.index: f"parameter {p.name!r} of {link.where()}"
-                          for ref, p in zip(link.reads, link.compute.params, strict=False)
-                          if ref.kind == "in" and p.address == "constant"})
-    if not bound:
-        return max_rows, "image"
-    row_bytes = sum(validate.spec(sources[i]).row_bytes for i in bound)
-    rows = cap // max(row_bytes, 1) - 2 * halo
-    if rows < 1:
-        named = ", ".join(f"input {i} ({where})" for i, where in sorted(bound.items()))
-        raise InputError(
-            f"{named}: __constant, and {1 + 2 * halo} row(s) of it ({row_bytes} bytes a row"
-            f"{f', halo={halo}' if halo else ''}) do not fit the device's constant buffers "
-            f"({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE"
-            f"{f', less {table_bytes} of __constant tables in args=' if table_bytes else ''}"
-            f"): declare it __global const")
-    if max_rows is not None and max_rows <= rows:
+            kernels.append((f"{link.where()}: ",
+                            {ref.index: f"parameter {p.name!r} of {link.where()}"
+                             for ref, p in zip(link.reads, link.compute.params, strict=False)
+                             if ref.kind == "in" and p.address == "constant"},
+                            getattr(getattr(link, "residents", None), "constant", {})))
+    rows: int | None = None
+    for where, bound, tables in kernels:
+        table_bytes = sum(nbytes for _, nbytes in tables.values())
+        if table_bytes > cap:
+            named = ", ".join(f"args[{i}] (parameter {name!r})"
+                              for i, (name, _) in tables.items())
+            raise InputError(
+                f"{where}{named}: __constant tables of {table_bytes} bytes, more than the "
+                f"device's constant buffers hold ({cap} bytes, "
+                f"CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE): declare the parameter __global const")
+        if not bound:
+            continue
+        row_bytes = sum(validate.spec(sources[i]).row_bytes for i in bound)
+        fit = (cap - table_bytes) // max(row_bytes, 1) - 2 * halo
+        if fit < 1:
+            named = ", ".join(f"input {i} ({what})" for i, what in sorted(bound.items()))
+            raise InputError(
+                f"{named}: __constant, and {1 + 2 * halo} row(s) of it ({row_bytes} bytes a "
+                f"row{f', halo={halo}' if halo else ''}) do not fit the device's constant "
+                f"buffers ({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE"
+                f"{f', less {table_bytes} of __constant tables in args=' if table_bytes else ''}"
+                f"): declare it __global const")
+        rows = fit if rows is None else min(rows, fit)
+    if rows is None or (max_rows is not None and max_rows <= rows):
         return max_rows, "image"
     return rows, "constant"
 

@@ -494,6 +494,21 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
                          f"receives {what},", dtype, source, param.base,
                          native_order_fix(given, dtype), output=what.startswith("output"))
             return
+        if dtype.kind == "c":  # no C scalar is complex ("complex64*" was advised)
+            part = f"f{dtype.itemsize // 2}"
+            raise InputError(
+                f"kernel parameter {param.name!r} is {param.describe()}, and {what} has dtype "
+                f"{dtype}, which no C type is: for a struct of two {_c_name(np.dtype(part))} "
+                f"members, pass the array viewed as records named as those members, e.g. "
+                f"a.view(np.dtype([('re', '{part}'), ('im', '{part}')])); or declare it "
+                f"{_c_name(np.dtype(part))}* and pass a.view(np.{np.dtype(part)}), the parts "
+                f"interleaved (2 elements per value: offset and n count them)")
+        if str(dtype) not in _C_NAMES:
+            raise InputError(
+                f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot "
+                f"check that {what} (dtype {dtype}) matches it, and {dtype} has no C type: "
+                f"pass numbers of a plain type (e.g. a.view(np.int64) for datetimes) to a "
+                f"pointer to that type")
         raise InputError(
             f"kernel parameter {param.name!r} is {param.describe()}, so conveyor cannot check "
             f"that {what} (dtype {dtype}) matches it: declare it as a pointer to a scalar "
