@@ -71,6 +71,9 @@ def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
     if text == "-":  # the shell's "standard output", never a file named "-"
         raise InputError(f"{what}: '-' would be a file named '-' in the current folder: "
                          f"conveyor does not write to standard output; name a file")
+    # Standard output or error first, as named: resolving /dev/stdout to a deleted file's
+    # /proc link would be refused for that, not for what it is.
+    _refuse_streams(path, Path(text), what, proc=False)
     target = resolve(path, what)
     _refuse_streams(path, target, what)
     try:
@@ -152,12 +155,12 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-def _refuse_streams(path: PathLike, target: Path, what: str) -> None:
+def _refuse_streams(path: PathLike, target: Path, what: str, *, proc: bool = True) -> None:
     """InputError when writing ``path`` (resolved: ``target``) would write this process's
     standard output or error (the same file as fd 1 or 2), or into /proc (a pipe or socket
     named by ``/dev/stdout``, ``/dev/fd/N``). Conveyor replaces the file it writes: a file
     stdout is redirected to (``>> log.txt``) would lose the job's log, and a pipe or a /proc
-    entry cannot be replaced at all."""
+    entry cannot be replaced at all (not checked unless ``proc``)."""
     for fd, stream in ((1, "standard output"), (2, "standard error")):
         try:
             held = os.fstat(fd)
@@ -173,7 +176,7 @@ def _refuse_streams(path: PathLike, target: Path, what: str) -> None:
                                  f"a file (conveyor renames a new file over its target: that "
                                  f"would replace the file {stream} is redirected to, losing "
                                  f"what was written there, or fail on a pipe)")
-    if target.parts[1:2] == ("proc",):
+    if proc and target.parts[1:2] == ("proc",):
         kind = next((f"a {k}" for k in ("pipe", "socket") if target.name.startswith(f"{k}:[")),
                     "a /proc entry")
         raise InputError(f"{what}: {os.fspath(path)} resolves to {target}, {kind}: name a file "
