@@ -432,6 +432,11 @@ class Queue(base.Queue):
                          wait_for: Sequence[base.Event] = ()) -> Event:
         data = getattr(src, "base_data", None)
         if not isinstance(data, cl.MemoryObjectHolder):
+            if data is not None and "SVM" in type(data).__name__:
+                raise InputError(f"the callable returned a {type(src).__name__} in shared "
+                                 f"virtual memory ({type(data).__name__}): return one of a "
+                                 f"buffer (PyOpenCL's default allocator), or write into the "
+                                 f"output array it is given")
             raise InputError(f"a {type(src).__name__} is not an OpenCL device array: return a "
                              f"pyopencl.array.Array")
         offset = int(getattr(src, "offset", 0))

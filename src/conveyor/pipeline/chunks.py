@@ -125,7 +125,9 @@ class IterSource(Source):
         except StopIteration:
             self._ended = True
             return None
-        validate.check_values(chunk, f"a chunk of {self.name} (from row {self._read})")
+        where = f"a chunk of {self.name} (from row {self._read})"
+        validate.device_memory(chunk, where, "yield host arrays (a PyOpenCL array's .get())")
+        validate.check_values(chunk, where)
         # A plain ndarray view of the chunk's memory, as validate.plain gives for inputs:
         # np.asarray drops an ndarray subclass (a memmap too), so rows are never read through
         # a subclass's __getitem__ (one that copies would hand out copies of reused memory).

@@ -269,6 +269,7 @@ class ResidentArgs:
         self.device_arrays = device_arrays
         self.owned = list(owned)  # made for this stream from plain arrays: closed at its end
         self.used: list[Resident] = []
+        self.waits: list[Any] = []  # device arrays' pending events (bind)
         self.claimed: list[Resident] = []  # writable tables taken for the stream (claim())
 
     @property
@@ -280,6 +281,8 @@ class ResidentArgs:
         """Upload every table on ``queue``; return ``args`` with each replaced by its device
         buffer."""
         values = list(args)
+        for event in self.waits:
+            event.wait()
         for index, value in self.device_arrays.items():
             values[index] = value
         self.claimed = claim(list(self.handles.values()))
@@ -312,6 +315,7 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
     device_arrays: dict[int, Any] = {}
     owned: list[Resident] = []
     constant: dict[int, tuple[str, int]] = {}
+    waits: list[Any] = []
     params = kernel.params[first_arg : first_arg + len(args)]
     for index, (param, value) in enumerate(zip(params, args, strict=False)):
         if not param.is_pointer:
@@ -329,11 +333,17 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
         native = _device_array(value, kernel, param, index)
         if native is not None:
             device_arrays[index] = native
-            if param.address == "constant":
-                constant[index] = (param.name, int(getattr(value, "nbytes", 0)))
+            # Work still writing it (PyOpenCL's array.events): waited for before the first
+            # launch, which read the table's old values otherwise.
+            waits.extend(getattr(value, "events", None) or ())
+            if param.address == "constant":  # the launch binds the whole buffer
+                whole = getattr(getattr(value, "base_data", None), "size", None)
+                constant[index] = (param.name, int(whole or getattr(value, "nbytes", 0) or 0))
             continue
         handle = value if isinstance(value, Resident) else None
         if handle is None:
+            if _host_buffer(value):  # a memoryview, array.array: as inputs= takes them
+                value = _table(value, f"args[{index}] (kernel parameter {param.name!r})")
             if not isinstance(value, np.ndarray):
                 raise InputError(
                     f"args[{index}]: kernel parameter {param.name!r} is a pointer "
@@ -348,7 +358,23 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
         handles[index] = handle
         if param.address == "constant":
             constant[index] = (param.name, handle.nbytes)
-    return ResidentArgs(handles, device_arrays, owned, constant)
+    made = ResidentArgs(handles, device_arrays, owned, constant)
+    made.waits = waits
+    return made
+
+
+def _host_buffer(value: Any) -> bool:
+    """Whether ``value`` is host memory NumPy takes as it is (the buffer protocol, or an
+    array interface), not text and not a list (whose element type NumPy would guess)."""
+    if isinstance(value, str | bytes | list | tuple) or isinstance(value, Resident):
+        return False
+    if hasattr(value, "__array_interface__") or hasattr(value, "__array__"):
+        return True
+    try:
+        memoryview(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _table(value: Any, what: str) -> np.ndarray:
@@ -357,6 +383,8 @@ def _table(value: Any, what: str) -> np.ndarray:
     ``np.asarray`` would change (masked elements, PyArrow nulls: validate.check_values)."""
     from conveyor.pipeline import validate
 
+    validate.device_memory(value, what, "cv.resident uploads a host array; a device array "
+                           "goes in args= itself (the launch takes its buffer)")
     validate.check_values(value, what)
     array = value if isinstance(value, np.ndarray) else np.asarray(value)
     if array.dtype.hasobject or array.ndim == 0 or array.size == 0:
@@ -409,6 +437,10 @@ def _device_array(value: Any, kernel: Kernel, param: Param, index: int) -> Any:
         native = value  # the CUDA backend passes its data pointer
     elif backend == "opencl" and type(value).__module__.startswith("pyopencl"):
         data = getattr(value, "base_data", None)
+        if data is None and hasattr(value, "dtype") and getattr(value, "size", 1) == 0:
+            raise InputError(f"args[{index}] (kernel parameter {param.name!r}) is "
+                             f"{_described(value)}, which has no elements: a table is a "
+                             f"device buffer of at least one element")
         if data is None or not hasattr(value, "dtype"):
             return None
         dtype = np.dtype(value.dtype)
@@ -427,6 +459,12 @@ def _device_array(value: Any, kernel: Kernel, param: Param, index: int) -> Any:
     if param.dtype is not None and dtype != param.dtype:
         raise InputError(f"{where} takes {param.dtype} elements but receives "
                          f"{_described(value)}: pass a device array of {param.dtype}")
+    if param.dtype is None:  # a struct pointer: checked as a NumPy table's layout is
+        from conveyor.pipeline import validate
+
+        source = structs.struct_source(kernel)
+        structs.check_fields(where, dtype, source, param.base)
+        validate.check_struct(where, dtype, source, param.base)
     if not contiguous or not at_start:
         raise InputError(f"{where} receives {_described(value)}, a view that is not "
                          f"C-contiguous from the start of its buffer: the kernel would read "

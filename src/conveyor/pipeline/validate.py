@@ -48,6 +48,19 @@ def _foreign(value: Any, role: str) -> str | None:
             f"or a device array in args= where the kernel declares a pointer")
 
 
+def device_memory(value: Any, what: str, fix: str) -> None:
+    """InputError naming ``what`` when ``value`` is device memory (PyOpenCL's arrays, buffers
+    and SVM, anything with ``__cuda_array_interface__``) where a host array goes, saying
+    ``fix``: ``np.asarray`` walked a PyOpenCL array one element at a time (seconds for 10**5
+    elements, before any check) and made Python objects of it."""
+    kind = type(value)
+    if not (kind.__module__.startswith("pyopencl")
+            or hasattr(value, "__cuda_array_interface__")):
+        return
+    raise InputError(f"{what} is a {kind.__module__}.{kind.__name__}, device memory, not a "
+                     f"host array: {fix}")
+
+
 def as_input(value: Any, index: int) -> np.ndarray:
     """Input ``index`` as an ndarray (memmaps stay memmaps); InputError if unusable."""
     given = value
@@ -55,6 +68,9 @@ def as_input(value: Any, index: int) -> np.ndarray:
         raise InputError(f"input {index} is bytes, which NumPy reads as one string, not an "
                          f"array: pass np.frombuffer(data, dtype) for its bytes as numbers "
                          f"(or a path as str for a file)")
+    device_memory(value, f"input {index}", "conveyor streams host NumPy arrays; pass one (a "
+                  "PyOpenCL array's .get(), CuPy's .get()), or a device array in args= where "
+                  "the kernel declares a pointer")
     check_values(value, f"input {index}")
     if not isinstance(value, np.ndarray):
         try:
