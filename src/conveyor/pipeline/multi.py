@@ -466,7 +466,7 @@ def _constant_cap(kernels: Sequence[Any], devices: Sequence[Device], sources: li
                   halo: int, residents: Sequence[Any]) -> dict[str, Any]:
     """make_plan's ``max_block_rows`` where ``__constant`` inputs must fit the smallest
     constant buffer of the devices (stream.constant_rows), else nothing."""
-    from conveyor.pipeline.stream import constant_rows
+    from conveyor.pipeline.constant import constant_rows
 
     caps = [constant_rows(k, d, sources, halo, None, r)[0]
             for k, d, r in zip(kernels, devices, residents, strict=True)]

@@ -17,6 +17,7 @@ from conveyor.pipeline import chunks, image, overlap, resident, validate
 from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.chunks import IterSource
+from conveyor.pipeline.constant import constant_rows
 from conveyor.pipeline.engine import Compute, Engine
 from conveyor.pipeline.io import ArraySource, FileSource, Source, as_source
 from conveyor.pipeline.options import StreamOptions, as_inputs, as_outputs, flag
@@ -520,59 +521,6 @@ def inputs_written(compute: Any, inputs: int) -> list[str]:
                       for ref, param in zip(link.reads, link.compute.params, strict=False)
                       if ref.kind == "in" and writable(param)]
     return found
-
-
-def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
-                  max_rows: int | None, residents: Any = None) -> tuple[int | None, str]:
-    """``max_rows`` (an image height's cap, or None) capped so that the block (and halo
-    rows) of every input a kernel (or a chain's kernel link) reads through ``__constant``
-    fits the device's constant buffers together with that kernel's ``__constant`` tables in
-    ``args=`` (``residents``, or each link's own), and which cap it is (make_plan's
-    ``block_cap``): past it (64 KiB on NVIDIA) a GPU driver fails the launch. InputError
-    when a kernel's tables alone do not fit, or not one row does beside them."""
-    cap = dev.max_constant_bytes
-    if cap is None:
-        return max_rows, "image"
-    kernels: list[tuple[str, dict[int, str], dict[int, tuple[str, int]]]] = []
-    if isinstance(compute, Kernel):
-        params = [p for p in compute.params if "sampler" not in p.base]  # an image's pair
-        kernels.append(("", {i: f"parameter {p.name!r} of kernel {compute.name!r}"
-                             for i, p in enumerate(params[:len(sources)])
-                             if p.address == "constant"},
-                        getattr(residents, "constant", {})))
-    for link in getattr(compute, "links", ()):  # a bound chain (pipeline/chainbind.py)
-        if isinstance(link.compute, Kernel):
-            kernels.append((f"{link.where()}: ",
-                            {ref.index: f"parameter {p.name!r} of {link.where()}"
-                             for ref, p in zip(link.reads, link.compute.params, strict=False)
-                             if ref.kind == "in" and p.address == "constant"},
-                            getattr(getattr(link, "residents", None), "constant", {})))
-    rows: int | None = None
-    for where, bound, tables in kernels:
-        table_bytes = sum(nbytes for _, nbytes in tables.values())
-        if table_bytes > cap:
-            named = ", ".join(f"args[{i}] (parameter {name!r})"
-                              for i, (name, _) in tables.items())
-            raise InputError(
-                f"{where}{named}: __constant tables of {table_bytes} bytes, more than the "
-                f"device's constant buffers hold ({cap} bytes, "
-                f"CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE): declare the parameter __global const")
-        if not bound:
-            continue
-        row_bytes = sum(validate.spec(sources[i]).row_bytes for i in bound)
-        fit = (cap - table_bytes) // max(row_bytes, 1) - 2 * halo
-        if fit < 1:
-            named = ", ".join(f"input {i} ({what})" for i, what in sorted(bound.items()))
-            raise InputError(
-                f"{named}: __constant, and {1 + 2 * halo} row(s) of it ({row_bytes} bytes a "
-                f"row{f', halo={halo}' if halo else ''}) do not fit the device's constant "
-                f"buffers ({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE"
-                f"{f', less {table_bytes} of __constant tables in args=' if table_bytes else ''}"
-                f"): declare it __global const")
-        rows = fit if rows is None else min(rows, fit)
-    if rows is None or (max_rows is not None and max_rows <= rows):
-        return max_rows, "image"
-    return rows, "constant"
 
 
 def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source],
