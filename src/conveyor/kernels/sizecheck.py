@@ -8,7 +8,9 @@ for ``real*`` (8 bytes to the compiler), wrong values, and a kernel writing past
 (round fourteen). No list of macros is complete, so every build asks the compiler itself: for
 each parameter whose type is a name the source defines (a typedef or a macro), the source is
 built with a line ``typedef char __conveyor_sizeof_check_N[(sizeof(T) == n) ? 1 : -1];``
-appended, ``n`` the bytes conveyor read. A mismatch fails that line's array size, and
+appended, ``n`` the bytes conveyor read (for a scalar typedef, on clang, also that ``T`` is
+the C type conveyor read: ``typedef int word`` chosen by ``__clang__``, read as float, is 4
+bytes too). A mismatch fails that line's array size, and
 :func:`build` says which parameter conveyor could not read. A check the compiler cannot
 evaluate (a macro that is no type on its own) is dropped: the source is built without it.
 """
@@ -30,7 +32,23 @@ NAME = "__conveyor_sizeof_check_"
 # (NVRTC).
 _NEGATIVE = ("negative size", "negative", "greater than zero")
 
-Check = tuple[str, str, int]  # (kernel.parameter, the type as written, bytes conveyor read)
+# (kernel.parameter, the type as written, bytes conveyor read, the C names of the scalar type
+# conveyor read, or () for a vector or struct)
+Check = tuple[str, str, int, tuple[str, ...]]
+
+#: The OpenCL C types of each NumPy scalar type conveyor reads from a parameter.
+_C_TYPES = {
+    "int8": ("char", "signed char"), "uint8": ("uchar",), "int16": ("short",),
+    "uint16": ("ushort",), "int32": ("int",), "uint32": ("uint",), "int64": ("long",),
+    "uint64": ("ulong",), "float16": ("half",), "float32": ("float",),
+    "float64": ("double",), "bool": ("bool",),
+}  # fmt: skip
+
+#: Before the checks: whether two types are one. Clang has a builtin for it; other compilers
+#: (NVRTC, which sees no such types) take every type as the one conveyor read.
+_SAME = ("\n#ifdef __clang__\n#define __conveyor_same(T, U) __builtin_types_compatible_p(T, U)"
+         "\n#else\n#define __conveyor_same(T, U) 1\n#endif")
+_SAME_LINES = _SAME.count("\n")
 
 
 def checks(source: str, expanded: str) -> list[Check]:
@@ -62,8 +80,14 @@ def checks(source: str, expanded: str) -> list[Check]:
                 continue  # a built-in type: the same for conveyor and the compiler
             if "long long" in f"{ours.base} {ours.spelled}":
                 continue  # refused with its own message (128 bits in OpenCL C: argtypes.py)
+            names: tuple[str, ...] = ()
             if ours.dtype is not None:
                 size = ours.dtype.itemsize * ours.width
+                # A scalar named by a typedef: its kind too (a typedef int read as float).
+                # Not a macro's type: the driver names the type it expands to, and conveyor
+                # takes the driver's reading (argtypes.py), right whatever it read here.
+                if ours.width == 1 and re.search(rf"\b{re.escape(name)}\b", code):
+                    names = _C_TYPES.get(str(ours.dtype), ())
             else:  # a struct: the size of the layout records are checked against
                 layout = c_layout(code, ours.base) if layouts else None
                 if layout is None:
@@ -71,15 +95,26 @@ def checks(source: str, expanded: str) -> list[Check]:
                 size = layout[1]
             if (name, size) not in seen:
                 seen.add((name, size))
-                found.append((f"{kernel}.{ours.name or '(unnamed)'}", name, size))
+                found.append((f"{kernel}.{ours.name or '(unnamed)'}", name, size, names))
     return found
 
 
 def lines(found: Sequence[Check]) -> str:
-    """The text appended to the source for ``found`` (empty for none)."""
+    """The text appended to the source for ``found`` (empty for none): one line a check, after
+    the ``__conveyor_same`` macro. A scalar's line asks for its size and its type (a typedef
+    of int that conveyor read as float is 4 bytes either way)."""
+    if not found:
+        return ""
+
+    def same(text: str, names: tuple[str, ...]) -> str:
+        if not names:
+            return ""
+        return " && (" + " || ".join(f"__conveyor_same({text}, {n})" for n in names) + ")"
+
     # After a blank line: a source ending in a backslash would join the first check to it.
-    return "\n" + "".join(f"\ntypedef char {NAME}{i}[(sizeof({text}) == {size}) ? 1 : -1];"
-                          for i, (_, text, size) in enumerate(found)) + "\n" if found else ""
+    return "\n" + _SAME + "".join(
+        f"\ntypedef char {NAME}{i}[((sizeof({text}) == {size}){same(text, names)}) ? 1 : -1];"
+        for i, (_, text, size, names) in enumerate(found)) + "\n"
 
 
 def build(device: Device, source: str, expanded: str, options: Sequence[str]) -> bytes:
@@ -94,13 +129,15 @@ def build(device: Device, source: str, expanded: str, options: Sequence[str]) ->
         log = f"{exc.message}\n{exc.log}"
     # The source alone: its own error, if it has one, is the one to raise.
     binary = device.build_binary(source, options)
-    first = (source + "\n\n").count("\n") + 1  # the line of check 0
+    first = (source + "\n\n").count("\n") + 1 + _SAME_LINES  # the line of check 0
     for index, line in _failed(log, first, len(found)):
         if any(word in line for word in _NEGATIVE):
-            where, text, size = found[index]
+            where, text, size, names = found[index]
+            kind, other = (f" ({names[0]})", " or type") if names else ("", "")
             raise InputError(
-                f"kernel parameter {where}: conveyor read its type {text} as {size} bytes, "
-                f"but the compiler's sizeof({text}) differs: the source chooses that type "
+                f"kernel parameter {where}: conveyor read its type {text} as {size} bytes"
+                f"{kind}, but the compiler's sizeof({text}){other} differs: the source "
+                f"chooses that type "
                 f"with a macro the compiler predefines and conveyor's preprocessor does not "
                 f"know (such as __clang__), so conveyor would pass the wrong data; declare "
                 f"the parameter with a built-in type (float*, double*), or choose the type "

@@ -37,7 +37,7 @@ import numpy as np
 from conveyor import interrupts
 from conveyor.backends.base import Device, Kernel
 from conveyor.closing import finish_uninterrupted, join
-from conveyor.errors import CompileError, InputError
+from conveyor.errors import CompileError, ConveyorError, InputError
 from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory import hostmem, numa
 from conveyor.pipeline import chunks, image, overlap, resident, validate
@@ -217,9 +217,18 @@ def _several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device")
         chunks.adopt_types(sources, first_kernel.params)
+        elements = []
         for kernel, dev in zip(kernels, devices, strict=True):
             assert isinstance(kernel, Kernel)
-            element = validate.check_kernel(kernel, dev, sources, sinks, opts.args, reduce)
+            try:
+                elements.append(validate.check_kernel(kernel, dev, sources, sinks, opts.args,
+                                                      reduce))
+            except InputError as exc:  # the source may build otherwise on another device
+                if len(devices) > 1:
+                    exc.add_note(f"conveyor: checking the kernel as built for {dev.spec}, one "
+                                 f"of several devices")
+                raise
+        element = _one_element(elements, devices)
         validate.guard_bools(sources, validate.bool_inputs(first_kernel.params, sources))
     elif not callable(first_kernel):
         raise InputError(f"compute must be a Kernel (device.compile) or a callable, "
@@ -250,11 +259,27 @@ def _chain_several(chain: Chain, sources: list[Source], sinks: list[Sink],
                              f"cv.resident(array), uploaded to each")
     validate.guard_bools(sources, bound[0].bool_inputs())
     first = sources[0]
+    _one_element([b.element for b in bound], devices)
     reduction = Reduction.make(opts.reduce, bound[0].element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
                                with_kernel=bound[0].element is not None)
     return _plan_and_run(bound, sources, sinks, devices, opts, schedule, reduction,
                          [b.residents for b in bound], bound[0].make_plan)
+
+
+def _one_element(elements: Sequence[Any], devices: Sequence[Device]) -> Any:
+    """The per-element type a reduction folds, the same on every device; InputError where
+    the kernel, built for each device, writes another (a type its source chooses by a
+    compiler's macro): each device's partials were folded as the last one's type, a wrong
+    total with no error."""
+    kinds = {np.dtype(e) for e in elements if e is not None}
+    if len(kinds) > 1:
+        each = ", ".join(f"{dev.spec} {np.dtype(e)}" for dev, e in
+                         zip(devices, elements, strict=True) if e is not None)
+        raise InputError(f"the kernel's per-element values have another type on each device "
+                         f"({each}): its source chooses the type by a macro of each "
+                         f"device's compiler; declare one type, or stream on one device")
+    return elements[0] if elements else None
 
 
 def _chain_for(chain: Chain, device: Device, homes: _Homes) -> Chain:
@@ -395,6 +420,10 @@ def _run_engines_held(engines: list[Engine], supply: Supply,
             numa.bind_thread(engines[index].device.host_place)  # a thread of its own
             reports[index] = engines[index].run()
         except BaseException as exc:  # handed to the calling thread, which raises it
+            if isinstance(exc, ConveyorError) and len(engines) > 1:
+                # Out of memory, a device's failure: say whose (a pool limit set on one).
+                exc.add_note(f"conveyor: on {engines[index].device.spec}, one of "
+                             f"{len(engines)} devices")
             with done:
                 failures.append(exc)
             supply.stop()

@@ -341,10 +341,12 @@ def make_plan(
         raise InputError(f"memory_limit must be a positive number of bytes, got {limit}")
     total_limit, limit = limit, limit - resident_bytes
     if limit <= 0:
+        what, fix = (("the device pool's limit", "raise device.memory_pool.limit")
+                     if by_pool else ("the memory limit", "use a larger memory_limit"))
         raise InputError(
             f"the resident arrays in args= need {resident_bytes} device bytes, which leaves "
-            f"nothing of the memory limit of {total_limit} for the blocks: use a larger "
-            f"memory_limit, or stream the largest table as an input")
+            f"nothing of {what} of {total_limit} for the blocks: {fix}, or stream the "
+            f"largest table as an input")
     widest = max([spec.row_bytes for spec in inputs]
                  + [-(-spec.row_bytes * spec.ratio[0] // spec.ratio[1])
                     for spec in outputs if not spec.per_block]
