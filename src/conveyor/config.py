@@ -11,6 +11,7 @@ import os
 import re
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from conveyor.errors import InputError
 
@@ -115,6 +116,18 @@ def flag(name: str, value: object) -> bool:
     if isinstance(value, bool) or numpy_bool:
         return bool(value)
     raise InputError(f"{name}={value!r}: {name} takes True or False")
+
+
+def dtype_of(value: object, what: str) -> Any:
+    """``np.dtype(value)``; InputError naming ``what`` for anything NumPy cannot make one of:
+    it raises TypeError, ValueError or SyntaxError ("f4,(") by the kind of text."""
+    import numpy as np
+
+    try:
+        return np.dtype(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, SyntaxError) as exc:
+        raise InputError(f"{what}: {value!r} is not a NumPy dtype ({exc}): give one such as "
+                         f"np.float32 or 'f4'") from None
 
 
 def parse_size(name: str, value: str) -> int:

@@ -411,3 +411,14 @@ def test_nan_folds_across_chunks_as_numpy(client):
     got = cvd.reduce(cvd.kernel(AXPY, "axpy"), da.from_array(x, chunks=10), "min",
                      args=(0.0,), device=SPEC, block_bytes=16).compute()
     assert np.isnan(got) and np.isnan(np.min(x)), got
+
+
+def test_a_file_stream_of_a_kernel_of_another_parameter_count_is_refused_on_the_client(
+        client, tmp_path):
+    # (the lead's, from round eighteen's audit) map_blocks and reduce checked it on the
+    # client; conveyor.dask.stream failed on every worker
+    np.save(tmp_path / "x.npy", np.arange(10, dtype=np.float32))
+    with pytest.raises(cv.InputError, match="takes 5 parameters.*passes 4"):
+        cvd.stream(cvd.kernel(AXPY, "axpy"), [str(tmp_path / "x.npy")],
+                   [str(tmp_path / "y.npy")], client=client, device=SPEC)
+    assert os.listdir(tmp_path) == ["x.npy"]

@@ -35,6 +35,13 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
     for flag in ("trace", "plot"):
         if getattr(options, flag, None):
             raise InputError(f"--{flag} is per-process: drop it with --scheduler/--cluster")
+    if getattr(options, "schedule", None) == "static":  # it was taken and ignored
+        raise InputError("--schedule shares blocks among the devices of one process; each "
+                         "worker streams on one device: drop it with --scheduler/--cluster")
+    if getattr(options, "progress", None):
+        raise InputError("--progress draws a bar for a stream of this process; the workers "
+                         "stream theirs: drop it with --scheduler/--cluster (the command "
+                         "prints each worker's rows when they are done)")
     from conveyor.cli.streaming import check_backend, kernel_source
 
     source, backend = kernel_source(options)

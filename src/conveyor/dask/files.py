@@ -145,6 +145,9 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     wanted = as_outputs(outputs)
     if reduce is not None and wanted:
         raise InputError("with reduce=, pass no outputs")
+    if isinstance(job.compute, KernelSpec):  # on the client: each range failed on its worker
+        job.compute.check_count(len(refs), len(job.args), "conveyor.dask.stream",
+                                outputs=len(wanted) or (1 if reduce is not None else 0))
     default = _default_dtype(job, len(refs), np.dtype(refs[0][1]))
     sinks: list[FileSink] = []
     try:
@@ -189,7 +192,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
 
         result = reducing.combine(reduce, partials, default,
                                   kernel=isinstance(job.compute, KernelSpec))
-    return ClusterReport(outputs=[s.name for s in sinks], result=result, ranges=list(done),
+    return ClusterReport(outputs=[s.result for s in sinks], result=result, ranges=list(done),
                          seconds=time.perf_counter() - started)
 
 

@@ -56,17 +56,20 @@ class KernelSpec:
                 raise
             return list(parse_params(self.source, self.name))
 
-    def check_count(self, inputs: int, args: int, call: str) -> None:
+    def check_count(self, inputs: int, args: int, call: str, outputs: int | None = None
+                    ) -> None:
         """InputError on the client when the kernel does not take ``inputs`` inputs, the one
-        output (or per-element buffer) that ``call`` passes, ``args`` args, offset and n:
-        otherwise every chunk failed on its worker with a traceback each."""
+        output (or per-element buffer) that ``call`` passes (``outputs`` where the call
+        takes them as given), ``args`` args, offset and n: otherwise every chunk failed on
+        its worker with a traceback each."""
         params = self.params()
-        expected = inputs + 1 + args + 2
+        expected = inputs + (1 if outputs is None else outputs) + args + 2
         if len(params) != expected:
+            buffers = (f"one output buffer ({call} makes one: split a kernel that writes "
+                       f"more)" if outputs is None else f"{outputs} output buffers")
             raise InputError(
                 f"kernel {self.name!r} takes {len(params)} parameters; {call} passes "
-                f"{expected}: {inputs} inputs, one output buffer ({call} makes one: split a "
-                f"kernel that writes more), {args} args, then offset and n")
+                f"{expected}: {inputs} inputs, {buffers}, {args} args, then offset and n")
 
 
 def kernel(source: str, name: str, options: Sequence[str] = ()) -> KernelSpec:

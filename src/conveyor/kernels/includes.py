@@ -13,6 +13,7 @@ know which header the compiler reads.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import warnings
@@ -90,19 +91,21 @@ def included_headers(
                 else:
                     matches.append((named[:1], named[1:-1]))
         for quote, raw in matches:
-            name = raw.decode(errors="replace").strip()
+            name = os.fsdecode(raw).strip()  # a name of non-UTF-8 bytes is found as it is
             if Path(name).is_absolute():  # found by its path, with or without -I
                 search = [Path("/")]
             else:
                 # A quoted include: beside the including header, or (in the source itself)
                 # in the current directory, where the compiler looks before the -I folders.
-                here = beside if beside is not None else (Path.cwd() if quote == b'"' else None)
+                # <k.h> is looked for in the -I folders only, from a header too.
+                here = ((beside if beside is not None else Path.cwd()) if quote == b'"'
+                        else None)
                 search = ([here] if here is not None else []) + dirs
             if not search:
                 continue  # the compiler's own or the system's header (no -I to find it in)
             for directory in search:
                 candidate = directory / name
-                if candidate.is_file():
+                if os.path.isfile(candidate):  # Path.is_file raised for a name too long
                     resolved = str(candidate.resolve())
                     # The compiler looks for a header's own quoted includes in the folder it
                     # was named in, not its link's target's: one reached through two folders
@@ -169,7 +172,8 @@ def anchor_includes(source: str, folder: Path) -> str:
         name = match.group(2)
         beside = folder / name
         text = str(beside)
-        if Path(name).is_absolute() or not beside.is_file() or '"' in text or "\\" in text:
+        if Path(name).is_absolute() or not os.path.isfile(beside) or '"' in text \
+                or "\\" in text:
             return match.group(0)
         return f'{match.group(1)}"{text}"'
 

@@ -166,7 +166,8 @@ def empty(
     """A new uninitialised C-ordered array in pinned memory (or fine-grained SVM with
     ``svm=True``; BackendError where the device has none). OutOfMemoryError if it cannot be had.
     """
-    dt = np.dtype(dtype)
+    svm = config.flag("svm", svm)  # "no" allocated shared virtual memory
+    dt = config.dtype_of(dtype, "cv.pinned.empty's dtype")
     if dt.hasobject:
         raise InputError(f"pinned arrays cannot hold Python objects (dtype {dt})")
     if dt.itemsize == 0:

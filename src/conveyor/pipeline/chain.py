@@ -186,7 +186,7 @@ def _temp(name: Any, value: Any) -> Temp:
                              f"row at least one, e.g. ((3,), np.float32)")
     try:
         dtype = np.dtype(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, SyntaxError) as exc:
         raise InputError(f"temp {name!r}: {value!r} is no dtype: give a dtype or "
                          f"(row_shape, dtype), e.g. np.float32 or ((3,), np.float32)") from exc
     if value is None or dtype.hasobject or dtype.subdtype is not None:

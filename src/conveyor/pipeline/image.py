@@ -82,12 +82,12 @@ def image(value: Any, *, address: str | None = None, filter: str = "nearest",
     "linear" (float and half images only). ``normalized=True`` reads at coordinates in [0, 1)
     (which "repeat" and "mirrored_repeat" need). Raises InputError for a value that is not one
     of these."""
-    if address is not None and address not in ADDRESSES:
+    if address is not None and (not isinstance(address, str) or address not in ADDRESSES):
         why = (" leaves reads past the edges undefined, which matches no boundary= rule"
                if address == "none" else " is not an addressing mode conveyor knows")
         raise InputError(f"address={address!r}{why}: use one of {', '.join(ADDRESSES)} (or "
                          f"None, the one that matches boundary=)")
-    if filter not in FILTERS:
+    if not isinstance(filter, str) or filter not in FILTERS:  # an array: no truth value
         raise InputError(f"filter={filter!r}: use 'nearest' or 'linear'")
     if not isinstance(normalized, bool):
         raise InputError(f"normalized={normalized!r}: pass True or False")

@@ -496,7 +496,11 @@ def _read_header_3_0(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     if not isinstance(shape, tuple) or not all(isinstance(d, int) for d in shape) \
             or not isinstance(fortran, bool):
         raise ValueError(f"header's shape or fortran_order is not valid: {text!r}")
-    return shape, fortran, np.lib.format.descr_to_dtype(found["descr"])
+    try:
+        dtype = np.lib.format.descr_to_dtype(found["descr"])
+    except (TypeError, ValueError, SyntaxError) as exc:  # a descr that is no dtype: 5
+        raise ValueError(f"descr {found['descr']!r} is not a dtype ({exc})") from None
+    return shape, fortran, dtype
 
 
 def _holds_bytes(path: Path) -> bool:

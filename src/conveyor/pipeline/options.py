@@ -162,8 +162,13 @@ def _whole(value: Any) -> int | None:
         return None
     if isinstance(value, numbers.Integral):
         return int(value)
+    if isinstance(value, numbers.Rational):  # a Fraction: exact, however large
+        return int(value.numerator) if value.denominator == 1 else None
     if isinstance(value, numbers.Real):
-        as_float = float(value)
+        try:
+            as_float = float(value)
+        except OverflowError:
+            return None
         if math.isfinite(as_float) and as_float.is_integer():
             return int(as_float)
     return None

@@ -155,6 +155,9 @@ def read_after_written(compute: object, pairs: frozenset[tuple[int, int]]) -> li
 
 
 def _region(item: Source | Sink) -> _Region | None:
+    inner = getattr(item, "inner", None)
+    if inner is not None:  # a wrapper reads another source's bytes (io.BoolChecked, a cast)
+        return _region(inner)
     if isinstance(item, ArraySource | ArraySink):
         array = item.array
         if array.nbytes == 0:

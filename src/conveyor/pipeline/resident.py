@@ -386,7 +386,11 @@ def _table(value: Any, what: str) -> np.ndarray:
     validate.device_memory(value, what, "cv.resident uploads a host array; a device array "
                            "goes in args= itself (the launch takes its buffer)")
     validate.check_values(value, what)
-    array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    try:
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (ValueError, TypeError) as exc:  # a ragged list: NumPy's "inhomogeneous shape"
+        raise InputError(f"{what} is no array NumPy can make ({exc}): pass a NumPy array "
+                         f"(rows of one length)") from None
     if array.dtype.hasobject or array.ndim == 0 or array.size == 0:
         why = ("holds Python objects" if array.dtype.hasobject
                else "is a scalar" if array.ndim == 0 else "has no elements")

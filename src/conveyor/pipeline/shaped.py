@@ -149,8 +149,8 @@ def _dims(shape: Any, message: str) -> tuple[int, ...]:
 def _dtype(value: Any, what: str) -> np.dtype:
     try:
         dtype = np.dtype(value)
-    except TypeError as exc:
-        raise InputError(f"{what}(dtype={value!r}): pass a NumPy dtype") from exc
+    except (TypeError, ValueError, SyntaxError) as exc:  # "f4,(": SyntaxError
+        raise InputError(f"{what}(dtype={value!r}): pass a NumPy dtype ({exc})") from None
     if dtype.hasobject:
         raise InputError(f"{what}(dtype={dtype}): use a numeric dtype")
     return dtype

@@ -101,6 +101,7 @@ class FileSink(Sink):
                              f"'out.npy'")
         self.path = Path(text)
         self.name = str(path)
+        self._absolute = os.path.abspath(text)  # what the name meant when it was given
         self.header = header
         self.durable = durable
         self.dtype = _out_dtype(self.name, dtype)  # type: ignore[assignment]
@@ -140,8 +141,9 @@ class FileSink(Sink):
 
     @property
     def result(self) -> str:
-        """The output's path."""
-        return self.name
+        """The output's path as given; absolute where the current folder has changed since
+        (the name as given would now load another folder's file)."""
+        return self.name if os.path.abspath(self.name) == self._absolute else self._absolute
 
     def rows(self, lo: int, hi: int) -> FileRows:
         """Where rows ``lo:hi`` go."""
@@ -323,7 +325,7 @@ def _dtype_hint(value: Any) -> str:
         return ""
     try:
         dtype = np.dtype(value)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):
         return ""
     return f"; for a new array of {dtype}, pass the dtype itself ({dtype_code(dtype)})"
 

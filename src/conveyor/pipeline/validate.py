@@ -205,10 +205,10 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
     if not isinstance(value, np.ndarray):
         try:
             dtype = np.dtype(value)
-        except TypeError as exc:
+        except (TypeError, ValueError, SyntaxError) as exc:
             raise InputError(
-                f"output {index} must be a NumPy array or a dtype, got {type(value).__name__}"
-            ) from exc
+                f"output {index} must be a NumPy array or a dtype, got {value!r} "
+                f"({type(value).__name__}: {exc})") from None
         if dtype.hasobject:
             raise InputError(f"output {index} asks for dtype {dtype}: use a numeric dtype")
         from conveyor.memory import prefault
