@@ -89,8 +89,26 @@ def build_binary(device: Device, source: str, options: Sequence[str]) -> bytes:
                            source=source) from exc
     except cl.Error as exc:
         raise _backend_error(exc, "clBuildProgram") from exc
+    _check_names(device, program)
     binaries = program.get_info(cl.program_info.BINARIES)
     return bytes(binaries[0])
+
+
+#: PoCL aborts the process (SIGABRT, "Final linking of kernel ... failed.") when it links a
+#: program holding a kernel of a longer name, as it does for the binary.
+POCL_LONGEST_NAME = 252
+
+
+def _check_names(device: Device, program: Any) -> None:
+    """InputError for a kernel name PoCL cannot link (before it is asked to)."""
+    if "Portable Computing Language" not in device.info.platform:
+        return
+    names = str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
+    long = next((n for n in names if len(n.encode()) > POCL_LONGEST_NAME), None)
+    if long is not None:
+        raise InputError(f"kernel {long[:40]}... has a name of {len(long.encode())} bytes: "
+                         f"PoCL aborts the process when it links a kernel of a name longer "
+                         f"than {POCL_LONGEST_NAME} bytes; shorten it")
 
 
 def load_kernel(device: Device, binary: bytes, name: str, options: Sequence[str],

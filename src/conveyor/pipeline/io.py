@@ -561,7 +561,7 @@ def _check_dims(path: PathLike, shape: Sequence[int], what: str,
     if any(d > _MAX_DIM for d in shape):
         raise InputError(f"{path}: {what} {tuple(shape)} has a dimension past 2**63 - 1, "
                          f"which no array has: fix the shape")
-    if dtype is not None and math.prod(d for d in shape if d) * dtype.itemsize > _MAX_DIM:
+    if dtype is not None and math.prod(d for d in shape if d > 0) * dtype.itemsize > _MAX_DIM:
         raise InputError(f"{path}: {what} {tuple(shape)} of {dtype} spans more than 2**63 - 1 "
                          f"bytes without its zero dimensions, which NumPy cannot shape: fix "
                          f"the shape")

@@ -18,7 +18,7 @@ own thread, and every engine takes its blocks from one shared ``Supply``
 The first failure on any engine stops the supply: every engine issues no new block, lets
 what it has in flight finish, gives every buffer back, and the first failure is raised as is
 (a Ctrl-C on the calling thread does the same). Outputs are committed only when every engine
-succeeded. Reductions fold the blocks' partials in global block order (``reduce.combine``),
+succeeded. Reductions fold the blocks' partials in global block order (``fold.Fold``),
 so the result is bitwise the one device's.
 """
 
@@ -390,8 +390,6 @@ def run(kernels: Sequence[Compute], sources: list[Source], sinks: list[Sink],
         raise
     finally:
         progress.close()
-    if reduction is not None:
-        _merge_partials(reduction, [e.reduction for e in engines])
     feeds = [e.blocks for e in engines]
     return merge_reports(reports, engines, feeds, plan, sources, sinks, seconds,
                          result=reduction.result() if reduction is not None else None)
@@ -508,23 +506,12 @@ def _wait(barrier: threading.Barrier) -> None:
 
 
 def _fresh(reduction: Reduction | None) -> Reduction | None:
-    """An engine's own copy of ``reduction``: its fold kernel (built for its device) and its
-    partials, which it does not fold itself (``Reduction.share``): ``run`` folds every
-    engine's partials once, in global block order."""
+    """An engine's own copy of ``reduction``: its fold kernel (built for its device), adding
+    its partials to the stream's one fold, in global block order (``Reduction.share``: no
+    result of its own)."""
     if reduction is None:
         return None
-    own = copy.copy(reduction)
-    own.kernel, own.partials, own.indices = None, [], []
+    own = copy.copy(reduction)  # its fold is the stream's own: every engine adds to it
+    own.kernel = None
     own.share = True
     return own
-
-
-def _merge_partials(reduction: Reduction, parts: Sequence[Reduction | None]) -> None:
-    """Every engine's partials into ``reduction``, in global block order."""
-    pairs = []
-    for part in parts:
-        if part is not None:
-            pairs += list(zip(part.indices, part.partials, strict=True))
-    pairs.sort(key=lambda pair: pair[0])
-    reduction.indices = [index for index, _ in pairs]
-    reduction.partials = [partial for _, partial in pairs]

@@ -196,11 +196,17 @@ class Plan:
 
 
     def host_bytes(self, host_unified: bool) -> int:
-        """About the host memory a stream of this plan holds: its pinned staging ring (as
-        large as the device's), each input's halo pad rows (and the int64 row numbers they
-        are made from), and on a device that shares host memory the device's ring too."""
+        """About the host memory a stream of this plan holds: its pinned staging rings (every
+        array staged, ``depth + STAGING_EXTRA`` entries, each buffer in whole pages, as the
+        pinned pool bins it: counted as the device ring, 512-byte bins and ``depth``
+        entries, one-row blocks were undercounted 8 times), each input's halo pad rows (and
+        the int64 row numbers they are made from), and on a device that shares host memory
+        the device's ring too."""
         pads = 2 * self.halo * sum(spec.row_bytes + 8 for spec in self.inputs)
-        return self.ring_device_bytes * (2 if host_unified else 1) + pads
+        entries = max(min(self.depth + STAGING_EXTRA, self.block_count), 1)
+        staged = entries * sum(page_bin(max(n, 1)) for n in (*self.input_device_bytes,
+                                                              *self.output_device_bytes))
+        return staged + (self.ring_device_bytes if host_unified else 0) + pads
 
 
 class BlockSource(Protocol):

@@ -13,15 +13,13 @@ stream folds them all once, in global block order (``Reduction.share``).
 
 from __future__ import annotations
 
-import functools
-import numbers
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from conveyor.errors import InputError
-from conveyor.interrupts import deferred_sigint
+from conveyor.pipeline.fold import Fold, combine, combiner  # noqa: F401 (combine: dask's)
 
 #: The most work items of the built-in reduction kernel, and so partials per block. Each work
 #: item folds every ``parts``-th element; fewer than ~64k leaves a big GPU waiting on memory
@@ -135,106 +133,6 @@ def fold_partials(op: str, partial: np.ndarray, has: np.ndarray) -> Any:
     return values.min() if op == "min" else values.max()
 
 
-def combiner(op: str | Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """The host function that folds two partials for ``op``."""
-    if callable(op):
-        return op
-    if op == "sum":
-        return lambda a, b: a + b
-    if op == "min":
-        return lambda a, b: np.minimum(a, b)
-    if op == "max":
-        return lambda a, b: np.maximum(a, b)
-    raise InputError(f"reduce={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
-
-
-def combine(
-    op: str | Callable[[Any, Any], Any], partials: list[Any], element: np.dtype | None = None,
-    *, kernel: bool = False,
-) -> Any:
-    """Fold the blocks' partials, in block order. With none: ``sum`` gives
-    :func:`empty_sum` of ``element`` (0, as NumPy does), a function gives None."""
-    blocks = [k for k, p in enumerate(partials) if p is not None]
-    present = [partials[k] for k in blocks]
-    if not present:
-        return empty_sum(element, kernel=kernel) if op == "sum" else None
-    if not isinstance(op, str):
-        return functools.reduce(_returning(op), present)
-    # Lists and tuples fold element by element, as min and max already did ("sum" joined
-    # them end to end); every partial must have the first one's shape (NumPy broadcast a
-    # one-bin np.bincount partial into every bin of the others, with no error).
-    present = [np.asarray(p) if isinstance(p, list | tuple) else p for p in present]
-    odd = next((p for p in present if not _numeric(p)), None)
-    if odd is not None:
-        # Refused over one block as over many: one block's partial was never folded, so a
-        # dict came back as the total there and was refused only with two blocks or more.
-        raise InputError(
-            f"reduce={op!r} cannot fold the callable's partials ({type(odd).__name__}: "
-            f"{op} takes numbers): return a number or a numeric array, or pass reduce=f, a "
-            f"function that folds two partials")
-    _check_shapes(op, blocks, present)
-    halves = op == "sum" and all(getattr(p, "dtype", None) == np.float16 for p in present)
-    if op == "sum":
-        present = [widened(p) for p in present]
-    elif all(type(p) is int for p in present):  # past int64, np.minimum raises OverflowError
-        return (min if op == "min" else max)(present)
-    try:
-        if op == "sum" and all(isinstance(p, np.ndarray | np.integer)
-                               and p.dtype.kind in "iu" for p in present):
-            # NumPy scalars check overflow where arrays wrap: np.sum of the same values wraps
-            # (warned, or raised under np.errstate(over="raise"), only with several blocks).
-            with deferred_sigint(), np.errstate(over="ignore"):  # whole: interrupts.py
-                return functools.reduce(combiner(op), present)
-        total = functools.reduce(combiner(op), present)
-        # float16 partials are added in float32, as np.sum adds halves, and the total is one.
-        return total.astype(np.float16) if halves else total
-    except TypeError as exc:  # dict partials, say: np.add has no loop for them
-        if not isinstance(op, str):  # the caller's own function: its error as it is
-            raise
-        kinds = sorted({type(p).__name__ for p in present})
-        raise InputError(
-            f"reduce={op!r} cannot fold the callable's partials ({', '.join(kinds)}: {exc}): "
-            f"return a number or a numeric array, or pass reduce=f, a function that folds "
-            f"two partials") from exc
-
-
-def _check_shapes(op: str, blocks: list[int], partials: list[Any]) -> None:
-    """InputError when a partial's shape differs from the first block's (NumPy would
-    broadcast a shape of one, or fail with a raw ValueError)."""
-    first = np.shape(partials[0]) if _numeric(partials[0]) else None
-    for block, partial in zip(blocks[1:], partials[1:], strict=True):
-        if first is None or not _numeric(partial):
-            return  # dicts and such: the fold's TypeError names them
-        if np.shape(partial) != first:
-            raise InputError(
-                f"reduce={op!r}: the callable's partial of block {block} has shape "
-                f"{np.shape(partial)}, block {blocks[0]}'s {first}: every block must return "
-                f"a partial of one shape (for counts, np.bincount(x, minlength=K))")
-
-
-def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """``f``, with an InputError where it returns None (a forgotten ``return``): the next
-    fold would get None, and a stream of two blocks would give None as its result."""
-    def checked(a: Any, b: Any) -> Any:
-        folded = f(a, b)
-        if folded is None:
-            name = getattr(f, "__name__", "f")
-            raise InputError(
-                f"reduce={name} returned None: it must return the folded value of its two "
-                f"arguments (a function that adds into its first one ends with 'return a')")
-        return folded
-    return checked
-
-
-def _numeric(partial: Any) -> bool:
-    """Whether ``reduce="sum"``/``"min"``/``"max"`` can fold ``partial``: a number, or a
-    NumPy array or scalar of numbers, dates or durations (or objects: Python's own numbers,
-    past 64 bits, whose fold says what it cannot add)."""
-    if isinstance(partial, np.ndarray | np.generic):
-        return partial.dtype.kind in "biufcmMO"
-    return isinstance(partial, numbers.Number)
-
-
 def widened(partial: Any) -> Any:
     """A NumPy partial of ``reduce="sum"`` in the type ``np.sum`` adds it in: bool and
     integers narrower than 64 bits as int64 (uint64 for unsigned), as a NumPy sum of the
@@ -320,12 +218,12 @@ class Reduction:
         #: device without doubles; sized for float64 until then).
         self.acc = None if element is None else partial_dtype(element, str(op))
         self.parts = 0
-        self.partials: list[Any] = []
-        self.indices: list[int] = []  # the block of each partial (several devices: merged)
-        #: One engine's share of a stream over several devices (multi._fresh): its partials
-        #: are merged in block order with the others' and folded once, there; folding this
-        #: share alone too would call a custom ``reduce=f`` on some partials twice (an ``f``
-        #: that adds into its first argument, ``a += b``, then counted blocks twice).
+        #: The blocks' partials, folded in block order as they retire (pipeline/fold.py).
+        self.fold = Fold(op, element or fallback, kernel=element is not None)
+        #: One engine's share of a stream over several devices (multi._fresh): it adds its
+        #: partials to the stream's one fold, shared by every engine, and has no result of
+        #: its own (folding a share alone too called a custom ``reduce=f`` on some partials
+        #: twice: an ``f`` that adds into its first argument, ``a += b``, counted blocks twice).
         self.share = False
 
     @classmethod
@@ -394,24 +292,20 @@ class Reduction:
             records.append(("copy-out", block, copy, dst.nbytes))
         return event, copies
 
-    def collect(self, scratch: Scratch | None, partial: Any, index: int = -1) -> None:
-        """Keep block ``index``'s partial (after its copies completed), in block order: the
-        callable's return value, or the fold of the kernel's partials on the host."""
-        self.indices.append(index)
-        if self.element is None:
-            self.partials.append(partial)
-            return
-        assert scratch is not None
-        acc = self.acc
-        assert acc is not None
-        values = scratch.pin_partial.array[: self.parts * acc.itemsize].view(acc)
-        has = scratch.pin_has.array[: self.parts]
-        self.partials.append(fold_partials(str(self.op), values, has))
+    def collect(self, scratch: Scratch | None, partial: Any, index: int) -> None:
+        """Fold block ``index``'s partial (after its copies completed) into the total, in
+        block order: the callable's return value, or the fold of the kernel's partials on
+        the host."""
+        if self.element is not None:
+            assert scratch is not None
+            acc = self.acc
+            assert acc is not None
+            values = scratch.pin_partial.array[: self.parts * acc.itemsize].view(acc)
+            has = scratch.pin_has.array[: self.parts]
+            partial = fold_partials(str(self.op), values, has)
+        self.fold.add(partial, index)
 
     def result(self) -> Any:
-        """The combined result of every block's partial (None for one engine's share of a
-        stream over several devices: the stream folds every share's partials once)."""
-        if self.share:
-            return None
-        return combine(self.op, self.partials, self.element or self.fallback,
-                       kernel=self.element is not None)
+        """The folded result of every block's partial (None for one engine's share of a
+        stream over several devices: the stream's own Reduction gives it)."""
+        return None if self.share else self.fold.result()

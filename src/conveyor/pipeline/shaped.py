@@ -47,6 +47,7 @@ class PerBlock(Shaped):
                                   f"positive ints, e.g. per_block((4,), np.float32) or "
                                   f"per_block(1, ...)")
         self.dtype = _dtype(dtype, "per_block")
+        _check_ndim(len(self.shape), f"per_block(shape={shape!r})")
         record = math.prod(self.shape) * self.dtype.itemsize
         if record >= 2**63:  # np.empty raised a bare "array is too big" ValueError
             raise InputError(f"per_block(shape={shape!r}): a record of {record} bytes is more "
@@ -84,6 +85,7 @@ class Rows(Shaped):
                 f"multiple of {q}: every block must map to whole output rows; pad or trim "
                 f"input 0 to a multiple of {q} rows ({rows // q * q} or {-(-rows // q) * q})")
         shape = row_shape if self.shape is None else self.shape
+        _check_ndim(len(shape), f"output {index}")
         out_rows = rows * p // q
         try:
             array = np.empty((out_rows, *shape), self.dtype)
@@ -144,6 +146,19 @@ def _dims(shape: Any, message: str) -> tuple[int, ...]:
             _integer(d) and d > 0 for d in dims):
         raise InputError(message)
     return tuple(int(d) for d in dims)
+
+
+#: The most dimensions a NumPy array has (NumPy 2: 64); an output adds one for its rows.
+MAX_NDIM = 64
+
+
+def _check_ndim(row_ndim: int, what: str) -> None:
+    """InputError when rows of ``row_ndim`` dimensions make an array of more than NumPy's
+    most (a raw ValueError from np.empty, or "more than this host can allocate")."""
+    if row_ndim + 1 > MAX_NDIM:
+        raise InputError(f"{what}: rows of {row_ndim} dimensions make an array of "
+                         f"{row_ndim + 1}, more than NumPy's {MAX_NDIM}: give rows of at most "
+                         f"{MAX_NDIM - 1} dimensions")
 
 
 def _dtype(value: Any, what: str) -> np.dtype:

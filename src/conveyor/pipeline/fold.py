@@ -1,0 +1,178 @@
+"""The host fold of a reduction's partials, in block order, as they come.
+
+A stream's blocks retire one after another; each gives a partial (a kernel's fold of its
+per-element values, or a callable's return value). These were kept in a list and folded once
+after the last block: a callable returning a histogram per block held one per block (10**4
+blocks of ``np.bincount(x, minlength=K)``, 10**4 histograms at once), and a custom
+``reduce=f`` first ran after the last block. A :class:`Fold` folds each partial as soon as
+every earlier block's has come: on one device that is at once (blocks retire in order); over
+several devices a partial that comes before an earlier block's waits in ``pending`` (about
+the devices' rings' worth).
+
+The result is what ``functools.reduce`` over the partials in block order gives, with
+``np.sum``'s rules for ``"sum"`` (``reduce.widened``), Python's ``min``/``max`` for Python
+ints (no overflow past int64), and a float16 total for float16 partials.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import InputError
+from conveyor.interrupts import deferred_sigint
+
+
+class Fold:
+    """Partials of ``op`` folded in block order (:meth:`add`); :meth:`result` the total.
+    Thread-safe: the engines of a stream over several devices add theirs from their own
+    threads. ``element``/``kernel``: what the sum of no partials is (``reduce.empty_sum``)."""
+
+    def __init__(self, op: str | Callable[[Any, Any], Any], element: np.dtype | None = None,
+                 *, kernel: bool = False) -> None:
+        self.op = op
+        self.element = element
+        self.kernel = kernel
+        self.total: Any = None
+        self.count = 0  # partials folded (None partials are skipped)
+        self.pending: dict[int, Any] = {}  # block -> partial, come before an earlier block's
+        self._next = 0  # the block whose partial is folded next
+        self._first: tuple[int, tuple[int, ...]] | None = None  # (block, shape) of the first
+        self._halves = True  # every partial so far float16 ("sum" gives a float16 total)
+        self._lock = threading.Lock()
+
+    def add(self, partial: Any, block: int) -> None:
+        """Block ``block``'s partial (blocks count from 0); folded with every later one that
+        is pending once the blocks before it have come."""
+        with self._lock:
+            self.pending[block] = partial
+            while self._next in self.pending:
+                self._fold(self.pending.pop(self._next), self._next)
+                self._next += 1
+
+    def result(self) -> Any:
+        """The folded total; with no partial, ``sum`` gives ``empty_sum`` (0, as NumPy
+        does) and anything else None."""
+        from conveyor.pipeline.reduce import empty_sum
+
+        if not self.count:
+            return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
+        if self.op == "sum" and self._halves:  # added in float32, as np.sum adds halves
+            return self.total.astype(np.float16)
+        return self.total
+
+    def _fold(self, partial: Any, block: int) -> None:
+        if partial is None:
+            return
+        op = self.op
+        if not isinstance(op, str):
+            self.total = partial if not self.count else _returning(op)(self.total, partial)
+            self.count += 1
+            return
+        # Lists and tuples fold element by element, as min and max already did ("sum" joined
+        # them end to end).
+        value = np.asarray(partial) if isinstance(partial, list | tuple) else partial
+        self._check(value, block)
+        self._halves = self._halves and getattr(value, "dtype", None) == np.float16
+        if op == "sum":
+            from conveyor.pipeline.reduce import widened
+
+            value = widened(value)
+        if not self.count:
+            self.total, self.count = value, 1
+            return
+        total = self.total
+        try:
+            if op != "sum" and type(total) is int and type(value) is int:
+                # Python ints past int64: np.minimum raises OverflowError.
+                self.total = (min if op == "min" else max)(total, value)
+            elif op == "sum" and _int_kind(total) and _int_kind(value):
+                # NumPy scalars check overflow where arrays wrap: np.sum of the same values
+                # wraps (warned, or raised under np.errstate(over="raise")).
+                with deferred_sigint(), np.errstate(over="ignore"):  # whole: interrupts.py
+                    self.total = combiner(op)(total, value)
+            else:
+                self.total = combiner(op)(total, value)
+        except TypeError as exc:  # dict partials, say: np.add has no loop for them
+            kinds = sorted({type(total).__name__, type(value).__name__})
+            raise InputError(
+                f"reduce={op!r} cannot fold the callable's partials ({', '.join(kinds)}: "
+                f"{exc}): return a number or a numeric array, or pass reduce=f, a function "
+                f"that folds two partials") from exc
+        self.count += 1
+
+    def _check(self, value: Any, block: int) -> None:
+        """InputError for a partial ``"sum"``/``"min"``/``"max"`` cannot fold, and for one of
+        another shape than the first block's (NumPy would broadcast a shape of one into
+        every bin of the others, or fail with a raw ValueError)."""
+        op = self.op
+        if not _numeric(value):
+            # Refused over one block as over many: one block's partial was never folded, so
+            # a dict came back as the total there and was refused only with two blocks.
+            raise InputError(
+                f"reduce={op!r} cannot fold the callable's partials ({type(value).__name__}: "
+                f"{op} takes numbers): return a number or a numeric array, or pass reduce=f, "
+                f"a function that folds two partials")
+        if self._first is None:
+            self._first = (block, np.shape(value))
+        elif np.shape(value) != self._first[1]:
+            first_block, first_shape = self._first
+            raise InputError(
+                f"reduce={op!r}: the callable's partial of block {block} has shape "
+                f"{np.shape(value)}, block {first_block}'s {first_shape}: every block must "
+                f"return a partial of one shape (for counts, np.bincount(x, minlength=K))")
+
+
+def combine(op: str | Callable[[Any, Any], Any], partials: Sequence[Any],
+            element: np.dtype | None = None, *, kernel: bool = False) -> Any:
+    """Fold ``partials`` (block ``k``'s at ``k``; None for none) in block order: what a
+    :class:`Fold` of them gives."""
+    fold = Fold(op, element, kernel=kernel)
+    for block, partial in enumerate(partials):
+        fold.add(partial, block)
+    return fold.result()
+
+
+def combiner(op: str | Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """The host function that folds two partials for ``op``."""
+    if callable(op):
+        return op
+    if op == "sum":
+        return lambda a, b: a + b
+    if op == "min":
+        return lambda a, b: np.minimum(a, b)
+    if op == "max":
+        return lambda a, b: np.maximum(a, b)
+    raise InputError(f"reduce={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
+
+
+def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``f``, with an InputError where it returns None (a forgotten ``return``): the next
+    fold would get None, and a stream of two blocks would give None as its result."""
+    def checked(a: Any, b: Any) -> Any:
+        folded = f(a, b)
+        if folded is None:
+            name = getattr(f, "__name__", "f")
+            raise InputError(
+                f"reduce={name} returned None: it must return the folded value of its two "
+                f"arguments (a function that adds into its first one ends with 'return a')")
+        return folded
+    return checked
+
+
+def _numeric(partial: Any) -> bool:
+    """Whether ``reduce="sum"``/``"min"``/``"max"`` can fold ``partial``: a number, or a
+    NumPy array or scalar of numbers, dates or durations (or objects: Python's own numbers,
+    past 64 bits, whose fold says what it cannot add)."""
+    import numbers
+
+    if isinstance(partial, np.ndarray | np.generic):
+        return partial.dtype.kind in "biufcmMO"
+    return isinstance(partial, numbers.Number)
+
+
+def _int_kind(value: Any) -> bool:
+    return isinstance(value, np.ndarray | np.integer) and value.dtype.kind in "iu"
