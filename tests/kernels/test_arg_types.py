@@ -353,5 +353,6 @@ typedef float real;
 extern "C" __global__ void scale(const real* x, real* y, real a, unsigned long long offset,
                                  unsigned long long n) {}"""
     with pytest.raises(InputError, match=r"kernel parameter scale\.x: conveyor read its type "
-                                         r"real as 4 bytes, but the compiler's sizeof\(real\)"):
+                                         r"real as 4 bytes( \(float\))?, but the "
+                                         r"compiler's sizeof\(real\)"):
         gpu_device.compile(source, "scale")

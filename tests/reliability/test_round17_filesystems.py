@@ -177,6 +177,8 @@ def test_a_full_disk_error_names_the_output(device, small_disk, when):
 
 
 def test_the_command_on_a_full_disk_names_the_output(device, small_disk, tmp_path, capsys):
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     np.save(tmp_path / "x.npy", np.arange(200_000, dtype=np.float32))
     code = _cli(device, tmp_path, "-i", str(tmp_path / "x.npy"), "-o",
                 str(small_disk / "y.npy"), "--block-bytes", "64KiB")
@@ -193,6 +195,8 @@ def test_the_command_exits_1_when_the_trace_it_was_asked_for_is_not_written(devi
     file. A ``--plot`` that fails after the outputs are written exits 1 with "wrote y.npy,
     but then: ..."; a ``--trace`` onto a full disk exits 0 with a warning line, and a
     script that checks the exit code goes on without its trace."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     np.save(tmp_path / "x.npy", np.arange(1000, dtype=np.float32))
     _fill(small_disk)
     code = _cli(device, tmp_path, "-i", str(tmp_path / "x.npy"), "-o",
@@ -290,6 +294,8 @@ def test_an_npy_3_0_file_keeps_its_field_names(device, tmp_path):
     """NumPy writes version 3.0 (a UTF-8 header) for field names Latin-1 cannot hold; npy()
     reads 3.0 with ``read_array_header_2_0``, which decodes Latin-1: ``'α'`` is ``'Î±'``, and
     a stream copying the records writes the mangled name into its output, with no error."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     a = np.arange(10, dtype=np.float32).view([("α", "<f4")])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "Stored array in format 3.0"
@@ -304,6 +310,8 @@ def test_an_output_with_non_latin1_field_names_is_written_as_numpy_writes_it(dev
                                                                             tmp_path):
     """np.save writes such a dtype as version 3.0; FileSink.open tries 1.0 then 2.0 (both
     Latin-1) and lets the second UnicodeEncodeError out."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     a = np.arange(10, dtype=np.float32).view([("α", "<f4")])
     cv.stream(_returns_x, [a], [cv.npy_out(tmp_path / "b.npy")], device=device)
     got = np.load(tmp_path / "b.npy")

@@ -126,6 +126,8 @@ def test_bool_array_and_float_file_in_place_with_a_halo_over_two_devices_are_ref
 def test_bool_file_in_place_with_a_halo_on_one_device_is_numpys_answer(device, tmp_path):
     """guard: on one device the same bool file in place (its pairs found before the
     wrapper) gives NumPy's answer."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     base = np.random.default_rng(5).integers(0, 2, 4096).astype(bool)
     path = tmp_path / "b.npy"
     np.save(path, base)
@@ -162,6 +164,8 @@ def test_an_edited_header_with_a_latin1_name_is_built_again(device, tmp_path):
     for ``"\ufffd.h"``, finds nothing and keys the build by that. Editing ``\xe9.h`` (K from 2
     to 3) then gave the same key: ``dev.compile`` returned the kernel of the old header from
     the memo (and the disk cache) and the stream multiplied by 2, with no error."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     folder = os.fsencode(tmp_path)
     with open(os.path.join(folder, b"outer.h"), "wb") as f:
         f.write(b'#include "\xe9.h"\n')
@@ -196,6 +200,8 @@ def test_an_edited_override_header_reached_by_an_angle_include_is_built_again(de
     ``kernels/includes.py`` looks beside the including header first for either quote kind,
     so the key hashed ``defaults/k.h``. Editing ``config/k.h`` (K from 2 to 3) kept the key:
     the stream still multiplied by 2, with no error."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     config, defaults = tmp_path / "config", tmp_path / "defaults"
     config.mkdir()
     defaults.mkdir()
@@ -282,6 +288,8 @@ def test_an_include_name_too_long_is_a_conveyor_error(device, tmp_path, monkeypa
     ENAMETOOLONG (Python ignores only ENOENT, ENOTDIR, EBADF, ELOOP); the command says "check
     the path and its permissions" and exits 1. The compiler would have said the header is
     not found (a CompileError); ``os.path.isfile`` answers False."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     monkeypatch.chdir(tmp_path)
     with pytest.raises((cv.CompileError, InputError)):
         device.compile(source, "plain", list(options))

@@ -135,6 +135,7 @@ def test_a_deep_ring_of_small_blocks_is_checked_against_the_pinned_pages_it_take
     x = np.arange(1000, dtype=np.float32)
     y = np.zeros_like(x)
     pool = device.pinned_pool
+    pool.reset_peak()  # the shared device's pool: earlier tests' peaks
     with pytest.raises(InputError, match="host"):
         cv.stream(kernel(device, "scale"), [x], [y], device=device, block_bytes=4,
                   depth=1000, args=(np.float32(2),), zero_copy=False)
