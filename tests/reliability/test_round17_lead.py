@@ -2,7 +2,8 @@
 before its fix).
 
 - Round sixteen's known ones: a ``__constant`` input's blocks were not capped at the device's
-  constant buffer size (a GPU driver fails such a launch mid-stream); a default plan ignored
+  constant buffer size (a driver may fail such a launch; where it cannot be, a warning); a
+  default plan ignored
   the pinned pool's ``limit`` (OutOfMemoryError every time); blocks given back to a pool
   after ``device.close()`` were held for good. Here: the same over several devices and in a
   chain, the refusal when not one row fits, and a pool used again after close() holding again.
@@ -70,13 +71,14 @@ def test_constant_input_read_by_a_chain_link_fits_the_constant_buffer(device):
     assert report.block_rows * x.itemsize <= limit
 
 
-def test_a_halo_that_leaves_no_row_of_the_constant_buffer_is_refused_by_name(device):
+def test_a_halo_that_leaves_no_row_of_the_constant_buffer_is_warned_about_by_name(device):
     _opencl(device)
     k = device.compile(FROM_CONSTANT, "from_constant")
     limit = device.max_constant_bytes
     x = np.zeros(limit, np.float32)
-    with pytest.raises(InputError, match=r"input 0 \(parameter 'x'.*__global const"):
-        cv.stream(k, [x], [np.float32], device=device, halo=limit // 8)
+    with pytest.warns(RuntimeWarning, match=r"input 0 \(parameter 'x'.*__global const"):
+        y = cv.stream(k, [x], [np.float32], device=device, halo=limit // 8).outputs[0]
+    np.testing.assert_array_equal(y, x * 2)  # PoCL runs it (a warning, not a refusal)
     with pytest.raises(InputError, match="constant buffer size.*__global const"):
         cv.stream(k, [x], [np.float32], device=device, halo=limit // 12 + 1)
     assert_clean(device)
@@ -88,7 +90,7 @@ def test_constant_tables_in_args_count_against_the_constant_buffer(device):
     limit = device.max_constant_bytes
     x = np.arange(limit // 4, dtype=np.float32)  # the limit in bytes
     big = np.zeros(limit // 4 + 1, np.float32)
-    with pytest.raises(InputError, match=r"args\[0\] \(parameter 't'\).*__global const"):
+    with pytest.warns(RuntimeWarning, match=r"args\[0\] \(parameter 't'\).*__global const"):
         cv.stream(k, [x], [np.float32], args=(big,), device=device)
     table = np.zeros(limit // 8, np.float32)  # half the constant buffer
     table[:4] = [1, 2, 3, 4]

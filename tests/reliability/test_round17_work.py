@@ -354,10 +354,10 @@ def test_a_constant_table_in_a_chain_link_is_refused_or_fitted_as_for_the_kernel
     limit = device.max_constant_bytes
     x = np.arange(limit // 4, dtype=np.float32)
     big = np.zeros(limit // 4 + 1, np.float32)  # one element past the constant buffer
-    # The kernel alone is refused before any work (test_round17_lead); so must the same
-    # kernel be as the one link of a chain (a GPU driver fails its launch mid-stream).
+    # The kernel alone is warned about before any work (test_round17_lead); so must the
+    # same kernel be as the one link of a chain (some drivers fail such a launch).
     chain = cv.chain(cv.link(k, reads="in0", writes="out0", args=(big,)))
-    with pytest.raises(InputError, match=r"parameter 't'.*__global const"):
+    with pytest.warns(RuntimeWarning, match=r"parameter 't'.*__global const"):
         cv.stream(chain, [x], [np.float32], device=device)
     # A table of half the buffer leaves the __constant input's blocks the other half.
     table = np.zeros(limit // 8, np.float32)
@@ -388,7 +388,7 @@ def test_a_device_array_for_a_constant_parameter_counts_against_the_constant_buf
     assert report.block_rows * x.itemsize + table.nbytes <= limit
     big = cl_array.to_device(queue, np.zeros(limit // 4 + 1, np.float32))
     queue.finish()
-    with pytest.raises(InputError, match=r"args\[0\] \(parameter 't'\).*__global const"):
+    with pytest.warns(RuntimeWarning, match=r"args\[0\] \(parameter 't'\).*__global const"):
         cv.stream(k, [x], [np.float32], args=(big,), device=device)
 
 

@@ -1,19 +1,22 @@
 """``__constant`` buffers (OpenCL): how many rows of a block fit the device's constant memory.
 
-A kernel parameter declared ``__constant`` is bound to a buffer that must fit
-``CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE`` (64 KiB on NVIDIA; PoCL does not enforce it), together
-with the kernel's other ``__constant`` buffers. A stream input bound to one is cut into blocks
-that fit beside the ``__constant`` tables in ``args=``; a GPU driver failed the launch
-mid-stream otherwise. CUDA has no such parameters.
+A kernel parameter declared ``__constant`` is bound to a buffer that, by the OpenCL
+specification, fits ``CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE`` (64 KiB on NVIDIA) together with the
+kernel's other ``__constant`` buffers; a driver may fail a launch past it. A stream input bound
+to one is cut into blocks that fit beside the ``__constant`` tables in ``args=``. Where that
+cannot be (the tables alone pass it, or not one row fits beside them) the stream runs as asked
+with a warning: PoCL does not enforce the size, and NVIDIA's OpenCL ran a kernel reading 4
+times it right (an H100, driver 580, 2026-11-24), so a refusal would stop work that runs.
+CUDA has no such parameters.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from conveyor.backends.base import Device, Kernel
-from conveyor.errors import InputError
 from conveyor.pipeline import validate
 
 
@@ -23,8 +26,8 @@ def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
     rows) of every input a kernel (or a chain's kernel link) reads through ``__constant``
     fits the device's constant buffers together with that kernel's ``__constant`` tables in
     ``args=`` (``residents``, or each link's own), and which cap it is (make_plan's
-    ``block_cap``): past it (64 KiB on NVIDIA) a GPU driver fails the launch. InputError
-    when a kernel's tables alone do not fit, or not one row does beside them."""
+    ``block_cap``). A warning, and no cap for that kernel, when its tables alone do not
+    fit, or not one row does beside them (the module's docstring says why)."""
     cap = dev.max_constant_bytes
     if cap is None:
         return max_rows, "image"
@@ -48,23 +51,29 @@ def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
         if table_bytes > cap:
             named = ", ".join(f"args[{i}] (parameter {name!r})"
                               for i, (name, _) in tables.items())
-            raise InputError(
-                f"{where}{named}: __constant tables of {table_bytes} bytes, more than the "
-                f"device's constant buffers hold ({cap} bytes, "
-                f"CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE): declare the parameter __global const")
+            _warn(f"{where}{named}: __constant tables of {table_bytes} bytes, more than the "
+                  f"device's constant buffers hold ({cap} bytes, "
+                  f"CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE)", "the parameter")
+            continue
         if not bound:
             continue
         row_bytes = sum(validate.spec(sources[i]).row_bytes for i in bound)
         fit = (cap - table_bytes) // max(row_bytes, 1) - 2 * halo
         if fit < 1:
             named = ", ".join(f"input {i} ({what})" for i, what in sorted(bound.items()))
-            raise InputError(
-                f"{named}: __constant, and {1 + 2 * halo} row(s) of it ({row_bytes} bytes a "
-                f"row{f', halo={halo}' if halo else ''}) do not fit the device's constant "
-                f"buffers ({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE"
-                f"{f', less {table_bytes} of __constant tables in args=' if table_bytes else ''}"
-                f"): declare it __global const")
+            _warn(f"{named}: __constant, and {1 + 2 * halo} row(s) of it ({row_bytes} bytes a "
+                  f"row{f', halo={halo}' if halo else ''}) do not fit the device's constant "
+                  f"buffers ({cap} bytes, CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE"
+                  f"{f', less {table_bytes} of __constant tables in args=' if table_bytes else ''}"
+                  f")", "it")
+            continue
         rows = fit if rows is None else min(rows, fit)
     if rows is None or (max_rows is not None and max_rows <= rows):
         return max_rows, "image"
     return rows, "constant"
+
+
+def _warn(what: str, it: str) -> None:
+    warnings.warn(f"conveyor: {what}: some OpenCL drivers fail such a launch (PoCL and "
+                  f"NVIDIA's run it); declare {it} __global const to be safe", RuntimeWarning,
+                  stacklevel=4)
