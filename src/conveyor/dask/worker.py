@@ -206,7 +206,10 @@ def _refuse_held(compute: Callable[..., Any]) -> None:
         return
     held = dict(found.nonlocals)
     if getattr(compute, "__module__", None) == "__main__":
-        held.update(found.globals)
+        # Globals it loads, not every name its code holds: getclosurevars counts attribute
+        # names too (queue.device matched a global named device).
+        loaded = _globals_loaded(compute.__code__)
+        held.update({k: v for k, v in found.globals.items() if k in loaded})
     remedies = [
         (lambda v: isinstance(v, Device), "a device of this process",
          "each worker opens its own: pass device='SPEC' to conveyor.dask and use the "
@@ -225,6 +228,20 @@ def _refuse_held(compute: Callable[..., Any]) -> None:
                 raise InputError(
                     f"the callable {getattr(compute, '__name__', compute)!r} uses {name!r}, "
                     f"{what}, which cannot travel to Dask workers: {fix}")
+
+
+def _globals_loaded(code: Any) -> set[str]:
+    """The global names ``code`` (and the functions defined in it) loads."""
+    import dis
+
+    names: set[str] = set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            names.add(str(instruction.argval))
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            names |= _globals_loaded(const)
+    return names
 
 
 def resolve(job: Job) -> tuple[Any, Any]:

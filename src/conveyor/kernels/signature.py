@@ -178,7 +178,7 @@ def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | 
     for _ in range(16):  # typedef chains; a loop of them resolves to nothing
         words = [w for w in base.split() if w not in _QUALIFIERS]
         base = " ".join(words)
-        known = _SCALARS.get(base)
+        known = _SCALARS.get(base) or _SCALARS.get(_integer_name(words))
         if known is not None:
             return np.dtype(known), 1
         if base == "enum" or base.startswith("enum "):
@@ -193,6 +193,27 @@ def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | 
             break
         base = names[base]
     return None, 1
+
+
+_INTEGER_WORDS = frozenset({"signed", "unsigned", "char", "short", "long", "int"})
+
+
+def _integer_name(words: Sequence[str]) -> str:
+    """The one spelling ``_SCALARS`` knows of a C integer type written in words in any order
+    (``long int``, ``short int``, ``unsigned short int``, ``signed int``, ``long unsigned
+    int``), or "" for anything else (a typedef of such a spelling was refused as a type
+    conveyor cannot resolve, where the same words in a parameter list were read)."""
+    if not words or not set(words) <= _INTEGER_WORDS:
+        return ""
+    unsigned = "unsigned" in words
+    longs = words.count("long")
+    if "char" in words:
+        return "unsigned char" if unsigned else "signed char" if "signed" in words else "char"
+    if "short" in words:
+        return "unsigned short" if unsigned else "short"
+    if longs:
+        return ("unsigned " if unsigned else "") + " ".join(["long"] * min(longs, 2))
+    return "unsigned int" if unsigned else "int"
 
 
 def spelling(base: str, names: dict[str, str]) -> str:

@@ -36,12 +36,15 @@ _NEGATIVE = ("negative size", "negative", "greater than zero")
 # conveyor read, or () for a vector or struct)
 Check = tuple[str, str, int, tuple[str, ...]]
 
-#: The OpenCL C types of each NumPy scalar type conveyor reads from a parameter.
+#: The OpenCL C types a parameter conveyor read as each NumPy scalar type may have: an
+#: integer of either signedness (an enum is compatible with its underlying type only, which
+#: clang makes unsigned for non-negative values), a float type exactly. What is confirmed is
+#: the kind (an int read as float is the misread), not the sign.
 _C_TYPES = {
-    "int8": ("char", "signed char"), "uint8": ("uchar",), "int16": ("short",),
-    "uint16": ("ushort",), "int32": ("int",), "uint32": ("uint",), "int64": ("long",),
-    "uint64": ("ulong",), "float16": ("half",), "float32": ("float",),
-    "float64": ("double",), "bool": ("bool",),
+    "int8": ("char", "signed char", "uchar"), "uint8": ("uchar", "char", "signed char"),
+    "int16": ("short", "ushort"), "uint16": ("ushort", "short"), "int32": ("int", "uint"),
+    "uint32": ("uint", "int"), "int64": ("long", "ulong"), "uint64": ("ulong", "long"),
+    "float16": ("half",), "float32": ("float",), "float64": ("double",), "bool": ("bool",),
 }  # fmt: skip
 
 #: Before the checks: whether two types are one. Clang has a builtin for it; other compilers
@@ -109,7 +112,9 @@ def lines(found: Sequence[Check]) -> str:
     def same(text: str, names: tuple[str, ...]) -> str:
         if not names:
             return ""
-        return " && (" + " || ".join(f"__conveyor_same({text}, {n})" for n in names) + ")"
+        # & and |, not && and ||: the operands are 0 or 1, and clang warns of a logical
+        # operator with a constant operand ("Non-empty compiler output" for every build).
+        return " & (" + " | ".join(f"__conveyor_same({text}, {n})" for n in names) + ")"
 
     # After a blank line: a source ending in a backslash would join the first check to it.
     return "\n" + _SAME + "".join(

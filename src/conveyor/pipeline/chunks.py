@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
-from conveyor.pipeline import validate
+from conveyor.pipeline import overlap, validate
 from conveyor.pipeline.io import FileRows, Source
 from conveyor.pipeline.options import _whole
 
@@ -140,6 +140,7 @@ class IterSource(Source):
         if array.ndim == 0 or array.dtype.hasobject:
             raise InputError(f"{self.name} yielded {array.dtype} of shape {array.shape}: yield "
                              f"numeric arrays, cut along axis 0")
+        overlap.check_map_sizes([(where, array)])  # a map whose file was cut: SIGBUS
         if hasattr(self, "shape") and (array.dtype != self.dtype
                                        or array.shape[1:] != self.shape[1:]):
             raise InputError(

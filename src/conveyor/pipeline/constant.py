@@ -57,7 +57,11 @@ def constant_rows(compute: Any, dev: Device, sources: Sequence[Any], halo: int,
             continue
         if not bound:
             continue
-        row_bytes = sum(validate.spec(sources[i]).row_bytes for i in bound)
+        # Per row as the device buffer holds it: an input narrower than input 0 is padded to
+        # input 0's elements a row (plan.ArraySpec.device_bytes).
+        first = validate.spec(sources[0])
+        row_bytes = sum(max((spec := validate.spec(sources[i])).row_bytes,
+                            first.row_items * spec.dtype.itemsize) for i in bound)
         fit = (cap - table_bytes) // max(row_bytes, 1) - 2 * halo
         if fit < 1:
             named = ", ".join(f"input {i} ({what})" for i, what in sorted(bound.items()))

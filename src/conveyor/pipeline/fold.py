@@ -6,8 +6,10 @@ after the last block: a callable returning a histogram per block held one per bl
 blocks of ``np.bincount(x, minlength=K)``, 10**4 histograms at once), and a custom
 ``reduce=f`` first ran after the last block. A :class:`Fold` folds each partial as soon as
 every earlier block's has come: on one device that is at once (blocks retire in order); over
-several devices a partial that comes before an earlier block's waits in ``pending`` (about
-the devices' rings' worth).
+several devices a partial that comes before an earlier block's waits in ``pending``. That is
+about the devices' rings' worth while they keep pace; behind a device that stalls on one
+block, the others' partials wait for it, up to their share of the stream (nothing slows a
+device that runs ahead of the fold).
 
 The result is what ``functools.reduce`` over the partials in block order gives, with
 ``np.sum``'s rules for ``"sum"`` (``reduce.widened``), Python's ``min``/``max`` for Python

@@ -139,7 +139,8 @@ class FileSource(Source):
                  header: bytes = b"", size: int | None = None) -> None:
         # Absolute now: each stream opens the file again by path, and a relative one read
         # another folder's file after os.chdir (same size and header: wrong values).
-        self.path = Path(os.path.abspath(path))
+        # Not os.path.abspath: it drops "link/.." as text, where the OS follows the link first.
+        self.path = Path(os.path.join(os.getcwd(), path))
         self.name = str(path)
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(s) for s in shape)

@@ -339,6 +339,7 @@ def make_plan(
     step = math.lcm(*(spec.ratio[1] for spec in outputs)) if outputs else 1
     limit = memory_limit
     by_pool = False  # the limit is the device pool's own (no memory_limit= given)
+    by_pinned = False  # the pinned pool's limit cut the blocks (_fit_staging)
     if limit is None:
         limit = int(global_mem_bytes * DEFAULT_MEMORY_FRACTION)
         if pool_limit is not None and pool_limit < limit:  # planned past it: OOM each time
@@ -373,11 +374,24 @@ def make_plan(
         block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
                           partial_bytes, rows, step, temp_row_bytes)
         if memory_limit is None and pinned_limit is not None:
-            block_rows = _fit_staging(block_rows, depth, halo, inputs, outputs, pinned_limit,
-                                      rows, step)
+            fitted = _fit_staging(block_rows, depth, halo, inputs, outputs, pinned_limit, rows,
+                                  step)
+            by_pinned = fitted < block_rows
+            block_rows = fitted
     if rows:
         block_rows = min(block_rows, rows)  # rows is a multiple of step (shaped.Rows)
     block_rows = max(block_rows, 1)
+    if block_cap == "constant" and max_block_rows is not None and max_block_rows < step:
+        # Fewer rows than an output's ratio needs fit the constant buffer: stream as asked
+        # (constant.py: some drivers fail such a launch; PoCL and NVIDIA's run it).
+        import warnings
+
+        warnings.warn(f"conveyor: a __constant input's blocks cannot fit the device's constant "
+                      f"buffer ({max_block_rows} rows) and hold the {step} rows an output's "
+                      f"ratio needs: some OpenCL drivers fail such a launch (PoCL and "
+                      f"NVIDIA's run it); declare it __global const to be safe",
+                      RuntimeWarning, stacklevel=4)
+        max_block_rows = None
     if max_block_rows is not None and block_rows > max_block_rows:
         if max_block_rows < step:
             raise InputError(f"blocks may have at most {max_block_rows} rows (the device's "
@@ -413,7 +427,9 @@ def make_plan(
                 f"use a halo of at most {(max_block_rows + 2 * halo) // 3} rows, or {other}")
         raise InputError(
             f"halo={halo} rows is more than a block ({block_rows} rows): "
-            f"use a larger block_bytes or memory_limit, or a smaller halo"
+            + ("the pinned pool's limit (device.pinned_pool.limit) cut the blocks: raise it, "
+               "or use a smaller halo" if by_pinned else
+               "use a larger block_bytes or memory_limit, or a smaller halo")
         )
     if footprint > limit:
         # Only what can help: a block already of the fewest rows cannot shrink, one slot is

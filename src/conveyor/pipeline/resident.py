@@ -391,6 +391,9 @@ def _table(value: Any, what: str) -> np.ndarray:
     except (ValueError, TypeError) as exc:  # a ragged list: NumPy's "inhomogeneous shape"
         raise InputError(f"{what} is no array NumPy can make ({exc}): pass a NumPy array "
                          f"(rows of one length)") from None
+    from conveyor.pipeline import overlap
+
+    overlap.check_map_sizes([(what, array)])  # a map whose file was cut: SIGBUS at upload
     if array.dtype.hasobject or array.ndim == 0 or array.size == 0:
         why = ("holds Python objects" if array.dtype.hasobject
                else "is a scalar" if array.ndim == 0 else "has no elements")

@@ -101,7 +101,9 @@ class FileSink(Sink):
                              f"'out.npy'")
         self.path = Path(text)
         self.name = str(path)
-        self._absolute = os.path.abspath(text)  # what the name meant when it was given
+        # What the name meant when it was given (joined, not normalised: "link/.." is the
+        # link's parent to the OS, not this folder).
+        self._absolute = os.path.join(os.getcwd(), text)
         self.header = header
         self.durable = durable
         self.dtype = _out_dtype(self.name, dtype)  # type: ignore[assignment]
@@ -143,7 +145,8 @@ class FileSink(Sink):
     def result(self) -> str:
         """The output's path as given; absolute where the current folder has changed since
         (the name as given would now load another folder's file)."""
-        return self.name if os.path.abspath(self.name) == self._absolute else self._absolute
+        here = os.path.join(os.getcwd(), self.name)
+        return self.name if here == self._absolute else self._absolute
 
     def rows(self, lo: int, hi: int) -> FileRows:
         """Where rows ``lo:hi`` go."""

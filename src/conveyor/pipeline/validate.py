@@ -4,6 +4,7 @@ that says what to change."""
 from __future__ import annotations
 
 import array as pyarray
+import ctypes
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -196,7 +197,10 @@ def as_output(value: Any, index: int, rows: int, row_shape: tuple[int, ...]) -> 
     foreign = _foreign(value, "output")
     if foreign is not None:  # np.dtype() would read its dtype: a new array, it never written
         raise InputError(f"output {index} {foreign}")
-    if isinstance(value, bytearray | memoryview | pyarray.array):
+    # ctypes arrays and structures too: np.dtype() of one is its whole type ('<f4', (1000,)),
+    # and a new array of 1000 such rows was made, the caller's buffer never written.
+    if isinstance(value, bytearray | memoryview | pyarray.array | ctypes.Array
+                  | ctypes.Structure | ctypes.Union):
         kind = "array.array" if isinstance(value, pyarray.array) else type(value).__name__
         raise InputError(
             f"output {index} is a {kind}, not a NumPy array: conveyor writes "
