@@ -152,6 +152,9 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
 def check_op(job: Job, op: Any, name: str) -> None:
     """InputError on the client for a fold the workers would refuse (``name`` is the
     parameter: ``op`` of reduce, ``reduce`` of stream): every range failed there instead."""
+    from conveyor.pipeline.options import reduce_op
+
+    op = reduce_op(op)
     if not callable(op) and op not in ("sum", "min", "max"):
         raise InputError(f"{name}={op!r}: use 'sum', 'min', 'max' or a function f(a, b)")
     if isinstance(job.compute, KernelSpec) and callable(op):

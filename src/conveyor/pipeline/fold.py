@@ -18,6 +18,7 @@ ints (no overflow past int64), and a float16 total for float16 partials.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
-from conveyor.interrupts import deferred_sigint
+from conveyor.interrupts import deferred_sigint, interruptible
 
 
 class Fold:
@@ -71,7 +72,15 @@ class Fold:
             return
         op = self.op
         if not isinstance(op, str):
-            self.total = partial if not self.count else _returning(op)(self.total, partial)
+            if not self.count:
+                # The total is the fold's own: an f that adds into its first argument
+                # (a[k] += v) changed block 0's object, which the callable may hold (a
+                # shared empty dict returned for blocks with nothing).
+                self.total = (partial if isinstance(partial, np.ndarray | np.generic | int
+                                                    | float | complex)
+                              else copy.deepcopy(partial))
+            else:
+                self.total = _returning(op)(self.total, partial)
             self.count += 1
             return
         # Lists and tuples fold element by element, as min and max already did ("sum" joined
@@ -155,7 +164,8 @@ def _returning(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """``f``, with an InputError where it returns None (a forgotten ``return``): the next
     fold would get None, and a stream of two blocks would give None as its result."""
     def checked(a: Any, b: Any) -> Any:
-        folded = f(a, b)
+        with interruptible():  # a slow f stops on Ctrl-C, as the compute callable does
+            folded = f(a, b)
         if folded is None:
             name = getattr(f, "__name__", "f")
             raise InputError(

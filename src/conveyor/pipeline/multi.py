@@ -37,7 +37,7 @@ import numpy as np
 from conveyor import interrupts
 from conveyor.backends.base import Device, Kernel
 from conveyor.closing import finish_uninterrupted, join
-from conveyor.errors import CompileError, ConveyorError, InputError
+from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory import hostmem, numa
 from conveyor.pipeline import chunks, image, overlap, resident, validate
@@ -418,7 +418,7 @@ def _run_engines_held(engines: list[Engine], supply: Supply,
             numa.bind_thread(engines[index].device.host_place)  # a thread of its own
             reports[index] = engines[index].run()
         except BaseException as exc:  # handed to the calling thread, which raises it
-            if isinstance(exc, ConveyorError) and len(engines) > 1:
+            if isinstance(exc, OutOfMemoryError | BackendError) and len(engines) > 1:
                 # Out of memory, a device's failure: say whose (a pool limit set on one).
                 exc.add_note(f"conveyor: on {engines[index].device.spec}, one of "
                              f"{len(engines)} devices")

@@ -66,7 +66,7 @@ class StreamOptions:
                        "an int of 0 or more (rows each side of a block)"),
             workers=None if workers is None else _workers(workers),
             args=scalar_args(args),
-            reduce=reduce,
+            reduce=reduce_op(reduce),
             zero_copy=None if zero_copy is None else flag("zero_copy", zero_copy),
             progress=flag("progress", progress),
             strict=config.strict_mode() if strict is None else flag("strict", strict),
@@ -77,6 +77,21 @@ class StreamOptions:
 
 
 flag = config.flag  # ``value`` as a bool, or InputError naming ``name`` (config.flag)
+
+
+def reduce_op(value: Any) -> Any:
+    """``reduce=`` with Python's and NumPy's whole-array folds taken as their names:
+    ``reduce=sum`` (the quotes forgotten) was called as ``sum(total, partial)``, which adds
+    the first's elements onto the second (a wrong total with array partials, a raw TypeError
+    with scalars); ``np.max(total, partial)`` reads the second as an axis."""
+    import builtins
+
+    named = {builtins.sum: "sum", builtins.min: "min", builtins.max: "max",
+             np.sum: "sum", np.min: "min", np.max: "max", np.amin: "min", np.amax: "max"}
+    try:
+        return named.get(value, value)
+    except TypeError:  # unhashable: a callable object with __eq__ and no __hash__
+        return value
 
 
 #: The range of ``first_row`` (and of every element offset a stream passes): a signed 64-bit

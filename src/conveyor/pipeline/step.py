@@ -404,11 +404,14 @@ def partial_of(result: Any, block: Block) -> Any:
         raise InputError(
             f"with reduce=, the callable returned {type(value).__name__} {value!r:.60} for "
             f"block {block.index}: return a number or a numeric array")
+    # Copied now: a callable that returns one buffer it fills again for every block (or a
+    # CPU tensor's .numpy() view of one) made every partial that one array, and the fold
+    # added the last block's values once per block, with no error; in a tuple or list too
+    # (its fold comes when the block retires, depth blocks later).
     if isinstance(value, np.ndarray):
-        # Copied now: a callable that returns one buffer it fills again for every block (or a
-        # CPU tensor's .numpy() view of one) made every partial that one array, and the fold
-        # added the last block's values once per block, with no error.
         value = value.copy()
+    elif isinstance(value, tuple | list):
+        value = type(value)(v.copy() if isinstance(v, np.ndarray) else v for v in value)
     return value
 
 
