@@ -107,6 +107,8 @@ def _link_layout(tmp_path: Path) -> tuple[Path, Path, Path]:
 # -- a path kept as os.path.abspath: "link/.." dropped as text ------------------------------
 def test_an_input_named_through_a_folder_link_and_dotdot_reads_the_file_the_os_opens(
         device, tmp_path):
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     reached, beside, link = _link_layout(tmp_path)
     wanted = np.arange(64, dtype=np.float32)
     np.save(reached / "x.npy", wanted)
@@ -124,6 +126,8 @@ def test_an_input_named_through_a_folder_link_and_dotdot_reads_the_file_the_os_o
 
 def test_report_outputs_after_chdir_name_the_file_written_through_a_folder_link(
         device, tmp_path, monkeypatch):
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     reached, beside, _ = _link_layout(tmp_path)
     np.save(beside / "y.npy", np.zeros(64, np.float32))  # a decoy where abspath points
     monkeypatch.chdir(tmp_path)
@@ -139,6 +143,8 @@ def test_a_relative_input_read_after_chdir_is_the_first_folders_file(device, tmp
                                                                         monkeypatch):
     """guard: what the abspath change was for (round 18): a relative cv.npy streamed after
     os.chdir still reads the file it named, not the new folder's file of that name."""
+    if device.backend != "opencl":
+        pytest.skip("OpenCL C kernels, PyOpenCL arrays in callables")
     first, other = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     other.mkdir()
