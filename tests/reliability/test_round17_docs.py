@@ -43,20 +43,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, kernel  # noqa: E402
+from reliakit import (  # noqa: E402
+    assert_clean,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
+    kernel,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 17 checks run on the first device")
-
 
 MACRO_KERNEL = """#define K(T) __kernel void add_##T(__global const T *x, __global T *y, \\
     ulong offset, ulong n) { ulong i = get_global_id(0); if (i < n) y[i] = x[i] + (T)SHIFT; }

@@ -59,7 +59,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import kernel  # noqa: E402
+from reliakit import (
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
+    kernel,  # noqa: E402
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.cli import main  # noqa: E402
@@ -72,15 +75,6 @@ TWICE = """__kernel void twice(__global const float *x, __global float *y, ulong
     if (i < n) y[i] = 2.0f * x[i];
 }
 """
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 17 checks run on the first device")
 
 
 def _scale(device):

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, throu
 from reliakit import (  # noqa: E402
     add_reference,
     data,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
     in_use,
     kernel,
     next_stream_right,
@@ -65,15 +66,6 @@ import conveyor as cv  # noqa: E402
 from conveyor.errors import CompileError, InputError, OutOfMemoryError  # noqa: E402
 from conveyor.kernels import build  # noqa: E402
 from conveyor.memory import keep  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 17 checks run on the first device")
 
 
 @pytest.fixture

@@ -44,7 +44,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import compiled, rec_kernels  # noqa: E402
+from reliakit import (  # noqa: E402
+    compiled,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
+    rec_kernels,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
@@ -66,15 +70,6 @@ TWICE = """__kernel void twice(__global const float *x, __global float *y, ulong
 """
 
 TABLE = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 18 checks run on the first device")
 
 
 def _opencl(device: cv.Device) -> None:

@@ -47,20 +47,15 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import assert_clean, data, kernel  # noqa: E402
+from reliakit import (  # noqa: E402
+    assert_clean,
+    data,
+    first_device_only,  # noqa: E402, F401 (autouse: first device only)
+    kernel,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import CompileError, InputError, OutOfMemoryError  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 18 checks run on the first device")
-
 
 SCHEDULES = ["dynamic", "static"]
 

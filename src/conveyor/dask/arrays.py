@@ -118,7 +118,7 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
     """
     da = _dask_array()
     job = as_job(compute, device, args, _stream_options(options))
-    check_op(job, op, "op")
+    op = check_op(job, op, "op")
     (data,) = _rows(da, (array,))
     if isinstance(job.compute, KernelSpec):
         job.compute.check_count(1, len(job.args), "reduce")

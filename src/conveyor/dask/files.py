@@ -127,7 +127,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     job = as_job(compute, device, args, _stream_options(options))
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
     if reduce is not None:
-        check_op(job, reduce, "reduce")
+        reduce = check_op(job, reduce, "reduce")
     client = _client(client)
     sources = [as_source(x, i) for i, x in enumerate(as_inputs(inputs))]
     try:

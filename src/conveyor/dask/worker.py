@@ -149,9 +149,10 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
     return Job(what, spec, _tables(parsed.args), kept)
 
 
-def check_op(job: Job, op: Any, name: str) -> None:
-    """InputError on the client for a fold the workers would refuse (``name`` is the
-    parameter: ``op`` of reduce, ``reduce`` of stream): every range failed there instead."""
+def check_op(job: Job, op: Any, name: str) -> Any:
+    """``op`` as the fold takes it (``sum``, ``np.max``... as their names); InputError on the
+    client for a fold the workers would refuse (``name`` is the parameter: ``op`` of reduce,
+    ``reduce`` of stream): every range failed there instead."""
     from conveyor.pipeline.options import reduce_op
 
     op = reduce_op(op)
@@ -160,6 +161,7 @@ def check_op(job: Job, op: Any, name: str) -> None:
     if isinstance(job.compute, KernelSpec) and callable(op):
         raise InputError(f"with a kernel, {name} is 'sum', 'min' or 'max' (a function f(a, b) "
                          f"needs a callable compute that returns each block's partial)")
+    return op
 
 
 def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
