@@ -184,6 +184,14 @@ def _refuse_streams(path: PathLike, target: Path, what: str, *, proc: bool = Tru
                          f"over it)")
 
 
+def joined(path: PathLike) -> str:
+    """``path`` made absolute by joining the current folder to it, not normalised
+    (``os.path.abspath`` drops ``link/..`` as text, where the OS follows the link first); an
+    absolute path as it is (the current folder may have been removed)."""
+    text = os.fspath(path)
+    return text if os.path.isabs(text) else os.path.join(os.getcwd(), text)
+
+
 def path_text(path: object, what: str) -> str:
     """``path`` (a str or os.PathLike) as a str; InputError naming ``what`` for anything else
     (bytes included) and for a NUL character, which no file name can hold (the OS calls would

@@ -196,3 +196,22 @@ def test_measured_figures_are_not_saved_where_they_would_not_be_read(tmp_path):
     mine = tmp_path / "mine"
     save_link_ceiling("opencl:0:0", "dev", {"pinned_h2d_gbps": 1.0}, cache_dir=mine)
     assert link_ceiling("opencl:0:0", "dev", cache_dir=mine).h2d_gbps == 1.0
+
+
+def test_absolute_paths_stream_from_a_removed_current_folder(device, tmp_path, monkeypatch):
+    # The re-read's: inputs and outputs join the current folder to relative names (not
+    # os.path.abspath, which drops link/.. as text); an absolute name must not ask for a
+    # current folder that was removed (os.getcwd raises FileNotFoundError).
+    np.save(tmp_path / "x.npy", np.arange(10, dtype=np.float32))
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+
+    def same(x, y, *, queue, offset, n):
+        return x
+
+    report = cv.stream(same, [cv.npy(tmp_path / "x.npy")], [cv.npy_out(tmp_path / "y.npy")],
+                       device=device)
+    assert report.outputs == [str(tmp_path / "y.npy")]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.arange(10))

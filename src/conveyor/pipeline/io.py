@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from conveyor import files
 from conveyor.errors import InputError
 from conveyor.pipeline.options import _whole
 
@@ -140,7 +141,7 @@ class FileSource(Source):
         # Absolute now: each stream opens the file again by path, and a relative one read
         # another folder's file after os.chdir (same size and header: wrong values).
         # Not os.path.abspath: it drops "link/.." as text, where the OS follows the link first.
-        self.path = Path(os.path.join(os.getcwd(), path))
+        self.path = Path(files.joined(path))
         self.name = str(path)
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(s) for s in shape)

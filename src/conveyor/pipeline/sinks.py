@@ -103,7 +103,7 @@ class FileSink(Sink):
         self.name = str(path)
         # What the name meant when it was given (joined, not normalised: "link/.." is the
         # link's parent to the OS, not this folder).
-        self._absolute = os.path.join(os.getcwd(), text)
+        self._absolute = files.joined(text)
         self.header = header
         self.durable = durable
         self.dtype = _out_dtype(self.name, dtype)  # type: ignore[assignment]
@@ -145,8 +145,7 @@ class FileSink(Sink):
     def result(self) -> str:
         """The output's path as given; absolute where the current folder has changed since
         (the name as given would now load another folder's file)."""
-        here = os.path.join(os.getcwd(), self.name)
-        return self.name if here == self._absolute else self._absolute
+        return self.name if files.joined(self.name) == self._absolute else self._absolute
 
     def rows(self, lo: int, hi: int) -> FileRows:
         """Where rows ``lo:hi`` go."""
