@@ -432,7 +432,8 @@ def test_partials_waiting_for_a_stalled_devices_block_stay_about_a_ring(pair):
 
     def partial(x, *, queue, offset, n):
         if offset == 0:
-            last_issued.wait(30)
+            # A wait that times out fails the test (never a pass by a count taken early).
+            assert last_issued.wait(120), "the second device never issued its last block"
             held_then.append(sum(1 for ref in alive if ref() is not None))
         made = _Part(n)
         alive.append(weakref.ref(made))
