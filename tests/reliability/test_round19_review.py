@@ -376,8 +376,6 @@ def test_an_empty_iterable_takes_a_kernels_type(device):
     assert y.shape == (0,) and y.dtype == np.uint8
 
 
-@pytest.mark.xfail(strict=True, reason="round 19: an empty iterable read by a chain is "
-                                       "still float32 (adopt_types is for kernels only)")
 def test_an_empty_iterable_read_by_a_chain_takes_its_links_type(device):
     _opencl(device)
     chain = cv.chain([device.compile(INC, "inc")])

@@ -98,6 +98,7 @@ class Chain:
             raise InputError("a chain takes no args= of cv.stream: give each link its own, "
                              "cv.link(kernel, reads=..., writes=..., args=(...))")
         links = self._links(len(inputs), len(outputs), reduce)
+        _adopt_types(links, inputs)
         row_shape = tuple(inputs[0].shape[1:])
         temps = [Temp(t.name, t.dtype, row_shape if t.row_shape is None else t.row_shape)
                  for t in self.temps]
@@ -144,6 +145,30 @@ class Chain:
             writes = last if index == count - 1 else (names[index],)
             made.append(Link(compute, reads, writes, (), _label(compute)))
         return made
+
+
+def _adopt_types(links: Sequence[Link], inputs: Sequence[Any]) -> None:
+    """An iterable that yielded no chunk takes the type of the first kernel parameter that
+    reads it (chunks.adopt_types, for a chain): it was refused as float32."""
+    from conveyor.kernels.build import KernelFuture
+    from conveyor.pipeline.chunks import IterSource
+
+    for index, source in enumerate(inputs):
+        if not (isinstance(source, IterSource) and source.untyped):
+            continue
+        name = f"in{index}"
+        for item in links:
+            compute = item.compute
+            if name not in item.reads:
+                continue
+            if isinstance(compute, KernelFuture):
+                compute = compute.result()  # cv.stream loads it before any block anyway
+            if not isinstance(compute, Kernel):
+                continue
+            position = item.reads.index(name)
+            if position < len(compute.params) and compute.params[position].dtype is not None:
+                source.dtype = np.dtype(compute.params[position].dtype)
+                break
 
 
 def chain(*links: Any, temps: Sequence[Any] | Mapping[str, Any] = ()) -> Chain:
