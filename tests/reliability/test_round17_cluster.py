@@ -37,26 +37,22 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import conveyor as cv
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
+from reliakit import first_device_only  # noqa: E402, F401 (autouse: first device only)
+
+import conveyor as cv  # noqa: E402
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
 import conveyor.dask as cvd  # noqa: E402
 from conveyor.backends.diagnose import cannot_compile  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _first_device_only_here(request):
-    """These checks are conveyor's, the same on every device: they run on the first
-    device (streams over two devices take the ``pair`` fixture)."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.indices.get("device", 0) != 0:
-        pytest.skip("round 17 checks run on the first device")
 
 
 def _opencl_spec() -> str | None:

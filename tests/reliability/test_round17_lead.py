@@ -215,3 +215,23 @@ def test_absolute_paths_stream_from_a_removed_current_folder(device, tmp_path, m
                        device=device)
     assert report.outputs == [str(tmp_path / "y.npy")]
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.arange(10))
+
+
+def test_chunks_of_one_memory_map_look_up_its_file_once(device, tmp_path, monkeypatch):
+    # The re-read's: each cv.iterate chunk of an np.memmap read /proc/self/maps to check the
+    # file's size (SIGBUS if cut); chunks of one map share its check.
+    from conveyor.pipeline import overlap
+
+    np.save(tmp_path / "m.npy", np.arange(2000, dtype=np.float32))
+    m = np.load(tmp_path / "m.npy", mmap_mode="r")
+    reads = []
+    real = overlap._read_maps
+    monkeypatch.setattr(overlap, "_read_maps", lambda: reads.append(1) or real())
+
+    def same(x, y, *, queue, offset, n):
+        return x
+
+    y = cv.stream(same, [cv.iterate((m[i:i + 10] for i in range(0, 2000, 10)), length=2000)],
+                  [np.float32], device=device, block_bytes=400).outputs[0]
+    np.testing.assert_array_equal(y, np.arange(2000))
+    assert len(reads) == 1, len(reads)

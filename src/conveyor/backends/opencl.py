@@ -111,7 +111,10 @@ class Event(base.Event):
 
     def detached(self) -> Event:
         # PyOpenCL's copy events (NannyEvent) hold the host array until waited on; a plain
-        # Event on the same handle holds only the driver's event.
+        # Event on the same handle holds only the driver's event. Other events hold no
+        # host memory: kept as they are (a report detaches every block's records).
+        if not isinstance(self.cl_event, cl.NannyEvent):
+            return self
         return Event(cl.Event.from_int_ptr(self.cl_event.int_ptr))
 
     def profile_ns(self) -> tuple[int, int] | None:

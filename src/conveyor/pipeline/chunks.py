@@ -93,6 +93,7 @@ class IterSource(Source):
         self._empty = 0  # empty chunks in a row, up to the last one yielded
         self._cond = threading.Condition()  # guards the loans
         self._loans: list[_Loan] = []  # rows lent to staging copies since the last next()
+        self._maps_checked: dict[int, object] = {}  # mappings whose file size was checked
         try:
             first = self._next()
             if first is None and rows:
@@ -140,7 +141,12 @@ class IterSource(Source):
         if array.ndim == 0 or array.dtype.hasobject:
             raise InputError(f"{self.name} yielded {array.dtype} of shape {array.shape}: yield "
                              f"numeric arrays, cut along axis 0")
-        overlap.check_map_sizes([(where, array)])  # a map whose file was cut: SIGBUS
+        # A map whose file was cut: SIGBUS. Once per mapping: each look reads
+        # /proc/self/maps, and chunks of one np.memmap may come by the hundred thousand.
+        mapping = overlap.mapping_of(array)
+        if mapping is not None and id(mapping) not in self._maps_checked:
+            overlap.check_map_sizes([(where, array)])
+            self._maps_checked[id(mapping)] = mapping  # held: its id stays its own
         if hasattr(self, "shape") and (array.dtype != self.dtype
                                        or array.shape[1:] != self.shape[1:]):
             raise InputError(

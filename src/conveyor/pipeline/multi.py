@@ -492,7 +492,7 @@ def check_host_memory_of_all(plan: Plan, devices: Sequence[Device]) -> None:
 def _constant_cap(kernels: Sequence[Any], devices: Sequence[Device], sources: list[Source],
                   halo: int, residents: Sequence[Any]) -> dict[str, Any]:
     """make_plan's ``max_block_rows`` where ``__constant`` inputs must fit the smallest
-    constant buffer of the devices (stream.constant_rows), else nothing."""
+    constant buffer of the devices (constant.constant_rows), else nothing."""
     from conveyor.pipeline.constant import constant_rows
 
     caps = [constant_rows(k, d, sources, halo, None, r)[0]

@@ -274,14 +274,22 @@ def check_map_sizes(arrays: Sequence[tuple[str, np.ndarray]]) -> None:
             break
 
 
-def _file_backed(array: np.ndarray) -> bool:
+def mapping_of(array: np.ndarray) -> object | None:
+    """The mapping behind ``array``'s memory (the mmap.mmap of an np.memmap, shared by its
+    slices, where NumPy keeps it), or None."""
     base: object = array
     while base is not None:
-        if isinstance(base, np.memmap | mmap.mmap):
-            return True
+        if isinstance(base, mmap.mmap):
+            return base
+        if isinstance(base, np.memmap):
+            return getattr(base, "_mmap", None) or base
         # np.frombuffer(an mmap.mmap) keeps a memoryview as its base, the mmap behind it.
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-    return False
+    return None
+
+
+def _file_backed(array: np.ndarray) -> bool:
+    return mapping_of(array) is not None
 
 
 def _any_file(regions: Sequence[_Region | None]) -> bool:
