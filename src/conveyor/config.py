@@ -118,6 +118,16 @@ def flag(name: str, value: object) -> bool:
     raise InputError(f"{name}={value!r}: {name} takes True or False")
 
 
+def check_ordered(value: object, what: str) -> None:
+    """InputError when ``value``, given as a shape, is a set or a mapping: iterating it gives
+    no order of axes (a set's own order, a dict's keys), which NumPy refuses too."""
+    from collections.abc import Mapping, Set
+
+    if isinstance(value, Set | Mapping):
+        raise InputError(f"{what}: shape={value!r} is a {type(value).__name__}, which has no "
+                         f"order of axes: give a tuple, e.g. (2, 8)")
+
+
 def dtype_of(value: object, what: str) -> Any:
     """``np.dtype(value)``; InputError naming ``what`` for anything NumPy cannot make one of:
     it raises TypeError, ValueError or SyntaxError ("f4,(") by the kind of text."""

@@ -551,6 +551,7 @@ class Device(Closeable, ABC):
         on PoCL). ``cv.device()`` calls it with the defaults for the device it returns."""
         from conveyor.memory.warmup import WarmUp, default_bytes
 
+        nbytes, block_bytes, pinned = _warm_up_arguments(nbytes, block_bytes, pinned)
         stages = not self.host_unified if pinned is None else pinned
         if not stages or (default_bytes() if nbytes is None else nbytes) <= 0:
             return self._warmup
@@ -562,8 +563,11 @@ class Device(Closeable, ABC):
         return warm.start()  # outside the lock: it reads the pinned pool, which takes it
 
     def wait_for_warm_up(self, timeout: float | None = None) -> None:
-        """Wait until this device's warm-up (if any) has ended: before timing anything on it,
-        so its allocations do not share the measured time."""
+        """Wait until this device's warm-up (if any) has ended (at most ``timeout`` seconds,
+        when given): before timing anything on it, so its allocations do not share the
+        measured time."""
+        if timeout is not None:
+            timeout = _seconds("wait_for_warm_up(timeout=)", timeout)
         warm = self._warmup
         if warm is not None:
             warm.wait(timeout)
@@ -595,6 +599,39 @@ class Device(Closeable, ABC):
             self._release()
 
 
+def _warm_up_arguments(nbytes: Any, block_bytes: Any, pinned: Any
+                       ) -> tuple[int | None, int | None, bool | None]:
+    """``warm_up``'s arguments checked: sizes as a stream's options take them (an int, an
+    integral float or "64MiB"), a block of at least one byte, ``pinned`` True or False (``"no"``
+    was taken as True)."""
+    from conveyor import config
+    from conveyor.errors import InputError
+    from conveyor.pipeline.options import size
+
+    if pinned is not None:
+        pinned = config.flag("pinned", pinned)
+    nbytes = size("nbytes", nbytes)
+    block_bytes = size("block_bytes", block_bytes)
+    if block_bytes == 0:  # a warm-up that silently did nothing
+        raise InputError("block_bytes=0: give the staging block's size in bytes (at least 1), "
+                         "or None for the default")
+    return nbytes, block_bytes, pinned
+
+
+def _seconds(what: str, value: Any) -> float:
+    """``value`` as a number of seconds, 0 or more (an int or a float, not a bool or text)."""
+    import math
+    import numbers
+
+    from conveyor.errors import InputError
+
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+            or not math.isfinite(float(value)) or float(value) < 0):
+        raise InputError(f"{what}={value!r}: give a number of seconds, 0 or more, or None to "
+                         f"wait until it ends")
+    return float(value)
+
+
 def _build_options(source: Any, name: Any, options: Any, call: str = "compile()"
                    ) -> tuple[str, ...]:
     """``options`` as a tuple of strings; InputError naming ``call`` for a source, name or
@@ -610,9 +647,16 @@ def _build_options(source: Any, name: Any, options: Any, call: str = "compile()"
                          f"{type(source).__name__}")
     if not isinstance(name, str) or not name:
         raise InputError(f"{call} takes the kernel's name as a non-empty str, got {name!r}")
-    if isinstance(options, str):
+    if isinstance(options, str | bytes | bytearray):
+        text = options if isinstance(options, str) else bytes(options).decode("utf-8", "replace")
+        kind = "" if isinstance(options, str) else " (each a str, not bytes)"
         raise InputError(f"options={options!r}: pass a list of options, e.g. "
-                         f"{options.split()!r}")
+                         f"{text.split()!r}{kind}")
+    from collections.abc import Mapping, Set
+
+    if isinstance(options, Mapping | Set):  # a dict's keys or a set's order, taken silently
+        raise InputError(f"options={options!r} ({type(options).__name__}): pass a list of "
+                         f"strings in the order the compiler should read them, e.g. ['-DN=4']")
     try:
         found = tuple(options)
     except TypeError:

@@ -203,6 +203,7 @@ def empty(
 
 def _shape(shape: Any) -> tuple[int, ...]:
     """``shape`` as a tuple of Python ints of 0 or more; InputError for anything else."""
+    config.check_ordered(shape, "pinned array")
     dims = (shape,) if _is_count(shape) else shape
     try:
         dims = tuple(dims)

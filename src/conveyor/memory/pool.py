@@ -89,6 +89,17 @@ def device_bin(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
+
+def _index(value: object) -> object:
+    """A NumPy integer (anything with ``__index__``) as an int; anything else as it is, for
+    the caller to refuse (a float array's ``__index__`` raises NumPy's own TypeError)."""
+    if value is None or isinstance(value, bool | int) or not hasattr(value, "__index__"):
+        return value
+    try:
+        return int(value.__index__())
+    except TypeError:
+        return value
+
 class BlockPool(Generic[B]):
     """A thread-safe pool of blocks made by ``allocate(nbytes)`` and freed by ``block.close()``.
 
@@ -145,13 +156,13 @@ class BlockPool(Generic[B]):
     def limit(self, value: int | str | None) -> None:
         if isinstance(value, str):  # "64MiB", as every size conveyor takes
             value = config.parse_size("pool limit", value)
-        elif value is not None and not isinstance(value, bool | int) \
-                and hasattr(value, "__index__"):
-            value = int(value.__index__())  # a NumPy integer
+        value = _index(value)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value <= 0):
             raise InputError(f"pool limit must be None or a positive number of bytes (an int "
                              f"or a size like '64MiB'), got {value!r}")
+        if value is not None:
+            config.check_size_cap("pool limit", value, value)
         with self._lock:
             self._limit = value
             # Idle blocks past a lowered limit go back now: they were kept, and handed to the
@@ -174,13 +185,13 @@ class BlockPool(Generic[B]):
     def keep(self, value: int | str | None) -> None:
         if isinstance(value, str):  # "64MiB", as the limit and CONVEYOR_POOL_KEEP take
             value = 0 if value.strip() == "0" else config.parse_size("pool keep", value)
-        elif value is not None and not isinstance(value, bool | int) \
-                and hasattr(value, "__index__"):
-            value = int(value.__index__())  # a NumPy integer
+        value = _index(value)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 0):
             raise InputError(f"pool keep must be None or 0 or more bytes (an int or a size "
                              f"like '64MiB'), got {value!r}")
+        if value is not None:
+            config.check_size_cap("pool keep", value, value)
         self._keep = value
 
     def bin_size(self, nbytes: int) -> int:

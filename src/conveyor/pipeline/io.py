@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conveyor import files
+from conveyor import config, files
 from conveyor.errors import InputError
 from conveyor.pipeline.options import _whole
 
@@ -415,6 +415,7 @@ def _raw_dims(path: PathLike, shape: Any) -> list[int]:
     if shape is None:
         return [-1]
     given: list[Any] | None = None
+    config.check_ordered(shape, f"raw input {path}")
     if _whole(shape) is not None:
         given = [shape]  # one number: 1-D
     elif not isinstance(shape, str | bytes):
@@ -446,7 +447,8 @@ def as_source(value: Any, index: int) -> Source:
     if isinstance(value, ImageInput):  # cv.image(...): pipeline/image.py
         return value.source(index)
     if isinstance(value, str | os.PathLike):
-        if Path(value).suffix.lower() != ".npy":
+        # Checked first: a path-like of bytes was pathlib's own TypeError.
+        if Path(files.path_text(value, f"input {index}")).suffix.lower() != ".npy":
             raise InputError(f"input {index} {value}: a path must name a .npy file; use "
                              f"cv.raw(), cv.parquet() or cv.arrow() for other files")
         return npy(value)

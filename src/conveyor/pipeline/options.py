@@ -89,9 +89,44 @@ def reduce_op(value: Any) -> Any:
     named = {builtins.sum: "sum", builtins.min: "min", builtins.max: "max",
              np.sum: "sum", np.min: "min", np.max: "max", np.amin: "min", np.amax: "max"}
     try:
-        return named.get(value, value)
+        refused = _WHOLE_ARRAY_FOLDS.get(value)
+        found = named.get(value, value)
     except TypeError:  # unhashable: a callable object with __eq__ and no __hash__
         return value
+    if refused is not None:
+        name = getattr(value, "__name__", repr(value))
+        raise InputError(
+            f"reduce={name}: it folds the elements of one array (a second argument is read as "
+            f"an axis or refused), but conveyor calls reduce(total, partial) with two partials: "
+            f"{refused}")
+    return found
+
+
+def _whole_array_folds() -> dict[Any, str]:
+    """NumPy's and Python's whole-array folds that conveyor takes by no name, each with what
+    to give instead (``np.prod(total, partial)`` read the partial as an axis: NumPy's
+    TypeError after every block had run)."""
+    import builtins
+    import math
+
+    mean = "give reduce='sum' and divide the result by the number of values"
+    spread = ("a spread cannot be folded from two partials: reduce to sums of x and of x*x "
+              "(two outputs, or a tuple partial) and combine them afterwards")
+    return {
+        np.prod: "give reduce=np.multiply", np.nanprod: "give reduce=np.multiply",
+        math.prod: "give reduce=np.multiply",
+        np.mean: mean, np.average: mean, np.nanmean: mean,
+        np.median: "a median cannot be folded from partials: stream the values out and take "
+                   "np.median of the result",
+        np.std: spread, np.var: spread, np.nanstd: spread, np.nanvar: spread,
+        np.nansum: "give reduce='sum' (leave NaN values out in the kernel or callable)",
+        np.nanmin: "give reduce='min'", np.nanmax: "give reduce='max'",
+        np.all: "give reduce=np.logical_and", builtins.all: "give reduce=np.logical_and",
+        np.any: "give reduce=np.logical_or", builtins.any: "give reduce=np.logical_or",
+    }
+
+
+_WHOLE_ARRAY_FOLDS = _whole_array_folds()
 
 
 #: The range of ``first_row`` (and of every element offset a stream passes): a signed 64-bit

@@ -64,8 +64,11 @@ class Rows(Shaped):
                  shape: Sequence[int] | None = None) -> None:
         self.dtype = _dtype(dtype, "rows")
         try:
-            p, q = (int(v) for v in ratio)
-            valid = all(_integer(v) for v in ratio) and p > 0 and q > 0
+            parts = tuple(ratio)
+            # Checked before int(): int(float("inf")) raised a bare OverflowError.
+            valid = all(_integer(v) for v in parts)
+            p, q = (int(v) for v in parts) if valid else (0, 0)
+            valid = valid and p > 0 and q > 0
         except (TypeError, ValueError):
             valid = False
         if not valid:

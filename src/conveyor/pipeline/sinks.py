@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import files
+from conveyor import config, files
 from conveyor.errors import InputError
 from conveyor.interrupts import deferred_sigint
 from conveyor.pipeline.io import FileRows, PathLike, byte_view
@@ -281,6 +281,7 @@ def _out_shape(name: str, shape: Any) -> tuple[int, ...]:
     rows 100, silently) or anything that is not a sequence of numbers."""
     from conveyor.pipeline.options import _whole
 
+    config.check_ordered(shape, f"output {name}")
     given = [shape] if _whole(shape) is not None else shape
     try:
         dims = [_whole(d) for d in given]
@@ -349,7 +350,8 @@ def as_sink(value: Any, index: int, rows: int, row_shape: tuple[int, ...],
     """Output ``index`` as a Sink: a path (``.npy``), a Sink, an array, or a dtype (``dtype``
     is the default element type of a file sink)."""
     if isinstance(value, str | os.PathLike):
-        if Path(value).suffix.lower() != ".npy":
+        # Checked first: a path-like of bytes was pathlib's own TypeError.
+        if Path(files.path_text(value, f"output {index}")).suffix.lower() != ".npy":
             raise InputError(f"output {index} {value}: a path must name a .npy file; use "
                              f"cv.raw_out() for a raw binary file{_dtype_hint(value)}")
         value = npy_out(value)
