@@ -433,7 +433,7 @@ def test_guard_two_ratio_outputs_with_odd_blocks_and_iterables(device, rows, col
             inp = x if source == "array" else cv.iterate(
                 (x[i:i + 5] for i in range(0, rows, 5)), length=rows)
             y, z = cv.stream(k, [inp], [cv.rows(np.float32, ratio=(1, 3), shape=(cols,)),
-                                        cv.rows(np.float32, ratio=(2, 4), shape=())],
+                                        cv.rows(np.float32, ratio=(1, 2), shape=())],
                              args=(cols,), device=device, block_bytes=bb).outputs
             np.testing.assert_array_equal(y, want_y)
             np.testing.assert_array_equal(z, want_z)

@@ -241,17 +241,18 @@ def _default_dtype(job: Job, inputs: int, fallback: np.dtype) -> np.dtype:
 
 def _client(client: Any) -> Any:
     if client is not None:
-        if not all(callable(getattr(client, name, None))
-                   for name in ("submit", "run", "scheduler_info")):
-            hint = (f'Client("{client}")' if isinstance(client, str | bytes | bytearray)
-                    else "Client(...)")
-            raise InputError(f"client={client!r} ({type(client).__name__}) is not a Dask "
-                             f"client: pass a distributed.Client, e.g. client={hint}, or none "
-                             f"to use the current one")
         if getattr(client, "status", "running") in ("closing", "closed"):
             # Its scheduler_info() had no "workers": a bare KeyError.
             raise InputError("the Dask client is closed: pass an open Client (or none, to "
                              "use the current one)")
+        if not all(callable(getattr(client, name, None))
+                   for name in ("submit", "run", "scheduler_info")):
+            # An address given as the command line's --scheduler takes it: a raw
+            # AttributeError ('str' object has no attribute 'scheduler_info').
+            hint = f"Client({client!r})" if isinstance(client, str) else "Client(...)"
+            raise InputError(f"client={client!r} ({type(client).__name__}) is not a Dask "
+                             f"client: pass a distributed.Client, e.g. client={hint}, or none "
+                             f"to use the current one")
         return client
     try:
         from distributed import get_client

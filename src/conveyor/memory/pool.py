@@ -90,7 +90,7 @@ def device_bin(nbytes: int) -> int:
 
 
 
-def _index(value: object) -> object:
+def _index(value: Any) -> Any:
     """A NumPy integer (anything with ``__index__``) as an int; anything else as it is, for
     the caller to refuse (a float array's ``__index__`` raises NumPy's own TypeError)."""
     if value is None or isinstance(value, bool | int) or not hasattr(value, "__index__"):

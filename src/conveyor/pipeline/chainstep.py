@@ -126,11 +126,12 @@ class ChainStep(Step):
                 continue
             got_shape, got_dtype, contiguous = _describe(value)
             if got_shape != shape or got_dtype != dtype or not contiguous:
+                hint = self.plan.outputs[ref.index].dtype_hint if ref.kind == "out" else ""
                 raise InputError(
                     f"{bound.where()} returned {_what(got_shape, got_dtype, contiguous, value)} "
                     f"for {ref.name!r}, which holds a C-contiguous {dtype} array of shape "
                     f"{shape} for a block of {block.rows} rows: return that, or write into the "
-                    f"array it was given and return None")
+                    f"array it was given and return None{hint}")
             copies.append(value)
         temps = unalias(queue, self.device, copies, given, sizes)  # returned swapped, say
         try:

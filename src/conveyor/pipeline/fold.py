@@ -13,7 +13,10 @@ device that runs ahead of the fold).
 
 The result is what ``functools.reduce`` over the partials in block order gives, with
 ``np.sum``'s rules for ``"sum"`` (``reduce.widened``), Python's ``min``/``max`` for Python
-ints (no overflow past int64), and a float16 total for float16 partials.
+ints (no overflow past int64), and a float16 total for float16 partials. A tuple or list
+partial is folded element by element, each element as a partial of its own (a histogram and
+a count, an int64 and a float: stacking them into one array made NumPy's ValueError, or
+an int64 past 2**53 a float64), and the total is a tuple (list) of the elements' totals.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Fold:
         self._next = 0  # the block whose partial is folded next
         self._first: tuple[int, tuple[int, ...]] | None = None  # (block, shape) of the first
         self._halves = True  # every partial so far float16 ("sum" gives a float16 total)
+        self._parts: list[Fold] | None = None  # tuple or list partials: a fold per element
+        self._kind: type = tuple  # ... and the type of block 0's (its total's type)
         self._lock = threading.Lock()
 
     def add(self, partial: Any, block: int) -> None:
@@ -63,6 +68,11 @@ class Fold:
 
         if not self.count:
             return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
+        if self._parts is not None:
+            totals = [part.result() for part in self._parts]
+            # A named tuple is made from its fields; a tuple or list from an iterable.
+            return self._kind(*totals) if hasattr(self._kind, "_fields") else \
+                self._kind(totals)
         if self.op == "sum" and self._halves:  # added in float32, as np.sum adds halves
             return self.total.astype(np.float16)
         return self.total
@@ -83,9 +93,11 @@ class Fold:
                 self.total = _returning(op)(self.total, partial)
             self.count += 1
             return
-        # Lists and tuples fold element by element, as min and max already did ("sum" joined
-        # them end to end).
-        value = np.asarray(partial) if isinstance(partial, list | tuple) else partial
+        # Lists and tuples fold element by element ("sum" once joined them end to end).
+        if isinstance(partial, list | tuple) or self._parts is not None:
+            self._fold_parts(partial, block)
+            return
+        value = partial
         self._check(value, block)
         self._halves = self._halves and getattr(value, "dtype", None) == np.float16
         if op == "sum":
@@ -113,6 +125,27 @@ class Fold:
                 f"reduce={op!r} cannot fold the callable's partials ({', '.join(kinds)}: "
                 f"{exc}): return a number or a numeric array, or pass reduce=f, a function "
                 f"that folds two partials") from exc
+        self.count += 1
+
+    def _fold_parts(self, partial: Any, block: int) -> None:
+        """A tuple or list partial: each element folded by a fold of its own."""
+        first = self._first if self._first is not None else (block, ())
+        if not isinstance(partial, list | tuple) or (self._parts is None and self.count):
+            raise InputError(
+                f"reduce={self.op!r}: the callable's partial of block {block} is "
+                f"{type(partial).__name__}, block {first[0]}'s was "
+                f"{self._kind.__name__ if self._parts is not None else 'not a tuple or list'}: "
+                f"every block must return a partial of one kind and shape")
+        if self._parts is None:
+            self._parts = [Fold(self.op, self.element, kernel=self.kernel) for _ in partial]
+            self._kind, self._first = type(partial), (block, (len(partial),))
+        elif len(partial) != len(self._parts):
+            raise InputError(
+                f"reduce={self.op!r}: the callable's partial of block {block} has "
+                f"{len(partial)} elements, block {first[0]}'s {len(self._parts)}: every block "
+                f"must return a partial of one shape")
+        for part, element in zip(self._parts, partial, strict=True):
+            part._fold(element, block)
         self.count += 1
 
     def _check(self, value: Any, block: int) -> None:

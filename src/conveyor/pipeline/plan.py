@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, overload
 
 import numpy as np
@@ -43,10 +43,13 @@ class ArraySpec:
 
     shape: tuple[int, ...]
     dtype: np.dtype
-    #: Output rows per input row of input 0, (p, q) in lowest terms (pipeline/shaped.py).
+    #: Output rows per input row of input 0, (p, q) as the caller wrote it (pipeline/shaped.py).
     ratio: tuple[int, int] = (1, 1)
     #: One row (record) per block instead (pipeline/shaped.py: per_block).
     per_block: bool = False
+    #: For messages: how to change ``dtype`` where conveyor chose it (a file output given
+    #: none, pipeline/sinks.py); "" otherwise.
+    dtype_hint: str = field(default="", compare=False)
 
     def block_rows_of(self, block_rows: int) -> int:
         """Rows of this array in a block of ``block_rows`` rows of input 0."""

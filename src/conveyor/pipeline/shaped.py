@@ -6,8 +6,9 @@
 - :func:`rows` ``(dtype, ratio=(p, q))``: an output of ``rows × p / q`` rows of input 0
   (decimation, pooling, up-sampling). Blocks are cut at multiples of ``q`` input rows, so every
   block maps to whole output rows: block rows ``[start, stop)`` write output rows
-  ``[start × p / q, stop × p / q)``. Input 0's length must be a multiple of ``q`` (the ratio
-  in lowest terms).
+  ``[start × p / q, stop × p / q)``. Input 0's length must be a multiple of ``q``. The ratio
+  is kept as written, not put in lowest terms: ``(2, 4)`` is a kernel that makes 2 rows from
+  each group of 4, whose groups a cut every 2 rows would split (row 3 came back 0).
 
 Both make new arrays; the kernel still gets ``offset`` and ``n`` in elements of input 0 and
 works out where its output goes.
@@ -74,8 +75,7 @@ class Rows(Shaped):
         if not valid:
             raise InputError(f"rows(ratio={ratio!r}): give (p, q), two positive ints: output "
                              f"rows = input rows × p / q, e.g. ratio=(1, 4)")
-        common = math.gcd(p, q)
-        self.ratio = (p // common, q // common)
+        self.ratio = (p, q)  # as written: q is the group the kernel reads (see the module)
         self.shape = None if shape is None else _dims(
             shape, f"rows(shape={shape!r}): give the shape of each output row as positive "
                    f"ints, e.g. shape=(3,) (default: input 0's row shape)")

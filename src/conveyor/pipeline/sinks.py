@@ -109,6 +109,7 @@ class FileSink(Sink):
         self.dtype = _out_dtype(self.name, dtype)  # type: ignore[assignment]
         self.shape = _out_shape(self.name, shape) if shape is not None else ()
         self._given_shape = shape is not None
+        self.dtype_hint = ""  # set by resolve() where the stream chose the dtype
         self.offset = 0
         self._fd: int | None = None
         self._tmp: Path | None = None
@@ -131,6 +132,9 @@ class FileSink(Sink):
         """Fill in the shape and dtype the stream decides; InputError if they disagree."""
         if self.dtype is None:
             self.dtype = np.dtype(dtype)
+            # Told when the compute's result has another type (pipeline/step.py).
+            self.dtype_hint = (f"; the file output {self.name} is {self.dtype} because no "
+                               f"dtype was given: give yours with cv.npy_out(path, dtype=...)")
         if self.dtype.hasobject:
             raise InputError(f"output {self.name} has dtype {self.dtype}: use a numeric dtype")
         if not self._given_shape:

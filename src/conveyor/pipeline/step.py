@@ -213,7 +213,7 @@ class CallableStep(Step):
                     f"a block of {block.rows} rows, which needs a C-contiguous {spec.dtype} "
                     f"array of "
                     f"shape {expected}: return that (or write into the output array it was "
-                    f"given and return None)")
+                    f"given and return None){spec.dtype_hint}")
             found.append(value)
         return found
 

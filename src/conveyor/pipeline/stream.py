@@ -548,8 +548,11 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
             f"zero_copy=True would let a link read an input its chain has already "
             f"overwritten in place: {'; '.join(stale)}. Leave zero_copy unset (the input is "
             f"then copied, and every link reads it as it was), or write into another array")
-    # A callable may write the blocks it is given: never in place over read-only memory.
-    read_only = compute is not None and not isinstance(compute, Kernel) and any(
+    # A callable may write the blocks it is given: never in place over read-only memory. A
+    # chain of kernels only is no callable (it was refused with zero_copy=True, and copied).
+    gets_arrays = (callable(compute) and not isinstance(compute, Kernel)) or bool(
+        getattr(compute, "has_callables", False))
+    read_only = gets_arrays and any(
         not s.array.flags.writeable for s in inputs if isinstance(s, ArraySource))
     # A kernel is told n = input 0's elements in the block: an array used in place with
     # fewer (one value per row, a per-block record, a ratio output) would be written past its
@@ -584,8 +587,6 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
     # A callable gets writable device arrays of its inputs: on the zero-copy path a callable
     # that changes one in place (x *= 2) changed the caller's array. As for a kernel's
     # non-const pointer, only an explicit zero_copy=True lets it (README).
-    gets_arrays = (callable(compute) and not isinstance(compute, Kernel)) or bool(
-        getattr(compute, "has_callables", False))
     return possible and not pairs and not gets_arrays if wanted is None else wanted
 
 

@@ -267,7 +267,8 @@ def spec(array: Any) -> ArraySpec:
     """The ArraySpec of an array, or of anything with ``shape`` and ``dtype`` (a source or
     sink of pipeline/io.py)."""
     return ArraySpec(tuple(int(s) for s in array.shape), array.dtype,
-                     getattr(array, "ratio", (1, 1)), getattr(array, "per_block", False))
+                     getattr(array, "ratio", (1, 1)), getattr(array, "per_block", False),
+                     getattr(array, "dtype_hint", ""))
 
 
 def check_kernel(
