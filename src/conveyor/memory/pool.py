@@ -91,14 +91,23 @@ def device_bin(nbytes: int) -> int:
 
 
 def _index(value: Any) -> Any:
-    """A NumPy integer (anything with ``__index__``) as an int; anything else as it is, for
-    the caller to refuse (a float array's ``__index__`` raises NumPy's own TypeError)."""
-    if value is None or isinstance(value, bool | int) or not hasattr(value, "__index__"):
+    """A whole number of bytes as an int: a NumPy integer, a 0-d integer array, an integral
+    float (``4e9``, as every other size conveyor takes); anything else as it is, for the caller
+    to refuse (a float array's ``__index__`` raised NumPy's own TypeError)."""
+    from conveyor.pipeline.options import _whole
+
+    if value is None or isinstance(value, bool | int):
         return value
-    try:
-        return int(value.__index__())
-    except TypeError:
-        return value
+    whole = _whole(value)
+    if whole is not None:
+        return whole
+    if hasattr(value, "__index__"):
+        try:
+            return int(value.__index__())
+        except TypeError:
+            pass
+    return value
+
 
 class BlockPool(Generic[B]):
     """A thread-safe pool of blocks made by ``allocate(nbytes)`` and freed by ``block.close()``.

@@ -198,9 +198,12 @@ def _temp(name: Any, value: Any) -> Temp:
         raise InputError(f"temp name {name!r}: name temps with identifiers, e.g. 'flags'")
     shape: tuple[int, ...] | None = None
     if isinstance(value, tuple) and len(value) == 2 and isinstance(
-            value[0], tuple | list | int | np.integer):
+            value[0], tuple | list | range | int | np.integer) or (
+            isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], np.ndarray)
+            and value[0].ndim <= 1):
         raw, value = value
-        raw = (raw,) if isinstance(raw, int | np.integer) else tuple(raw)
+        raw = (raw,) if isinstance(raw, int | np.integer) or (
+            isinstance(raw, np.ndarray) and raw.ndim == 0) else tuple(raw)
         if not all(isinstance(d, int | np.integer) and not isinstance(d, bool) and d >= 0
                    for d in raw):
             raise InputError(f"temp {name!r}: row shape {raw!r} must be whole numbers of 0 or "

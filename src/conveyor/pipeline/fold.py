@@ -50,6 +50,10 @@ class Fold:
         self._halves = True  # every partial so far float16 ("sum" gives a float16 total)
         self._parts: list[Fold] | None = None  # tuple or list partials: a fold per element
         self._kind: type = tuple  # ... and the type of block 0's (its total's type)
+        # ... or, while every one holds numbers of one type, one fold of them as an array
+        # (a fold per element of 4096-number lists took 1000 times longer), and that type.
+        self._flat: Fold | None = None
+        self._flat_type: type | None = None
         self._lock = threading.Lock()
 
     def add(self, partial: Any, block: int) -> None:
@@ -68,6 +72,11 @@ class Fold:
 
         if not self.count:
             return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
+        if self._flat is not None:
+            flat = self._flat.result()
+            totals = flat.tolist() if self._flat_type in _PYTHON_NUMBERS else list(flat)
+            return self._kind(*totals) if hasattr(self._kind, "_fields") else \
+                self._kind(totals)
         if self._parts is not None:
             totals = [part.result() for part in self._parts]
             # A named tuple is made from its fields; a tuple or list from an iterable.
@@ -94,7 +103,8 @@ class Fold:
             self.count += 1
             return
         # Lists and tuples fold element by element ("sum" once joined them end to end).
-        if isinstance(partial, list | tuple) or self._parts is not None:
+        if isinstance(partial, list | tuple) or self._parts is not None or \
+                self._flat is not None:
             self._fold_parts(partial, block)
             return
         value = partial
@@ -128,8 +138,26 @@ class Fold:
         self.count += 1
 
     def _fold_parts(self, partial: Any, block: int) -> None:
-        """A tuple or list partial: each element folded by a fold of its own."""
+        """A tuple or list partial: each element folded by a fold of its own (as one array
+        while every partial holds numbers of one type: the same totals)."""
         first = self._first if self._first is not None else (block, ())
+        if self._flat is not None:
+            kind = _flat_type(partial) if isinstance(partial, list | tuple) else None
+            if kind is not None and kind is self._flat_type and \
+                    len(partial) == self._first[1][0]:  # type: ignore[index]
+                self._flat._fold(_as_array(partial, kind), block)
+                self.count += 1
+                return
+            self._unflatten()
+        elif self._parts is None and not self.count and isinstance(partial, list | tuple):
+            kind = _flat_type(partial)
+            if kind is not None:
+                self._flat, self._flat_type = Fold(self.op, self.element,
+                                                   kernel=self.kernel), kind
+                self._kind, self._first = type(partial), (block, (len(partial),))
+                self._flat._fold(_as_array(partial, kind), block)
+                self.count += 1
+                return
         if not isinstance(partial, list | tuple) or (self._parts is None and self.count):
             raise InputError(
                 f"reduce={self.op!r}: the callable's partial of block {block} is "
@@ -147,6 +175,20 @@ class Fold:
         for part, element in zip(self._parts, partial, strict=True):
             part._fold(element, block)
         self.count += 1
+
+    def _unflatten(self) -> None:
+        """From one array fold to a fold per element, each holding its element's total so far
+        (a later partial holds other types, or another length: refused as such below)."""
+        flat = self._flat
+        assert flat is not None and self._first is not None
+        totals = flat.total.tolist() if self._flat_type in _PYTHON_NUMBERS else list(flat.total)
+        parts = []
+        for total in totals:
+            part = Fold(self.op, self.element, kernel=self.kernel)
+            part.total, part.count, part._halves = total, flat.count, flat._halves
+            part._first = (self._first[0], ())
+            parts.append(part)
+        self._parts, self._flat, self._flat_type = parts, None, None
 
     def _check(self, value: Any, block: int) -> None:
         """InputError for a partial ``"sum"``/``"min"``/``"max"`` cannot fold, and for one of
@@ -217,6 +259,32 @@ def _numeric(partial: Any) -> bool:
     if isinstance(partial, np.ndarray | np.generic):
         return partial.dtype.kind in "biufcmMO"
     return isinstance(partial, numbers.Number)
+
+
+#: Python's numbers, folded as an object array (ints exact past int64) or as float64/complex.
+_PYTHON_NUMBERS = (int, float, complex)
+
+
+def _flat_type(partial: list[Any] | tuple[Any, ...]) -> type | None:
+    """The one type of every element of ``partial`` when it can be folded as one array with
+    the totals a fold per element gives: Python ints, floats or complexes, or NumPy numeric
+    scalars of one dtype; None otherwise (bools, mixed types, arrays, nested sequences)."""
+    if len(partial) < 2:
+        return None
+    kind = type(partial[0])
+    if not all(type(element) is kind for element in partial):
+        return None
+    if kind in _PYTHON_NUMBERS:
+        return kind
+    if issubclass(kind, np.generic) and np.dtype(kind).kind in "biufc":
+        return kind
+    return None
+
+
+def _as_array(partial: list[Any] | tuple[Any, ...], kind: type) -> np.ndarray:
+    """``partial``'s elements as one array: Python ints as objects (exact), the rest as their
+    type's dtype."""
+    return np.array(partial, dtype=object if kind is int else None)
 
 
 def _int_kind(value: Any) -> bool:

@@ -93,6 +93,12 @@ def reduce_op(value: Any) -> Any:
         found = named.get(value, value)
     except TypeError:  # unhashable: a callable object with __eq__ and no __hash__
         return value
+    if refused is None and found is value and callable(value):  # not a name taken
+        unpaired = _not_pairwise(value)
+        if unpaired is not None:
+            name = getattr(value, "__name__", repr(value))
+            raise InputError(f"reduce={name}: conveyor calls reduce(total, partial) with two "
+                             f"partials, and {unpaired}")
     if refused is not None:
         name = getattr(value, "__name__", repr(value))
         raise InputError(
@@ -108,6 +114,7 @@ def _whole_array_folds() -> dict[Any, str]:
     TypeError after every block had run)."""
     import builtins
     import math
+    import statistics
 
     mean = "give reduce='sum' and divide the result by the number of values"
     spread = ("a spread cannot be folded from two partials: reduce to sums of x and of x*x "
@@ -119,14 +126,59 @@ def _whole_array_folds() -> dict[Any, str]:
         np.median: "a median cannot be folded from partials: stream the values out and take "
                    "np.median of the result",
         np.std: spread, np.var: spread, np.nanstd: spread, np.nanvar: spread,
+        np.nanmedian: "a median cannot be folded from partials: stream the values out and "
+                      "take np.nanmedian of the result",
+        np.percentile: "a percentile cannot be folded from partials: stream the values out",
+        np.nanpercentile: "a percentile cannot be folded from partials: stream the values out",
+        np.quantile: "a quantile cannot be folded from partials: stream the values out",
+        np.nanquantile: "a quantile cannot be folded from partials: stream the values out",
+        np.ptp: "reduce='min' and reduce='max' (two streams, or a tuple partial (min, max) "
+                "with reduce=f) and subtract",
+        np.count_nonzero: "give reduce='sum' of each block's count",
         np.nansum: "give reduce='sum' (leave NaN values out in the kernel or callable)",
-        np.nanmin: "give reduce='min'", np.nanmax: "give reduce='max'",
+        # np.fmin/np.fmax take two partials and skip NaN as these do ('min'/'max' spread it).
+        np.nanmin: "give reduce=np.fmin", np.nanmax: "give reduce=np.fmax",
+        math.fsum: "give reduce='sum'",
+        statistics.mean: mean, statistics.fmean: mean,
+        statistics.median: "a median cannot be folded from partials: stream the values out",
         np.all: "give reduce=np.logical_and", builtins.all: "give reduce=np.logical_and",
         np.any: "give reduce=np.logical_or", builtins.any: "give reduce=np.logical_or",
     }
 
 
 _WHOLE_ARRAY_FOLDS = _whole_array_folds()
+
+
+def _not_pairwise(value: Any) -> str | None:
+    """What to give instead where ``value`` cannot be ``f(total, partial)``: a ufunc's
+    ``reduce``/``accumulate``/``reduceat`` (``np.add.reduce(total, partial)`` reads the partial
+    as an axis), or a function whose signature takes fewer than two positional arguments or
+    needs more; None where it may be one (or says nothing of itself). Parameter names say
+    nothing: ``lambda p, q: p + q`` is a fold of two partials."""
+    import inspect
+
+    owner = getattr(value, "__self__", None)
+    name = getattr(value, "__name__", "")
+    if isinstance(owner, np.ufunc) and name in ("reduce", "accumulate", "reduceat"):
+        return (f"np.{owner.__name__}.{name} reads a second argument as an axis: give the "
+                f"ufunc itself, reduce=np.{owner.__name__}")
+    if isinstance(value, np.ufunc):
+        return None if value.nin == 2 else f"np.{value.__name__} takes {value.nin} arguments"
+    try:
+        params = list(inspect.signature(value).parameters.values())
+    except (TypeError, ValueError):
+        return None  # a builtin with no signature: it says at its first call
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    if len(positional) < 2:
+        return (f"it takes {len(positional)} positional argument(s): give a function of two, "
+                f"f(total, partial)")
+    required = [p for p in positional[2:] if p.default is p.empty]
+    if required:
+        return (f"it needs {len(positional)} positional arguments: give a function of two, "
+                f"f(total, partial)")
+    return None
 
 
 #: The range of ``first_row`` (and of every element offset a stream passes): a signed 64-bit

@@ -145,6 +145,8 @@ def _dims(shape: Any, message: str) -> tuple[int, ...]:
     """``shape`` (one int, or a sequence of them) as a tuple of positive ints; InputError
     with ``message`` for anything else (a float, a string, a zero or negative size)."""
     dims = (shape,) if _integer(shape) else shape
+    if isinstance(dims, np.ndarray) and dims.ndim == 1:  # taken by cv.raw and the others
+        dims = list(dims)
     if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or not all(
             _integer(d) and d > 0 for d in dims):
         raise InputError(message)

@@ -396,23 +396,29 @@ def partial_of(result: Any, block: Block) -> Any:
             f"with reduce=, the callable returns each block's partial value; it returned None "
             f"for block {block.index} (rows {block.start}..{block.stop}): return the block's "
             f"value (e.g. x.sum())")
-    # A tuple or list of device arrays (one partial per figure): each brought to the host.
-    value: Any = (type(result)(_to_host(v) for v in result)
-                  if isinstance(result, tuple | list) else _to_host(result))
+    # A tuple or list of device arrays (one partial per figure), nested too: each brought to
+    # the host, and each ndarray copied (below).
+    value = _host_copy(result)
     if isinstance(value, str | bytes) or getattr(value, "dtype", None) is not None and \
             value.dtype.kind in "OSUV":
         raise InputError(
             f"with reduce=, the callable returned {type(value).__name__} {value!r:.60} for "
             f"block {block.index}: return a number or a numeric array")
-    # Copied now: a callable that returns one buffer it fills again for every block (or a
-    # CPU tensor's .numpy() view of one) made every partial that one array, and the fold
-    # added the last block's values once per block, with no error; in a tuple or list too
-    # (its fold comes when the block retires, depth blocks later).
-    if isinstance(value, np.ndarray):
-        value = value.copy()
-    elif isinstance(value, tuple | list):
-        value = type(value)(v.copy() if isinstance(v, np.ndarray) else v for v in value)
     return value
+
+
+def _host_copy(value: Any) -> Any:
+    """``value`` on the host, with every ndarray copied, at every level of tuples and lists
+    (a named tuple rebuilt from its fields). Copied now: a callable that returns one buffer it
+    fills again for every block (or a CPU tensor's .numpy() view of one), bare or inside a
+    tuple, made every partial that one array, and the fold (when the block retires, depth
+    blocks later) added the last blocks' values, with no error."""
+    if isinstance(value, tuple | list):
+        items = [_host_copy(v) for v in value]
+        kind = type(value)
+        return kind(*items) if hasattr(kind, "_fields") else kind(items)
+    value = _to_host(value)
+    return value.copy() if isinstance(value, np.ndarray) else value
 
 
 def _to_host(value: Any) -> Any:
