@@ -99,7 +99,7 @@ def apply_casts(sources: list[Source], inputs: Sequence[Input], params: Sequence
     named: dict[int, str] = {}
     for cast in casts:
         name, sep, type_text = cast.rpartition(":")
-        _dtype(type_text, f"--cast {cast}")
+        _dtype(type_text, f"--cast {cast}", cast=True)
         if not sep:
             if general is not None:
                 raise InputError(f"--cast {general} and --cast {cast} both cast every input: "
@@ -124,7 +124,7 @@ def apply_casts(sources: list[Source], inputs: Sequence[Input], params: Sequence
         chosen = named.get(index, general)
         if chosen is None:
             continue
-        dtype = _dtype(chosen.rpartition(":")[2], f"--cast {chosen}")
+        dtype = _dtype(chosen.rpartition(":")[2], f"--cast {chosen}", cast=True)
         if result[index].dtype != dtype:
             result[index] = CastSource(result[index], dtype,
                                        f"-i {inputs[index].text}: --cast {chosen}")
@@ -235,7 +235,9 @@ def _convert(held: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, int | None]
     return held.astype(dtype), None
 
 
-def _dtype(text: str, where: str) -> np.dtype:
+def _dtype(text: str, where: str, cast: bool = False) -> np.dtype:
+    """``text`` as a numeric dtype; a cast's target in this machine's byte order (kernels read
+    no other: ``--cast x:>f4`` was taken, then refused with Python advice)."""
     try:
         dtype = np.dtype(text)
     except (TypeError, ValueError, SyntaxError):  # NumPy parses "f4,(" as Python: SyntaxError
@@ -245,6 +247,11 @@ def _dtype(text: str, where: str) -> np.dtype:
                          f"takes real types only (bool, int, uint, float): use e.g. float32")
     if dtype.hasobject or dtype.kind not in "biuf":
         raise InputError(f"{where}: {dtype} is not a numeric dtype: use e.g. float32")
+    if cast and not dtype.isnative:
+        native = dtype.newbyteorder("=").name
+        name = where.split()[-1].rpartition(":")[0]  # "--cast x:>f4": x; "--cast >f4": none
+        raise InputError(f"{where}: {text} is not in this machine's byte order, which kernels "
+                         f"read: cast to {native} (--cast {name + ':' if name else ''}{native})")
     return dtype
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import decimal
+import fractions
 import importlib.util
 import json
 import math
@@ -132,9 +133,25 @@ def run_reduce(options: argparse.Namespace) -> int:
 
 
 def _files_read(options: argparse.Namespace) -> list[tuple[str, str]]:
-    """The files the command reads, as (what, path): the kernel file first, then each -i."""
-    return [("kernel file", options.kernel_file),
+    """The files the command reads, as (what, path): the kernel file first, the headers it
+    includes (``--trace kd/defs.h --force`` replaced the header ``kd/h.cl`` includes), then
+    each -i."""
+    return [("kernel file", options.kernel_file), *_headers_read(options.kernel_file),
             *(("-i", Input(text).path) for text in options.inputs)]
+
+
+def _headers_read(kernel_file: str) -> list[tuple[str, str]]:
+    """("header", path) of each header the kernel file includes that exists; none where the
+    file cannot be read yet (the command says why when it reads it)."""
+    from conveyor.kernels.includes import included_headers
+
+    path = Path(kernel_file)
+    try:
+        source = anchor_includes(read_kernel(path), path.parent)
+    except InputError:
+        return []
+    return [("header", found) for _, found, data in included_headers(source, ())
+            if data is not None]
 
 
 def kernel_source(options: argparse.Namespace) -> tuple[str, str]:
@@ -283,7 +300,22 @@ def check_kernel_name(source: str, name: str, device: cv.Device | None = None) -
 _CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif)\b", re.M)
 
 
-def _number(text: str) -> int | float:
+class _Written(fractions.Fraction):
+    """A ``--arg`` with a fraction whose float would truncate to another integer
+    (``9007199254740993.5`` is ...994.0 as a float): its exact value, so that an integer
+    parameter gets the written number truncated (...993) and a float one its nearest float;
+    shown as written in messages."""
+
+    text = ""
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:  # to a cluster's workers, as written
+        return (_number, (self.text,))
+
+
+def _number(text: str) -> int | float | fractions.Fraction:
     try:
         whole = int(text)
     except ValueError:
@@ -302,6 +334,11 @@ def _number(text: str) -> int | float:
         exact = decimal.Decimal(text.strip())
     except decimal.InvalidOperation:  # a spelling float() takes and Decimal does not
         return value
+    if exact.is_finite() and exact != exact.to_integral_value() and math.isfinite(value) \
+            and int(exact) != math.trunc(value):
+        written = _Written(exact)
+        written.text = text.strip()
+        return written
     if exact.is_finite() and exact == exact.to_integral_value() and \
             abs(exact) < 2**64 and decimal.Decimal(value) != exact:
         # A whole number written as a float past 2**53 ("9007199254740993.0"): as a float it

@@ -157,25 +157,58 @@ def _unresolved(macro: str) -> tuple[str, str, bytes | None]:
     return (f"#include {macro}", f"unresolved:{secrets.token_hex(16)}", None)
 
 
-_QUOTED_INCLUDE = re.compile(r'^([ \t]*#[ \t]*include[ \t]*)"([^"\n]+)"', re.MULTILINE)
+# What may stand between a directive's words as the compiler reads them: blanks, comments and
+# line continuations (a BOM before the first line's '#': editors save one).
+_TEXT_GAP = r"(?:[ \t]|\\\r?\n|/\*(?:[^*\n]|\*(?!/))*\*/)*"
+_DIRECTIVE = r"^\ufeff?" + _TEXT_GAP + r"#" + _TEXT_GAP
+_QUOTED_INCLUDE = re.compile(r"(?P<lead>" + _DIRECTIVE + r"include" + _TEXT_GAP
+                             + r')"(?P<name>[^"\n]+)"', re.MULTILINE)
+_MACRO_INCLUDE = re.compile(_DIRECTIVE + r"include(?:[ \t]|\\\r?\n|/\*(?:[^*\n]|\*(?!/))*\*/)+"
+                            r"(?P<macro>[A-Za-z_]\w*)", re.MULTILINE)
+_QUOTED_DEFINE = re.compile(r"(?P<lead>" + _DIRECTIVE + r"define[ \t]+(?P<macro>[A-Za-z_]\w*)"
+                            + _TEXT_GAP + r')"(?P<name>[^"\n]+)"', re.MULTILINE)
 
 
 def anchor_includes(source: str, folder: Path) -> str:
     """``source``, read from a file in ``folder``, with each ``#include "name"`` whose header
-    lies in ``folder`` written as that header's absolute path. A compiler looks for a quoted
-    include beside the including file first; the source reaches it as text, so it looked in
-    the process's current folder instead (another project's header of the same name: wrong
-    values, exit 0). Other includes are left as written (the -I folders, the compiler's)."""
+    lies in ``folder`` written as that header's absolute path (and each ``#define NAME
+    "name"`` that an ``#include NAME`` uses). A compiler looks for a quoted include beside the
+    including file first; the source reaches it as text, so it looked in the process's current
+    folder instead (another project's header of the same name: wrong values, exit 0). Other
+    includes are left as written (the -I folders, the compiler's). A path that cannot be
+    written between quotes (a folder named with a backslash) is written between angle
+    brackets; InputError where neither holds it (a quote or '>' in the folder's name)."""
+    from conveyor.errors import InputError
+
     folder = folder.absolute()
 
-    def anchored(match: re.Match[str]) -> str:
-        name = match.group(2)
+    def spelled(name: str, macro: bool) -> str | None:
         beside = folder / name
+        if Path(name).is_absolute() or not os.path.isfile(beside):
+            return None
         text = str(beside)
-        if Path(name).is_absolute() or not os.path.isfile(beside) or '"' in text \
-                or "\\" in text:
-            return match.group(0)
-        return f'{match.group(1)}"{text}"'
+        if '"' not in text and "\\" not in text:
+            return f'"{text}"'
+        if not macro and not any(c in text for c in '">\n'):
+            # An absolute path: no search folder applies. (A quote in it would end the name
+            # where the kernel cache's key reads the header: a stale kernel after an edit.)
+            return f"<{text}>"
+        raise InputError(f"the kernel includes {name!r}, beside it in {folder}, whose path "
+                         f"cannot be written in an #include: move the kernel and its headers "
+                         f"to a folder without quotes, backslashes or '>' in its name")
 
-    return _QUOTED_INCLUDE.sub(anchored, source)
+    def anchored(match: re.Match[str]) -> str:
+        path = spelled(match.group("name"), False)
+        return match.group(0) if path is None else match.group("lead") + path
+
+    macros = {m.group("macro") for m in _MACRO_INCLUDE.finditer(source)}
+
+    def anchored_define(match: re.Match[str]) -> str:
+        if match.group("macro") not in macros:
+            return match.group(0)
+        path = spelled(match.group("name"), True)
+        return match.group(0) if path is None else match.group("lead") + path
+
+    source = _QUOTED_INCLUDE.sub(anchored, source)
+    return _QUOTED_DEFINE.sub(anchored_define, source) if macros else source
 

@@ -196,11 +196,13 @@ class Report:
 
     # -- the table -----------------------------------------------------------------------------
     def __str__(self) -> str:
-        if self.blocks == 0 and self.rows:  # one device of several
+        if self.blocks == 0 and self.rows and (self.bytes_in or self.bytes_out):
+            # one device of several
             return (f"conveyor stream on {self.device}: ran no block (the other devices took "
                     f"them) in {self.seconds:.3f} s")
         if self.blocks == 0:
-            return f"conveyor stream on {self.device}: nothing to do (zero-length inputs)"
+            why = ("the inputs' rows hold no bytes" if self.rows else "zero-length inputs")
+            return f"conveyor stream on {self.device}: nothing to do ({why})"
         timeline = self.timeline
         mode = "zero-copy" if self.zero_copy else f"depth {self.depth}"
         ceiling = self.ceiling
