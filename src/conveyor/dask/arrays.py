@@ -185,8 +185,8 @@ def _fold(partials: np.ndarray, axis: Any = None, keepdims: bool = False, *, op:
 def _final(fold: Callable[..., np.ndarray]) -> Callable[..., Any]:
     def aggregate(partials: np.ndarray, axis: Any = None, keepdims: bool = False) -> Any:
         value = fold(partials)[0]  # the value itself, as cv.stream's report.result
-        if isinstance(value, np.ndarray | np.generic | int | float | complex):
-            return value
+        if value is None or isinstance(value, np.ndarray | np.generic | int | float | complex):
+            return value  # None: a function fold over no rows, as cv.stream gives
         wrapped = np.empty((), object)  # dask would take a list for nested blocks
         wrapped[()] = value
         return wrapped
@@ -299,6 +299,11 @@ def _output_dtype(dtype: Any) -> np.dtype:
     if parsed.hasobject:
         raise InputError(f"dtype={parsed} holds Python objects: give a numeric dtype, e.g. "
                          f"np.float32")
+    if parsed.subdtype is not None:  # dask made chunks of input 0's shape: NumPy's ValueError
+        base, shape = parsed.subdtype
+        raise InputError(f"dtype={parsed} is an array type ({shape} of {base}): map_blocks' "
+                         f"output has input 0's rows of one element type; give {base}, with "
+                         f"rows of input 0's shape")
     return parsed
 
 

@@ -29,11 +29,11 @@ from conveyor.files import same_file
 from conveyor.pipeline.io import FileRows, FileSource, byte_view
 from conveyor.pipeline.sinks import FileSink, Sink, commit_all
 
-#: A file as workers get it: (path, dtype string, shape of the whole array, data offset).
-FileRef = tuple[str, str, tuple[int, ...], int]
+#: A file as workers get it: (path, dtype (a record's fields too), whole shape, data offset).
+FileRef = tuple[str, np.dtype, tuple[int, ...], int]
 #: An input file as workers get it: a FileRef, then the file's size and its header's bytes as
 #: the client read them (a worker refuses a file that no longer has them).
-InputRef = tuple[str, str, tuple[int, ...], int, int, bytes]
+InputRef = tuple[str, np.dtype, tuple[int, ...], int, int, bytes]
 
 
 class RangeSink(Sink):
@@ -145,6 +145,15 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     wanted = as_outputs(outputs)
     if reduce is not None and wanted:
         raise InputError("with reduce=, pass no outputs")
+    if reduce is not None and h:
+        # Each worker streams its rows with the halo rows past its seams as rows of its own
+        # stream: an output drops them, a fold counted them (a sum over two workers: 132 for
+        # 87), with the seam's edge row as their padding.
+        raise InputError(f"conveyor.dask.stream cannot reduce with halo={h} yet: each "
+                         f"worker's fold would count the halo rows it reads past its range. "
+                         f"Reduce with cv.stream on one machine, or write the kernel's "
+                         f"values to an output file here (no reduce=) and reduce that file "
+                         f"with halo=0")
     if isinstance(job.compute, KernelSpec):  # on the client: each range failed on its worker
         job.compute.check_count(len(refs), len(job.args), "conveyor.dask.stream",
                                 outputs=len(wanted) or (1 if reduce is not None else 0))
@@ -152,7 +161,12 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     sinks: list[FileSink] = []
     try:
         for i, out in enumerate(wanted):
-            sink = as_sink(out, i, total, row_shape, default)
+            sink = as_sink(out, i, total, row_shape,
+                           _default_dtype(job, len(refs), np.dtype(refs[0][1]), i))
+            if sink.shape[:1] != (total,):  # its rows are the workers' ranges: never checked
+                raise InputError(
+                    f"arrays disagree in length along axis 0: input 0 has {total} rows, "
+                    f"output {i} {sink.name} has {sink.shape[0] if sink.shape else 0}")
             if not isinstance(sink, FileSink):
                 raise InputError(f"output {i}: conveyor.dask.stream writes files (a .npy "
                                  f"path, cv.npy_out or cv.raw_out); use map_blocks for arrays")
@@ -164,7 +178,8 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
             sinks.append(sink)
         for sink in sinks:
             sink.open()
-        out_refs: list[FileRef] = [(str(s._tmp), s.dtype.str, s.shape, s.offset) for s in sinks]
+        # The dtype itself, not its .str: a record's is "|V8" (fields lost on the workers).
+        out_refs: list[FileRef] = [(str(s._tmp), s.dtype, s.shape, s.offset) for s in sinks]
         # Outputs named by path take the kernel's type as read here (no device's macros).
         defaulted = {i: f"name the output's type: cv.npy_out({str(out)!r}, np.{{dtype}})"
                      for i, out in enumerate(wanted) if isinstance(out, str | os.PathLike)}
@@ -227,13 +242,16 @@ def _source_ref(source: Any, index: int) -> InputRef:
         raise InputError(f"input {index} ({source.name}): conveyor.dask.stream reads .npy or "
                          f"raw files (each worker reads its own rows); use map_blocks for "
                          f"arrays")
-    return (str(Path(source.path).resolve()), source.dtype.str, source.shape, source.offset,
+    return (str(Path(source.path).resolve()), source.dtype, source.shape, source.offset,
             source._size, source._header)
 
 
-def _default_dtype(job: Job, inputs: int, fallback: np.dtype) -> np.dtype:
+def _default_dtype(job: Job, inputs: int, fallback: np.dtype, index: int = 0) -> np.dtype:
+    """Output ``index``'s type where none is given: its kernel parameter's, else
+    ``fallback`` (input 0's). Each output its own: two of int and float were given the
+    first one's type, and the second refused on every worker."""
     if isinstance(job.compute, KernelSpec):
-        found = job.compute.output_dtype(inputs)
+        found = job.compute.output_dtype(inputs, index)
         if found is not None:
             return found
     return fallback
@@ -264,7 +282,14 @@ def _client(client: Any) -> Any:
 
 
 def _workers(client: Any) -> list[str]:
-    workers = sorted(client.scheduler_info(n_workers=-1).get("workers") or ())
+    """The cluster's workers, asked of the scheduler: ``client.scheduler_info()`` returns a
+    cache that the client's own refresh every 2 s (totals only, no workers) may replace
+    between its fetch and its return ("no workers" once in ~1,000 file streams)."""
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1)
+    except Exception:  # an older distributed, or a client object without these
+        info = client.scheduler_info(n_workers=-1)
+    workers = sorted(info.get("workers") or ())
     if not workers:
         raise InputError("the Dask cluster has no workers: start some, or wait for them "
                          "(client.wait_for_workers(n))")

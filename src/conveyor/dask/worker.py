@@ -30,15 +30,16 @@ class KernelSpec:
     name: str
     options: tuple[str, ...] = ()
 
-    def output_dtype(self, inputs: int) -> np.dtype | None:
-        """The element type of the kernel's first output parameter (the one after ``inputs``
-        inputs), read on the client (no device) from the source with its macros expanded
-        (the options' ``-D`` too, as the compiler sees them: a ``#define``d type was read as
-        its name, and input 0's dtype was used instead, which every chunk then refused), or
-        None."""
+    def output_dtype(self, inputs: int, index: int = 0) -> np.dtype | None:
+        """The element type of the kernel's output parameter ``index`` (the one after
+        ``inputs`` inputs and ``index`` outputs), read on the client (no device) from the
+        source with its macros expanded (the options' ``-D`` too, as the compiler sees them:
+        a ``#define``d type was read as its name, and input 0's dtype was used instead, which
+        every chunk then refused), or None."""
         params = self.params()
-        if inputs < len(params) and params[inputs].is_pointer:
-            return params[inputs].dtype
+        at = inputs + index
+        if at < len(params) and params[at].is_pointer:
+            return params[at].dtype
         return None
 
     def params(self, strict: bool = False) -> list[Any]:

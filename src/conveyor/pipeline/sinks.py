@@ -341,6 +341,9 @@ def dtype_code(dtype: np.dtype) -> str:
     """How to write ``dtype`` in Python: ``np.float32`` where NumPy names it so, else
     ``np.dtype('<U3')`` (``np.str96``, ``np.datetime64[s]`` and ``np.bytes32`` do not exist:
     an error message advised them)."""
+    if dtype.subdtype is not None:  # "(2,)f4": str() gives text np.dtype cannot read back
+        base, shape = dtype.subdtype
+        return f"np.dtype(({dtype_code(base)}, {shape}))"
     named = np.__dict__.get(dtype.name)  # not getattr: NumPy warns for names it took out
     if isinstance(named, type) and issubclass(named, np.generic) and np.dtype(named) == dtype:
         return f"np.{dtype.name}"
