@@ -256,7 +256,9 @@ def test_cast_overflow_mid_stream_in_place_leaves_the_file(work):
          "i.npy", "-o", "i.npy", "--force", "--cast", "x:uint8", "--block-bytes", "16",
          "--device", spec, "-q"],
         capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PYTHONPATH": SRC}, check=False)
+        # SRC first, the rest kept: the GPU machine finds PyOpenCL on PYTHONPATH
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [SRC, os.environ.get("PYTHONPATH")]))}, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -207,7 +207,12 @@ def test_a_named_tuple_partial_folds_to_a_named_tuple(device):
 
 def test_a_device_array_nested_in_a_tuple_partial_is_brought_to_the_host(device):
     """A device array at the top of a tuple partial is brought to the host (``_to_host``);
-    one level down it reaches the fold as a device array and is refused as no number."""
+    one level down it reaches the fold as a device array and is refused as no number.
+    (PyOpenCL's arrays have ``get()``; the CUDA backend's bare DeviceArray has no host copy
+    at any level, and is refused as no number there, nested or not.)"""
+    if device.backend != "opencl":
+        pytest.skip("a PyOpenCL array's get()")
+
     def nested(a, *, queue, offset, n):
         return (a,), int(n)
 
