@@ -34,6 +34,7 @@ from conveyor.pipeline.sinks import ArraySink, Sink
 from conveyor.pipeline.stage import Stager
 from conveyor.pipeline.staged import StagingRings
 from conveyor.trace import nvtx as trace_nvtx
+from conveyor.trace import timeline as trace_timeline
 from conveyor.trace.clock import ClockAnchor
 from conveyor.trace.timeline import Span, Timeline
 
@@ -75,6 +76,7 @@ class Engine(Closeable):
         self.progress = progress if progress is not None else Progress(options.progress, plan)
         self.clock: ClockAnchor | None = None
         self.records: Records = []
+        self._compacted = 0  # records before this one hold times, not events (timeline.compact)
         self.host_spans: list[Span] = []
         self.queues: list[Queue] = []
         self.slots: list[Slot] = []
@@ -263,6 +265,9 @@ class Engine(Closeable):
             if slot.scratch is not None:
                 self.host_spans.append(Span("combine", block.index, start,
                                             time.perf_counter_ns()))
+        if len(self.records) - self._compacted >= trace_timeline.COMPACT_RECORDS:
+            # A long stream's events read as its blocks retire: memory per block bounded.
+            self._compacted = trace_timeline.compact(self.records, self._compacted, block.index)
         slot.block = None
         slot.done = []
         slot.returned = None
@@ -328,7 +333,7 @@ class Engine(Closeable):
         # inputs (in use in the pool) and trimmed staging blocks. Every event is complete.
         records = [(kind, index, event.detached(), nbytes)
                    for kind, index, event, nbytes in self.records]
-        self.host_spans, self.records = [], []
+        self.host_spans, self.records, self._compacted = [], [], 0
 
         def timeline() -> Timeline:
             return Timeline.from_records(records, host_spans, clock)

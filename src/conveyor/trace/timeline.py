@@ -30,7 +30,7 @@ TRANSFER_LANES = ("stage-in", "copy-in", "copy-out", "stage-out")
 WORK_LANES = ("stage-in", "copy-in", "compute", "copy-out", "stage-out", "combine")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Span:
     """One stage of one block: ``lane``, block index, start and end in ns, bytes moved, a
     ``label`` within the lane ("" but for the links of a chain: the link's name, its kernel's
@@ -59,8 +59,44 @@ class Span:
 
 #: What the engine records for each device command: (lane, block index, event, bytes); a lane
 #: "compute:<title>" is a link of a chain, a span of the compute lane labelled <title>. The
-#: event is a backend Event; only its ``profile_ns()`` is read, after the stream.
+#: event is a backend Event; only its ``profile_ns()`` is read, after the stream (or a
+#: :class:`Timed` that already read it: :func:`compact`).
 Record = tuple[str, int, Any, int]
+
+#: Records a stream keeps as driver events before it reads the finished ones' times: fewer,
+#: and it never reads a time its caller may not ask for; more, and a stream of 10**6 one-row
+#: blocks held about 3.4 GB of events (3.2 KB a block on PoCL, against ~0.2 KB read).
+COMPACT_RECORDS = 65536
+
+
+class Timed:
+    """A finished command's device times, read from its event (which can then go)."""
+
+    __slots__ = ("times",)
+
+    def __init__(self, times: tuple[int, int] | None) -> None:
+        self.times = times
+
+    def profile_ns(self) -> tuple[int, int] | None:
+        """(start, end), as the event gave them."""
+        return self.times
+
+    def detached(self) -> Timed:
+        """Itself: it holds no host memory."""
+        return self
+
+
+def compact(records: list[Record], start: int, through_block: int) -> int:
+    """Read the times of ``records[start:]`` up to the first of a block after
+    ``through_block`` (records come in block order; every command of those blocks has
+    finished), replacing each event by a :class:`Timed`; return where the next call starts."""
+    end = start
+    while end < len(records) and records[end][1] <= through_block:
+        lane, block, event, nbytes = records[end]
+        if not isinstance(event, Timed):
+            records[end] = (lane, block, Timed(event.profile_ns()), nbytes)
+        end += 1
+    return end
 
 
 @dataclass(frozen=True)
