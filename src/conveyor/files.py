@@ -192,6 +192,23 @@ def joined(path: PathLike) -> str:
     return text if os.path.isabs(text) else os.path.join(os.getcwd(), text)
 
 
+def too_many_open(exc: OSError, what: str) -> OSError:
+    """``exc`` named (``what``: "input 3 x.npy"), where it is EMFILE or ENFILE: a stream of
+    hundreds of files past ``ulimit -n`` raised "[Errno 24] Too many open files" naming only
+    the path. An OSError still (the environment, not the arguments); any other is ``exc``
+    itself (the caller re-raises it as it was)."""
+    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+        return exc
+    import resource
+
+    try:
+        limit = f" (this process may hold {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
+    except (OSError, ValueError):
+        limit = ""
+    return OSError(exc.errno, f"{what}: too many files are open{limit}: raise the limit "
+                              f"(ulimit -n), or stream fewer files at once")
+
+
 def path_text(path: object, what: str) -> str:
     """``path`` (a str or os.PathLike) as a str; InputError naming ``what`` for anything else
     (bytes included) and for a NUL character, which no file name can hold (the OS calls would

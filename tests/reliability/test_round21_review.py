@@ -369,3 +369,45 @@ def test_list_partials_of_one_number_type_fold_as_one_array_with_the_same_totals
     fold.add([1, 2], 0)
     with pytest.raises(InputError, match="block 1 has 3 elements, block 0's 2"):
         fold.add([1, 2, 3], 1)
+
+
+_FILES_CHILD = """
+import os, resource, sys
+import numpy as np
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+import conveyor as cv
+os.chdir(sys.argv[2])
+dev = cv.device(sys.argv[1], warm_up=False)
+for i in range(80):
+    np.save(f"x{i}.npy", np.arange(4, dtype=np.float32))
+def one(*blocks, queue, offset, n):
+    return 1.0
+for what in ("inputs", "outputs"):
+    try:
+        if what == "inputs":
+            cv.stream(one, [cv.npy(f"x{i}.npy") for i in range(80)], reduce="sum", device=dev)
+        else:
+            cv.stream(lambda a, *o, queue, offset, n: None, [np.zeros(4, np.float32)],
+                      [cv.npy_out(f"o{i}.npy", np.float32) for i in range(80)], device=dev)
+        print(what, "ran")
+    except OSError as exc:
+        print(what, exc)
+print("left", sorted(f for f in os.listdir(".") if f.startswith((".", "o"))))
+"""
+
+
+def test_too_many_open_files_are_named_with_what_to_do(device, tmp_path):
+    """80 file inputs (or outputs) past ``ulimit -n`` 48: an OSError naming the file, the
+    limit and what to change (it was "[Errno 24] Too many open files" with only a path), and
+    no part file left. In a child: the limit is the process's."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _FILES_CHILD, device.spec, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("inputs ") and ".npy: too many files are open" in line
+               and "ulimit -n" in line for line in lines), done.stdout
+    assert any(line.startswith("outputs ") and "output o" in line and "too many files" in line
+               for line in lines), done.stdout
+    assert lines[-1] == "left []", done.stdout

@@ -220,7 +220,13 @@ class FileSource(Source):
         """The open file, held by one read until :meth:`_let_go` (opened if it is not)."""
         with self._lock:
             if self._fd is None:
-                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    fd = os.open(self.path, os.O_RDONLY)
+                except OSError as exc:
+                    named = files.too_many_open(exc, self.name)
+                    if named is exc:
+                        raise
+                    raise named from exc
                 try:
                     self._check_unchanged(fd)
                 except BaseException:

@@ -168,7 +168,10 @@ class FileSink(Sink):
             except OSError as exc:
                 # os.access said yes (root: /sys, a read-only mount): no file can be made there.
                 if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-                    raise
+                    named = files.too_many_open(exc, f"output {self.name}")
+                    if named is exc:
+                        raise
+                    raise named from exc
                 raise InputError(f"output {self.name}: cannot write in folder "
                                  f"{self.target.parent} ({exc.strerror}): write elsewhere or "
                                  f"fix its permissions") from exc
@@ -212,10 +215,13 @@ class FileSink(Sink):
     @contextlib.contextmanager
     def _naming_errors(self) -> Iterator[None]:
         """A full disk or quota, named: "[Errno 28] No space left on device" named no output
-        and no folder."""
+        and no folder; so are too many open files."""
         try:
             yield
         except OSError as exc:
+            named = files.too_many_open(exc, f"output {self.name}")
+            if named is not exc:
+                raise named from exc
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise OSError(exc.errno, f"output {self.name}: {exc.strerror} in "
