@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from conveyor import config, hazards
-from conveyor.backends import base
+from conveyor.backends import base, cuda_driver
 from conveyor.backends.cuda_array import DeviceArray
 from conveyor.backends.cuda_driver import (
     _HOST_ALLOC_FLAGS,
@@ -67,6 +67,8 @@ _ACCESS_READWRITE = 3  # CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
 
 
 def _free_device(ptr: int) -> None:
+    if cuda_driver.forked():  # the parent's memory: the child must not call the driver
+        return
     try:
         driver.cuMemFree(ptr)
     except Exception:  # never raise from a finalizer
@@ -75,6 +77,8 @@ def _free_device(ptr: int) -> None:
 
 def _free_host(ptr: int, spans: dict[int, int]) -> None:
     spans.pop(ptr, None)
+    if cuda_driver.forked():
+        return
     try:
         driver.cuMemFreeHost(ptr)
     except Exception:  # never raise from a finalizer
@@ -94,6 +98,8 @@ class DeviceBuffer(base.DeviceBuffer):
         if self.ptr:
             ptr, self.ptr = self.ptr, 0
             self._finalizer.detach()
+            if _forked:  # a forked child closing its device: the parent's memory, left alone
+                return
             self.device._current()
             _check(driver.cuMemFree(ptr), "cuMemFree")
 
@@ -115,6 +121,8 @@ class PinnedBuffer(base.PinnedBuffer):
             self.array = np.empty(0, np.uint8)
             self._finalizer.detach()
             self.device._pinned_spans.pop(ptr, None)
+            if _forked:
+                return
             self.device._current()
             _check(driver.cuMemFreeHost(ptr), "cuMemFreeHost")
 
@@ -139,8 +147,9 @@ class RegisteredPinned(PinnedBuffer):
             self._unmapper.detach()
             self.device._pinned_spans.pop(ptr, None)
             try:
-                self.device._current()  # a forked child raises here: it still unmaps its copy
-                _check(driver.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+                if not _forked:  # a forked child only unmaps its copy
+                    self.device._current()
+                    _check(driver.cuMemHostUnregister(ptr), "cuMemHostUnregister")
             finally:
                 hostmem.unmap(ptr, self.nbytes)
 
@@ -148,7 +157,8 @@ class RegisteredPinned(PinnedBuffer):
 def _unregister_and_unmap(ptr: int, nbytes: int, spans: dict[int, int]) -> None:
     spans.pop(ptr, None)
     try:
-        driver.cuMemHostUnregister(ptr)
+        if not cuda_driver.forked():
+            driver.cuMemHostUnregister(ptr)
         hostmem.unmap(ptr, nbytes)
     except Exception:  # never raise from a finalizer
         pass
@@ -168,12 +178,28 @@ class Registration(base.Registration):
         self.page_locked = page_locked
         self.reason = reason
         self._ptr = ptr if page_locked else 0
+        # Dropped without close(), it kept the memory page-locked for good (NumPy then freed
+        # memory the driver still held locked), as no other CUDA buffer does.
+        self._finalizer = (weakref.finalize(self, _unregister, ptr) if page_locked else None)
 
     def close(self) -> None:
         if self._ptr:
             ptr, self._ptr = self._ptr, 0
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            if _forked:
+                return
             self.device._current()
             _check(driver.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+
+
+def _unregister(ptr: int) -> None:
+    if cuda_driver.forked():
+        return
+    try:
+        driver.cuMemHostUnregister(ptr)
+    except Exception:  # never raise from a finalizer
+        pass
 
 
 def _host_pointer(array: np.ndarray, call: str) -> int:
@@ -224,6 +250,8 @@ def _pointer_arg(value: Any) -> Any:
             raise BackendError("a kernel argument was a freed buffer", call="cuLaunchKernel")
         return np.uint64(value.ptr)
     if isinstance(value, PinnedBuffer):  # mapped, and UVA makes the host address valid
+        if not value.ptr:  # closed: the kernel got NULL (DeviceBuffer's check, above)
+            raise BackendError("a kernel argument was a freed buffer", call="cuLaunchKernel")
         return np.uint64(value.ptr)
     interface = getattr(value, "__cuda_array_interface__", None)
     if interface is not None:
@@ -247,7 +275,9 @@ def _program_options(arch: str, options: Sequence[str]) -> Any:
     settings: dict[str, Any] = {"arch": f"sm_{arch}"}
     defines: list[Any] = []
     includes: list[str] = []
-    items = iter(options)
+    # Split at whitespace, as OpenCL's compiler and conveyor's own preprocessor read them:
+    # "-DFLAG -DN=4" was one macro named "FLAG -DN", "-I dir" the folder " dir".
+    items = iter([word for item in options for word in item.split()])
     for item in items:
         option = item + next(items, "") if item in ("-D", "-I") else item
         if option.startswith("-D") and len(option) > 2:
@@ -650,6 +680,7 @@ class Device(base.Device):
         return UserEvent(self)
 
     def compiler_identity(self) -> str:
+        cuda_driver.refuse_if_forked()  # the key of a build the child cannot make
         try:
             major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
             nvrtc_version = f"nvrtc {major}.{minor}"
@@ -688,6 +719,13 @@ class Device(base.Device):
             code = cc.ObjectCode.from_cubin(binary)
             core_kernel = code.get_kernel(name)
         except Exception as exc:
+            if "NOT_FOUND" in str(exc):  # as OpenCL says it: the kernels the module has
+                names = _module_kernel_names(binary)
+                listing = ", ".join(names) if names else "none it could list"
+                raise InputError(
+                    f"no kernel named {name!r} in the module NVRTC built (after its #define "
+                    f"and #if; a kernel must be extern \"C\" __global__); kernels found: "
+                    f"{listing}") from exc
             raise CompileError(
                 f"could not load kernel {name!r} from its binary on {self.name} "
                 f"(is it declared extern \"C\" __global__?): {exc}"
@@ -735,6 +773,36 @@ class Device(base.Device):
         self._events.drain()
 
 
+def _module_kernel_names(binary: bytes) -> list[str]:
+    """The kernels a cubin holds (cuLibraryEnumerateKernels, CUDA 12.4+), for a message;
+    [] where the driver cannot say."""
+    library = None
+    try:
+        err, library = driver.cuLibraryLoadData(binary, None, None, 0, None, None, 0)
+        if int(err) != 0:
+            return []
+        err, count = driver.cuLibraryGetKernelCount(library)
+        if int(err) != 0 or not count:
+            return []
+        err, kernels = driver.cuLibraryEnumerateKernels(count, library)
+        if int(err) != 0:
+            return []
+        names = []
+        for kernel in kernels:
+            err, name = driver.cuKernelGetName(kernel)
+            if int(err) == 0:
+                names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return names
+    except Exception:  # an older driver or binding: the message goes without the list
+        return []
+    finally:
+        if library is not None:
+            try:
+                driver.cuLibraryUnload(library)
+            except Exception:
+                pass
+
+
 def _argument_sizes(core_kernel: Any) -> list[int] | None:
     """The size in bytes of each argument of a loaded kernel (cuKernelGetParamInfo, through
     cuda.core's ``Kernel.arguments_info``); None where the driver cannot say (before 12.4)."""
@@ -755,20 +823,16 @@ def _driver_version() -> str:
     return text
 
 
-# CUDA cannot be used in a child forked after the parent initialised it: every call fails with
-# an unhelpful "initialization error" or hangs. Mark the child and say what to do instead.
+# A child forked after the parent initialised CUDA must not call the driver (cuda_driver.py).
 _forked = False
 _fork_hook_installed = False
-_FORK_MESSAGE = (
-    "this process was forked after conveyor's CUDA backend was initialised in its parent, and "
-    "CUDA cannot be used in a forked child: start worker processes with "
-    "multiprocessing.get_context('spawn') (or 'forkserver') instead of fork"
-)
+_FORK_MESSAGE = cuda_driver.FORK_MESSAGE
 
 
 def _mark_forked_child() -> None:
     global _forked
     _forked = True
+    cuda_driver._FORK_STATE[0] = True
 
 
 def discover() -> list[Device]:

@@ -21,6 +21,27 @@ except Exception as exc:  # cuda.core is there but cannot load (no cuda.bindings
     cc = driver = nvrtc = None
 
 _HOST_ALLOC_FLAGS = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+
+# CUDA cannot be used in a child forked after the parent initialised it: every call fails with
+# an unhelpful "initialization error" or hangs. cuda.py marks the child (os.register_at_fork);
+# the backend's modules ask here, and say what to do instead.
+_FORK_STATE = [False]
+FORK_MESSAGE = (
+    "this process was forked after conveyor's CUDA backend was initialised in its parent, and "
+    "CUDA cannot be used in a forked child: start worker processes with "
+    "multiprocessing.get_context('spawn') (or 'forkserver') instead of fork"
+)
+
+
+def forked() -> bool:
+    """True in a child forked after the CUDA backend was initialised."""
+    return _FORK_STATE[0]
+
+
+def refuse_if_forked() -> None:
+    """BackendError in a forked child (see :data:`FORK_MESSAGE`)."""
+    if _FORK_STATE[0]:
+        raise BackendError(FORK_MESSAGE, call="fork", code="CUDA_ERROR_NOT_INITIALIZED")
 _ERROR_NAME = re.compile(r"(?:CUDA|NVRTC)_ERROR_[A-Z0-9_]+")
 
 

@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conveyor.backends import base
-from conveyor.backends.cuda_driver import _HOST_ALLOC_FLAGS, _check, _HostMemory, cc, driver
+from conveyor.backends.cuda_driver import (
+    _HOST_ALLOC_FLAGS,
+    _check,
+    _HostMemory,
+    cc,
+    driver,
+    forked,
+    refuse_if_forked,
+)
 
 if TYPE_CHECKING:
     from conveyor.backends.cuda import Device
@@ -91,6 +99,8 @@ class EventPool:
 
 
 def _destroy(event: Any) -> None:
+    if forked():
+        return
     try:
         driver.cuEventDestroy(event)
     except Exception:  # interpreter shutdown or a dead context: nothing left to free
@@ -125,6 +135,7 @@ class Event(base.Event):
         _check(driver.cuEventSynchronize(self.end), "cuEventSynchronize")
 
     def is_done(self) -> bool:
+        refuse_if_forked()  # the driver's error read as "done" in a forked child
         try:
             (err,) = driver.cuEventQuery(self.end)
         except Exception:  # a dead context: the command is over; wait() raises the error
@@ -170,6 +181,7 @@ class UserEvent(Event, base.UserEvent):
         self._finalizer = weakref.finalize(self, _open_gate, state)
 
     def set_complete(self) -> None:
+        refuse_if_forked()  # the child's copy of the flag: no gate opened
         self._flag[0] = 1
 
 

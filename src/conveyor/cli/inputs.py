@@ -249,7 +249,8 @@ def _dtype(text: str, where: str, cast: bool = False) -> np.dtype:
         raise InputError(f"{where}: {dtype} is not a numeric dtype: use e.g. float32")
     if cast and not dtype.isnative:
         native = dtype.newbyteorder("=").name
-        name = where.split()[-1].rpartition(":")[0]  # "--cast x:>f4": x; "--cast >f4": none
+        # "--cast x:>f4": x; "--cast my x.npy:>f4": my x.npy; "--cast >f4": none
+        name = where.removeprefix("--cast ").rpartition(":")[0]
         raise InputError(f"{where}: {text} is not in this machine's byte order, which kernels "
                          f"read: cast to {native} (--cast {name + ':' if name else ''}{native})")
     return dtype

@@ -22,13 +22,18 @@ from pathlib import Path
 
 # Comments may stand between the words of a directive (``#include /* why */ "h.h"``).
 _GAP = rb"(?:[ \t]|/\*(?:[^*\n]|\*(?!/))*\*/)*"  # each comment ends at its first */
-_INCLUDE = re.compile(rb"^" + _GAP + rb"#" + _GAP + rb"include" + _GAP + rb'([<"])([^">\n]+)[">]',
-                      re.MULTILINE)
+# A line starts a directive after a UTF-8 byte-order mark too (editors save one): a header
+# included on such a first line was left out of the key (a stale kernel after its edit).
+_LINE = rb"^(?:\xef\xbb\xbf)?" + _GAP + rb"#" + _GAP
+# A quoted name ends at its quote only, an angled one at its '>' only: a folder named "k>d"
+# was read as the name "/.../k".
+_NAME = rb'(?:"(?P<quoted>[^"\n]+)"|<(?P<angled>[^>\n]+)>)'
+_INCLUDE = re.compile(_LINE + rb"include" + _GAP + _NAME, re.MULTILINE)
 #: ``#include NAME``: a macro that names the header.
-_COMPUTED = re.compile(rb"^" + _GAP + rb"#" + _GAP + rb"include(?:[ \t]|/\*(?:[^*\n]|\*(?!/))*\*/)+"
+_COMPUTED = re.compile(_LINE + rb"include(?:[ \t]|/\*(?:[^*\n]|\*(?!/))*\*/)+"
                        rb"([A-Za-z_]\w*)", re.MULTILINE)  # not #include_next
-_DEFINE = re.compile(rb"^" + _GAP + rb"#" + _GAP + rb"define[ \t]+([A-Za-z_]\w*)" + _GAP
-                     + rb'([<"][^">\n]+[">])', re.MULTILINE)
+_DEFINE = re.compile(_LINE + rb"define[ \t]+([A-Za-z_]\w*)" + _GAP
+                     + rb'("[^"\n]+"|<[^>\n]+>)', re.MULTILINE)
 # The compiler joins a line ending in a backslash to the next before it reads a directive.
 _CONTINUATION = re.compile(rb"\\\r?\n")
 #: Include directories named by more files than this are not followed further (a bound on the
@@ -82,7 +87,8 @@ def included_headers(
         texts = [text, joined] if joined != text else [text]
         for body in texts:
             defines.update({m.group(1): m.group(2) for m in _DEFINE.finditer(body)})
-        matches = [(m.group(1), m.group(2)) for body in texts for m in _INCLUDE.finditer(body)]
+        matches = [(b'"', m["quoted"]) if m["quoted"] is not None else (b"<", m["angled"])
+                   for body in texts for m in _INCLUDE.finditer(body)]
         for body in texts:
             for m in _COMPUTED.finditer(body):
                 named = defines.get(m.group(1))

@@ -74,7 +74,7 @@ class Fold:
             return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
         if self._flat is not None:
             flat = self._flat.result()
-            totals = flat.tolist() if self._flat_type in _PYTHON_NUMBERS else list(flat)
+            totals = flat.tolist() if self._python_totals() else list(flat)
             return self._kind(*totals) if hasattr(self._kind, "_fields") else \
                 self._kind(totals)
         if self._parts is not None:
@@ -119,9 +119,12 @@ class Fold:
             return
         total = self.total
         try:
-            if op != "sum" and type(total) is int and type(value) is int:
-                # Python ints past int64: np.minimum raises OverflowError.
-                self.total = (min if op == "min" else max)(total, value)
+            if _python_int_pair(total, value):
+                # Python ints past int64 (with a NumPy integer too): NumPy raised
+                # OverflowError ("Python int too large to convert to C long"). Exact.
+                total, value = int(total), int(value)
+                self.total = (total + value if op == "sum"
+                              else (min if op == "min" else max)(total, value))
             elif op == "sum" and _int_kind(total) and _int_kind(value):
                 # NumPy scalars check overflow where arrays wrap: np.sum of the same values
                 # wraps (warned, or raised under np.errstate(over="raise")).
@@ -129,6 +132,11 @@ class Fold:
                     self.total = combiner(op)(total, value)
             else:
                 self.total = combiner(op)(total, value)
+        except OverflowError as exc:  # a NumPy value past its type beside a Python int
+            raise InputError(
+                f"reduce={op!r} cannot fold the callable's partials ({type(total).__name__} "
+                f"and {type(value).__name__}: {exc}): return Python ints, or NumPy values of "
+                f"one type") from exc
         except TypeError as exc:  # dict partials, say: np.add has no loop for them
             kinds = sorted({type(total).__name__, type(value).__name__})
             raise InputError(
@@ -181,7 +189,7 @@ class Fold:
         (a later partial holds other types, or another length: refused as such below)."""
         flat = self._flat
         assert flat is not None and self._first is not None
-        totals = flat.total.tolist() if self._flat_type in _PYTHON_NUMBERS else list(flat.total)
+        totals = flat.total.tolist() if self._python_totals() else list(flat.total)
         parts = []
         for total in totals:
             part = Fold(self.op, self.element, kernel=self.kernel)
@@ -189,6 +197,16 @@ class Fold:
             part._first = (self._first[0], ())
             parts.append(part)
         self._parts, self._flat, self._flat_type = parts, None, None
+
+    def _python_totals(self) -> bool:
+        """Whether a fold per element of the flat partials would hold Python numbers: ints
+        (exact, min and max too), and floats or complexes summed or not yet folded;
+        ``np.maximum`` of two Python floats is an ``np.float64`` (a Python float total let a
+        later float16 partial cast it down: 1e301 became inf)."""
+        flat = self._flat
+        assert flat is not None
+        return self._flat_type is int or (
+            self._flat_type in _PYTHON_NUMBERS and (self.op == "sum" or flat.count == 1))
 
     def _check(self, value: Any, block: int) -> None:
         """InputError for a partial ``"sum"``/``"min"``/``"max"`` cannot fold, and for one of
@@ -285,6 +303,14 @@ def _as_array(partial: list[Any] | tuple[Any, ...], kind: type) -> np.ndarray:
     """``partial``'s elements as one array: Python ints as objects (exact), the rest as their
     type's dtype."""
     return np.array(partial, dtype=object if kind is int else None)
+
+
+def _python_int_pair(total: Any, value: Any) -> bool:
+    """Both whole numbers of Python or NumPy scalars (not arrays; a bool too), one of them a
+    Python int: folded as Python ints."""
+    whole = (int, np.integer, np.bool_)
+    return (isinstance(total, whole) and isinstance(value, whole)
+            and (type(total) is int or type(value) is int))
 
 
 def _int_kind(value: Any) -> bool:

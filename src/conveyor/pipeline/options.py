@@ -92,7 +92,7 @@ def reduce_op(value: Any) -> Any:
         refused = _WHOLE_ARRAY_FOLDS.get(value)
         found = named.get(value, value)
     except TypeError:  # unhashable: a callable object with __eq__ and no __hash__
-        return value
+        refused, found = None, value
     if refused is None and found is value and callable(value):  # not a name taken
         unpaired = _not_pairwise(value)
         if unpaired is not None:
@@ -165,10 +165,21 @@ def _not_pairwise(value: Any) -> str | None:
     if isinstance(value, np.ufunc):
         return None if value.nin == 2 else f"np.{value.__name__} takes {value.nin} arguments"
     try:
-        params = list(inspect.signature(value).parameters.values())
+        # Not followed to a __wrapped__ function first: a functools.wraps adapter of two
+        # arguments around a function of one was refused for the wrapped one's signature.
+        # (NumPy's dispatchers have none of their own: theirs is the wrapped function's.)
+        try:
+            signature = inspect.signature(value, follow_wrapped=False)
+        except (TypeError, ValueError):
+            signature = inspect.signature(value)
+        params = list(signature.parameters.values())
     except (TypeError, ValueError):
         return None  # a builtin with no signature: it says at its first call
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if keywords:
+        return (f"it needs the keyword argument(s) {', '.join(keywords)}, which conveyor does "
+                f"not pass: bind them first, e.g. functools.partial(f, {keywords[0]}=...)")
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return None
     if len(positional) < 2:
@@ -178,6 +189,13 @@ def _not_pairwise(value: Any) -> str | None:
     if required:
         return (f"it needs {len(positional)} positional arguments: give a function of two, "
                 f"f(total, partial)")
+    module = getattr(value, "__module__", None) or ""
+    if module.split(".")[0] in ("numpy", "statistics") and positional[1].default \
+            is not positional[1].empty:
+        # NumPy's and statistics' functions of one array and options (np.cumsum(a, axis),
+        # np.sort, np.unique, statistics.stdev(data, xbar)): the partial read as the option.
+        return (f"{module}.{name} takes one array and reads a second argument as an option: "
+                f"give a function of two partials, e.g. reduce=np.add")
     return None
 
 

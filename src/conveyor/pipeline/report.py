@@ -196,8 +196,7 @@ class Report:
 
     # -- the table -----------------------------------------------------------------------------
     def __str__(self) -> str:
-        if self.blocks == 0 and self.rows and (self.bytes_in or self.bytes_out):
-            # one device of several
+        if self.blocks == 0 and self.ranges is not None:  # one device of several (merged.py)
             return (f"conveyor stream on {self.device}: ran no block (the other devices took "
                     f"them) in {self.seconds:.3f} s")
         if self.blocks == 0:

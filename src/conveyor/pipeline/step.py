@@ -3,6 +3,7 @@ enqueues its own work on the compute queue."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -408,8 +409,8 @@ def partial_of(result: Any, block: Block) -> Any:
 
 
 def _host_copy(value: Any) -> Any:
-    """``value`` on the host, with every ndarray copied, at every level of tuples and lists
-    (a named tuple rebuilt from its fields). Copied now: a callable that returns one buffer it
+    """``value`` on the host, with every ndarray copied, at every level of tuples, lists and
+    dicts (a named tuple rebuilt from its fields). Copied now: a callable that returns one buffer it
     fills again for every block (or a CPU tensor's .numpy() view of one), bare or inside a
     tuple, made every partial that one array, and the fold (when the block retires, depth
     blocks later) added the last blocks' values, with no error."""
@@ -417,6 +418,11 @@ def _host_copy(value: Any) -> Any:
         items = [_host_copy(v) for v in value]
         kind = type(value)
         return kind(*items) if hasattr(kind, "_fields") else kind(items)
+    if isinstance(value, dict):  # a custom reduce=f's partial: its values, as a tuple's
+        copied = copy.copy(value)  # the same kind (a defaultdict keeps its factory)
+        for key in copied:
+            copied[key] = _host_copy(value[key])
+        return copied
     value = _to_host(value)
     return value.copy() if isinstance(value, np.ndarray) else value
 
