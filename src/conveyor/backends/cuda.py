@@ -244,7 +244,21 @@ class Kernel(base.Kernel):
             self.max_block = 1024
 
 
+def _mapped(registration: Registration, call: str) -> int:
+    """The device address of a page-locked (mapped) array; BackendError where the driver did
+    not lock it (a kernel cannot use such memory in place)."""
+    if not registration._ptr:
+        why = registration.reason or "closed"
+        raise BackendError(f"an array the driver did not page-lock ({why}) cannot be used by "
+                           f"a kernel in place: copy it (zero_copy=False)", call=call)
+    registration.device._current()
+    return int(_check(driver.cuMemHostGetDevicePointer(registration._ptr, 0),
+                      "cuMemHostGetDevicePointer"))
+
+
 def _pointer_arg(value: Any) -> Any:
+    if isinstance(value, Registration):  # an array used in place (pipeline/paths.py ZeroCopy)
+        return np.uint64(_mapped(value, "cuLaunchKernel"))
     if isinstance(value, DeviceBuffer):
         if not value.ptr:
             raise BackendError("a kernel argument was a freed buffer", call="cuLaunchKernel")
@@ -451,12 +465,32 @@ class Queue(base.Queue):
         block = local_size or min(_DEFAULT_BLOCK, kernel.max_block)
         grid = max(-(-global_size // block), 1)
         with self._command(wait_for) as start:
+            if any(isinstance(v, np.void) for v in values):
+                # A struct passed by value: cuda.core's launch takes no NumPy struct ("the
+                # argument is of unsupported type"); the driver takes its bytes.
+                self._launch_raw(kernel, grid, block, values)
+                return self._end(start)
             try:
                 cc.launch(self.stream, cc.LaunchConfig(grid=grid, block=block),
                           kernel.core_kernel, *values)
             except Exception as exc:
                 raise _wrap(exc, f"cuLaunchKernel({kernel.name})") from exc
             return self._end(start)
+
+    def _launch_raw(self, kernel: Kernel, grid: int, block: int, values: Sequence[Any]
+                    ) -> None:
+        """cuLaunchKernel with each argument's bytes (NumPy scalars and structs, as the
+        converters give them) behind an array of pointers."""
+        held = [np.array(value) for value in values]  # 0-d: each argument's bytes, alive
+        pointers = np.array([h.ctypes.data for h in held], dtype=np.uint64)
+        handle = getattr(kernel.core_kernel, "handle", None)
+        if handle is None:
+            handle = kernel.core_kernel._handle
+        function = (_check(driver.cuKernelGetFunction(handle), "cuKernelGetFunction")
+                    if isinstance(handle, driver.CUkernel) else handle)
+        _check(driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, self._handle,
+                                     int(pointers.ctypes.data), 0),
+               f"cuLaunchKernel({kernel.name})")
 
     def fill(self, dst: base.DeviceBuffer, byte: int, nbytes: int, *, offset: int = 0,
              wait_for: Sequence[base.Event] = ()) -> Event:
@@ -664,7 +698,10 @@ class Device(base.Device):
 
     def register_host(self, array: np.ndarray) -> Registration:
         ptr = _host_pointer(array, "register_host")
-        flags = _REGISTER_PORTABLE | (0 if array.flags.writeable else _REGISTER_READ_ONLY)
+        # Mapped: a kernel may use it in place (the zero-copy path of a device that shares
+        # the host's memory hands the Registration to the kernel: _pointer_arg).
+        flags = (_REGISTER_PORTABLE | _REGISTER_DEVICEMAP
+                 | (0 if array.flags.writeable else _REGISTER_READ_ONLY))
         self._current()
         (err,) = driver.cuMemHostRegister(ptr, max(array.nbytes, 1), flags)
         name = _code_name(err)
@@ -738,6 +775,12 @@ class Device(base.Device):
         assert isinstance(queue, Queue)
         dt = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if isinstance(buf, Registration):  # a callable's block, used in place
+            if nbytes > buf.array.nbytes:
+                raise InputError(f"device_array: {nbytes} bytes do not fit in a "
+                                 f"{buf.array.nbytes}-byte array")
+            ptr = _mapped(buf, "device_array")
+            return DeviceArray(ptr, tuple(shape), dt, (2, self.index), queue, buf)
         ptr = _device_pointer(buf, 0, nbytes, "device_array")
         return DeviceArray(ptr, tuple(shape), dt, (2, self.index), queue, buf)
 
