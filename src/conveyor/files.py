@@ -34,6 +34,11 @@ from typing import IO, Any
 
 from conveyor.errors import InputError
 
+try:  # imported now: with no file descriptor left, loading its library fails (EMFILE)
+    import resource
+except ImportError:  # not Unix
+    pass
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no flock; stale parts are left alone
@@ -199,13 +204,11 @@ def too_many_open(exc: OSError, what: str) -> OSError:
     itself (the caller re-raises it as it was)."""
     if exc.errno not in (errno.EMFILE, errno.ENFILE):
         return exc
-    import resource
-
     try:
         limit = f" (this process may hold {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
-    except (OSError, ValueError):
+    except (OSError, ValueError, NameError):  # no resource module (not Unix)
         limit = ""
-    return OSError(exc.errno, f"{what}: too many files are open{limit}: raise the limit "
+    return OSError(exc.errno, f"{what}: {os.strerror(exc.errno)}{limit}: raise the limit "
                               f"(ulimit -n), or stream fewer files at once")
 
 

@@ -406,8 +406,8 @@ def test_too_many_open_files_are_named_with_what_to_do(device, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert any(line.startswith("inputs ") and ".npy: too many files are open" in line
+    assert any(line.startswith("inputs ") and ".npy: Too many open files" in line
                and "ulimit -n" in line for line in lines), done.stdout
-    assert any(line.startswith("outputs ") and "output o" in line and "too many files" in line
+    assert any(line.startswith("outputs ") and "output o" in line and "Too many open files" in line
                for line in lines), done.stdout
     assert lines[-1] == "left []", done.stdout

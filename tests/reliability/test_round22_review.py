@@ -70,7 +70,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only  # noqa: E402, F401 (autouse: first device only)
+from reliakit import first_device_only, opencl_c_only  # noqa: E402, F401 (autouse: first device only)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
@@ -308,6 +308,8 @@ def test_an_edited_header_is_compiled_not_loaded_stale(device, tmp_path, folder,
     (``_INCLUDE`` ends the name there), the key leaves the header out and the binary of K 3
     is loaded."""
     from conveyor.kernels.includes import anchor_includes
+
+    opencl_c_only(device)  # an OpenCL C kernel
 
     kd = tmp_path / folder
     kd.mkdir()

@@ -145,6 +145,9 @@ class Kernel(ABC):
     #: the loaded kernel, to its workers). None for a kernel made some other way.
     source: str | None = None
     options: tuple[str, ...] = ()
+    #: The headers the source included when it was built (includes.header_state): another
+    #: device's build of it must read the same (pipeline/multi.py).
+    headers: tuple[tuple[str, str, str], ...] | None = None
 
     def convert_args(self, args: Sequence[Any]) -> list[Any]:
         """``args`` as the driver takes them; InputError when their number is wrong."""
@@ -562,6 +565,10 @@ class Device(Closeable, ABC):
             warm = self._warmup = WarmUp(self, nbytes, block_bytes=block_bytes, pinned=pinned)
         return warm.start()  # outside the lock: it reads the pinned pool, which takes it
 
+    def _in_forked_child(self) -> bool:
+        """True in a child forked after this backend was set up (the backends say)."""
+        return False
+
     def wait_for_warm_up(self, timeout: float | None = None) -> None:
         """Wait until this device's warm-up (if any) has ended (at most ``timeout`` seconds,
         when given): before timing anything on it, so its allocations do not share the
@@ -583,6 +590,11 @@ class Device(Closeable, ABC):
             self._closed = True
             pools = [p for p in (self._memory_pool, self._pinned_pool) if p is not None]
             warmup = self._warmup
+        if self._in_forked_child():
+            # The parent's memory and driver objects: a child must not wait on, free or
+            # release them (CUDA raised its fork error out of close(); NVIDIA's OpenCL hung
+            # the parent's next stream). They go with the child's process.
+            return
         if warmup is not None and first:
             warmup.stop()  # before the pools close: it may be adding to one
             if self._pinned_pool is not None and self._pinned_pool not in pools:

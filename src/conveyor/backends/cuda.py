@@ -594,6 +594,9 @@ class Device(base.Device):
             return None
         return f"{domain:04x}:{bus:02x}:{slot:02x}.0"
 
+    def _in_forked_child(self) -> bool:
+        return _forked
+
     def _current(self) -> None:
         """Make this device's primary context current on the calling thread."""
         if _forked:
@@ -736,6 +739,9 @@ class Device(base.Device):
 
     def build_binary(self, source: str, options: Sequence[str]) -> bytes:
         program_options = _program_options(self.arch, options)
+        # NVRTC reads a byte-order mark as a token ("unrecognized token" on line 1): editors
+        # save one, and OpenCL's compilers take it.
+        source = source.removeprefix("\ufeff")
         logs = io.StringIO()
         try:
             program = cc.Program(source, code_type="c++", options=program_options)

@@ -854,6 +854,9 @@ class Device(base.Device):
 
         return opencl_images.sampler(self, address, filter, normalized)
 
+    def _in_forked_child(self) -> bool:
+        return _forked
+
     def _release(self) -> None:
         if not _forked:  # finish() would hang in a forked child
             self._host_queue.finish()

@@ -70,7 +70,9 @@ def run(argv: Sequence[str]) -> int:
             said = f"wrote {', '.join(options.outputs)}, but {said}, or pass -q"
         return _fail(options, exc, said, 1)
     except OSError as exc:
-        return _fail(options, exc, f"{exc}: {_os_advice(exc)}", 1)
+        # conveyor's own OSErrors say what to change already (a full disk, too many files)
+        told = "ulimit" in str(exc) or "write elsewhere" in str(exc)
+        return _fail(options, exc, str(exc) if told else f"{exc}: {_os_advice(exc)}", 1)
     finally:
         warnings.showwarning = shown
 

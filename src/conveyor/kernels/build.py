@@ -23,6 +23,7 @@ from conveyor.errors import CompileError, InputError
 from conveyor.kernels import sizecheck
 from conveyor.kernels.buildlock import build_lock
 from conveyor.kernels.cache import KernelCache, cache_key
+from conveyor.kernels.includes import header_state
 from conveyor.kernels.preprocess import expand_checked
 from conveyor.kernels.signature import Param, params_from_json, params_to_json, parse_params
 
@@ -269,6 +270,7 @@ def compile_kernel(
         params = _Params(device, source, name, options, key, disk)
         kernel = _build_and_load(device, source, name, options, params, key, disk)
         kernel.source, kernel.options = source, options
+        kernel.headers = header_state(source, options)
     except BaseException as exc:
         with _lock:
             _in_flight.pop(memo_key, None)
@@ -320,6 +322,7 @@ class KernelFuture:
         with build_lock(self._key, self._disk):
             kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
         kernel.source, kernel.options = self.source, self.options
+        kernel.headers = header_state(self.source, self.options)
         with _lock:
             return _memo_of(self.device).setdefault((self._key, self.name), kernel)
 

@@ -147,6 +147,19 @@ def _option_defines(options: Sequence[str]) -> dict[bytes, bytes]:
     return defines
 
 
+def header_state(source: str, options: Sequence[str]) -> tuple[tuple[str, str, str], ...]:
+    """The headers ``source`` includes as they are now: (name, where it was found, a digest
+    of its contents, "-" for none found), in the order met. Two builds of one source read
+    the same code where these are equal."""
+    import hashlib
+
+    # An include conveyor cannot follow has a key of its own each time (_unresolved): one
+    # entry here, the same each time (what it includes is unknown either way).
+    return tuple((name, "unresolved" if path.startswith("unresolved:") else path,
+                  hashlib.sha256(contents).hexdigest() if contents is not None else "-")
+                 for name, path, contents in included_headers(source, options))
+
+
 _warned_unresolved = False
 
 

@@ -70,6 +70,21 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
         raise InputError(f"kernel {compute.name!r} was built for {compute.device.spec} and "
                          f"its source is unknown: compile it with device.compile(source, "
                          f"name) so that it can be built for {device.spec}")
+    if compute.headers is not None:
+        from conveyor.kernels.includes import header_state
+
+        now = header_state(compute.source, compute.options)
+        if now != compute.headers:
+            # A header edited (or the current folder changed) since: the other devices would
+            # build what it holds now, and half the rows would come from other code.
+            changed = next((then for then, new in zip(compute.headers, now, strict=False)
+                            if then != new), (compute.headers or now)[-1])
+            where = changed[1] or changed[0]
+            raise InputError(
+                f"kernel {compute.name!r} was built for {compute.device.spec} with header "
+                f"{where}, which has changed since (edited, or the current folder changed): "
+                f"{device.spec} would build other code; compile the kernel again so that "
+                f"every device runs the same code")
     try:
         return device.compile(compute.source, compute.name, compute.options)
     except CompileError as exc:
