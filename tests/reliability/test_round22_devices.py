@@ -40,6 +40,7 @@ Guards (already right) say "guard:" in their docstrings.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -240,4 +241,24 @@ def test_guard_table_files_with_a_periodic_halo_over_two_devices(pair, tmp_path,
     for k in range(1, 2 * h + 1):
         want = want + padded[k:k + rows] * np.float32(k + 1)
     np.testing.assert_array_equal(y, want)
+    _clean(pair)
+
+
+def test_a_header_edited_while_a_kernel_future_builds_is_seen_over_two_devices(pair, tmp_path):
+    """The review of round twenty-two: the header state was read when the future's kernel
+    was loaded, after its build, so an edit between the two was recorded as the binary's and
+    the other device built the new code (half the rows x1, half x2). It is read with the key
+    now, before the build."""
+    _opencl(*pair)
+    header = tmp_path / "scale.h"
+    header.write_text("#define SCALE 1.0f\n")
+    future = pair[0].compile(HEADED, "headed", options=(f"-I{tmp_path}",), wait=False)
+    while not future.done():
+        time.sleep(0.01)
+    header.write_text("#define SCALE 2.0f\n")  # edited after the build, before result()
+    built = future.result()
+    x = np.ones(4000, np.float32)
+    y = np.zeros_like(x)
+    with pytest.raises(InputError, match="scale.h"):
+        cv.stream(built, [x], [y], device=list(pair), block_bytes=4000, schedule="static")
     _clean(pair)

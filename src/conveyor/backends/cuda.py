@@ -284,14 +284,25 @@ _FLAG_OPTIONS = {
 }  # fmt: skip
 
 
+def _option_words(item: str) -> list[str]:
+    """``item`` as the options it holds: split at whitespace where every word is an option
+    (or it is ``-D``/``-I`` and its value), else the item whole."""
+    words = item.split()
+    if len(words) > 1 and (all(w.startswith("-") for w in words)
+                           or (len(words) == 2 and words[0] in ("-D", "-I"))):
+        return words
+    return [item]
+
+
 def _program_options(arch: str, options: Sequence[str]) -> Any:
     """NVRTC flags (-D, -I, -std=, -arch=, and the switches above) as cuda.core ProgramOptions."""
     settings: dict[str, Any] = {"arch": f"sm_{arch}"}
     defines: list[Any] = []
     includes: list[str] = []
-    # Split at whitespace, as OpenCL's compiler and conveyor's own preprocessor read them:
-    # "-DFLAG -DN=4" was one macro named "FLAG -DN", "-I dir" the folder " dir".
-    items = iter([word for item in options for word in item.split()])
+    # Split where an item holds several options, as OpenCL's compiler reads them: "-DFLAG
+    # -DN=4" was one macro named "FLAG -DN", "-I dir" the folder " dir". One option with a
+    # space inside ("-I/data/my dir", "-DE=(a + b)") stays whole, as NVRTC takes it.
+    items = iter([word for item in options for word in _option_words(item)])
     for item in items:
         option = item + next(items, "") if item in ("-D", "-I") else item
         if option.startswith("-D") and len(option) > 2:

@@ -255,6 +255,9 @@ def compile_kernel(
     check_text(source, options, name)
     disk = default_cache() if cache is True else cache or None
     key = device_key(device, options, source)
+    # Read with the key, before the build: read after it, a header edited meanwhile was
+    # recorded as the binary's, and another device's build of the new code passed the check.
+    headers = header_state(source, options)
     memo_key: _MemoKey = (id(device), key, name)
     with _lock:
         kernel = _memo_of(device).get((key, name))
@@ -270,7 +273,7 @@ def compile_kernel(
         params = _Params(device, source, name, options, key, disk)
         kernel = _build_and_load(device, source, name, options, params, key, disk)
         kernel.source, kernel.options = source, options
-        kernel.headers = header_state(source, options)
+        kernel.headers = headers
     except BaseException as exc:
         with _lock:
             _in_flight.pop(memo_key, None)
@@ -300,6 +303,7 @@ class KernelFuture:
         check_text(source, options, name)
         self._disk = default_cache()
         self._key = device_key(device, options, source)
+        self._headers = header_state(source, options)  # with the key, before the build
         # A wrong name fails now, not on the compiler thread.
         read = _Params(device, source, name, options, self._key, self._disk)
         self.params = read.params
@@ -322,7 +326,7 @@ class KernelFuture:
         with build_lock(self._key, self._disk):
             kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
         kernel.source, kernel.options = self.source, self.options
-        kernel.headers = header_state(self.source, self.options)
+        kernel.headers = self._headers
         with _lock:
             return _memo_of(self.device).setdefault((self._key, self.name), kernel)
 

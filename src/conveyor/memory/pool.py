@@ -109,6 +109,15 @@ def _index(value: Any) -> Any:
     return value
 
 
+def _done(event: Event) -> bool:
+    """Whether ``event`` has completed; False where the backend cannot say (a forked child's
+    CUDA event raises its fork error: a block returned there by a finalizer printed it)."""
+    try:
+        return event.is_done()
+    except Exception:
+        return False
+
+
 class BlockPool(Generic[B]):
     """A thread-safe pool of blocks made by ``allocate(nbytes)`` and freed by ``block.close()``.
 
@@ -316,7 +325,7 @@ class BlockPool(Generic[B]):
                 raise InputError("block released twice, or to a pool it did not come from")
             self._in_use_bytes -= size
             self._last_used[size] = self._streams
-            if after is not None and not after.is_done():
+            if after is not None and not _done(after):
                 self._pending.append((after, block))
                 self._pending_bytes += size
             else:

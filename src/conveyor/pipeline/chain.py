@@ -202,8 +202,9 @@ def _temp(name: Any, value: Any) -> Temp:
             isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], np.ndarray)
             and value[0].ndim <= 1):
         raw, value = value
-        raw = (raw,) if isinstance(raw, int | np.integer) or (
-            isinstance(raw, np.ndarray) and raw.ndim == 0) else tuple(raw)
+        raw = ((raw,) if isinstance(raw, int | np.integer)
+               else (raw.item(),) if isinstance(raw, np.ndarray) and raw.ndim == 0
+               else tuple(raw))
         if not all(isinstance(d, int | np.integer) and not isinstance(d, bool) and d >= 0
                    for d in raw):
             raise InputError(f"temp {name!r}: row shape {raw!r} must be whole numbers of 0 or "
