@@ -197,19 +197,19 @@ def joined(path: PathLike) -> str:
     return text if os.path.isabs(text) else os.path.join(os.getcwd(), text)
 
 
-def too_many_open(exc: OSError, what: str) -> OSError:
-    """``exc`` named (``what``: "input 3 x.npy"), where it is EMFILE or ENFILE: a stream of
-    hundreds of files past ``ulimit -n`` raised "[Errno 24] Too many open files" naming only
-    the path. An OSError still (the environment, not the arguments); any other is ``exc``
-    itself (the caller re-raises it as it was)."""
+def raise_if_too_many_open(exc: OSError, what: str) -> None:
+    """Raise ``exc`` named (``what``: "input 3 x.npy") where it is EMFILE or ENFILE: a stream
+    of hundreds of files past ``ulimit -n`` raised "[Errno 24] Too many open files" naming
+    only the path. An OSError still (the environment, not the arguments). Returns for any
+    other error, which the caller raises as it was."""
     if exc.errno not in (errno.EMFILE, errno.ENFILE):
-        return exc
+        return
     try:
         limit = f" (this process may hold {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
     except (OSError, ValueError, NameError):  # no resource module (not Unix)
         limit = ""
-    return OSError(exc.errno, f"{what}: {os.strerror(exc.errno)}{limit}: raise the limit "
-                              f"(ulimit -n), or stream fewer files at once")
+    raise OSError(exc.errno, f"{what}: {os.strerror(exc.errno)}{limit}: raise the limit "
+                             f"(ulimit -n), or stream fewer files at once") from exc
 
 
 def path_text(path: object, what: str) -> str:

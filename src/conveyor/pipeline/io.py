@@ -223,10 +223,8 @@ class FileSource(Source):
                 try:
                     fd = os.open(self.path, os.O_RDONLY)
                 except OSError as exc:
-                    named = files.too_many_open(exc, self.name)
-                    if named is exc:
-                        raise
-                    raise named from exc
+                    files.raise_if_too_many_open(exc, self.name)
+                    raise
                 try:
                     self._check_unchanged(fd)
                 except BaseException:

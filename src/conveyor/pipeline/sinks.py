@@ -168,10 +168,8 @@ class FileSink(Sink):
             except OSError as exc:
                 # os.access said yes (root: /sys, a read-only mount): no file can be made there.
                 if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-                    named = files.too_many_open(exc, f"output {self.name}")
-                    if named is exc:
-                        raise
-                    raise named from exc
+                    files.raise_if_too_many_open(exc, f"output {self.name}")
+                    raise
                 raise InputError(f"output {self.name}: cannot write in folder "
                                  f"{self.target.parent} ({exc.strerror}): write elsewhere or "
                                  f"fix its permissions") from exc
@@ -219,9 +217,7 @@ class FileSink(Sink):
         try:
             yield
         except OSError as exc:
-            named = files.too_many_open(exc, f"output {self.name}")
-            if named is not exc:
-                raise named from exc
+            files.raise_if_too_many_open(exc, f"output {self.name}")
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise OSError(exc.errno, f"output {self.name}: {exc.strerror} in "
