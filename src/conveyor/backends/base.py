@@ -243,6 +243,11 @@ class Queue(Closeable, ABC):
     def marker(self, wait_for: Sequence[Event] = ()) -> Event:
         """An event that completes when everything before it (and ``wait_for``) has."""
 
+    def after_callable(self, result: Any) -> None:
+        """Order this queue after work a Python callable may have enqueued elsewhere than on
+        it (``result``: what it returned). Nothing to do on OpenCL, which has no queue a
+        library uses by default; CUDA waits for its default streams (backends/cuda_order.py)."""
+
     def sync_host(self, registration: Registration, wait_for: Sequence[Event] = ()) -> Event:
         """Make the device's writes to a registered host array visible to the host.
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from conveyor import config, hazards
-from conveyor.backends import base, cuda_driver
+from conveyor.backends import base, cuda_driver, cuda_order
 from conveyor.backends.cuda_array import DeviceArray
 from conveyor.backends.cuda_driver import (
     _HOST_ALLOC_FLAGS,
@@ -532,6 +532,14 @@ class Queue(base.Queue):
             self.stream.sync()
         except Exception as exc:
             raise _wrap(exc, "cuStreamSynchronize") from exc
+
+    def after_callable(self, result: Any) -> None:
+        """Wait (on the device) for the streams a callable's work may be on: its returned
+        arrays' streams, CUDA's default streams, CuPy's and PyTorch's current ones."""
+        if self.stream is None:
+            raise BackendError("the queue is closed", call="enqueue")
+        self.device._current()
+        cuda_order.after_callable(self, result)
 
     def order_before(self, consumer_stream: int) -> None:
         """Make stream ``consumer_stream`` (a handle; 1 legacy, 2 per-thread) wait for this

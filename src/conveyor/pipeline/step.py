@@ -155,8 +155,12 @@ class CallableStep(Step):
         with interruptible():  # the user's code: Ctrl-C lands in it as usual
             result = self.function(*arrays, *self.args, queue=queue.native, offset=offset,
                                    n=block.rows * self.row_items)
+        queue.after_callable(result)  # work it left on a library's own stream (CUDA)
         temps: list[Any] = []
         if self.keeps_result:
+            # A device array's get() (CuPy) or cpu() (PyTorch) reads on its library's current
+            # stream, which does not wait for this queue: the work must be done first.
+            queue.finish()
             slot.partial = partial_of(result, block)
         elif result is not None:
             slot.returned = result
@@ -247,6 +251,7 @@ class CallableStep(Step):
                 result = self.function(*arrays, *self.args, queue=queue.native,
                                        offset=self.first_row * self.row_items,
                                        n=rows * self.row_items)
+            queue.after_callable(result)
             if not self.keeps_result and result is not None:
                 self._returned(result, arrays[len(plan.inputs):], first)
             queue.finish()
