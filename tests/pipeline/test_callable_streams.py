@@ -4,8 +4,9 @@ The README has callables enqueue on ``queue``; code written for CuPy or PyTorch 
 runs on the library's current stream (CUDA's legacy default stream), which conveyor's
 non-blocking streams do not wait for. Each test delays the callable's work with a spin
 kernel first, so that a copy or read that does not wait for it reads the block early. They
-need a CUDA GPU and CuPy (PyTorch for its own test) and skip elsewhere; on OpenCL a callable's
-PyOpenCL arrays carry conveyor's queue, so none of this applies.
+need a CUDA GPU and CuPy (PyTorch for its own test) and skip elsewhere. On OpenCL a callable's
+PyOpenCL arrays carry conveyor's queue, and PyOpenCL refuses an operation on them with another
+queue, so none of this applies.
 """
 
 from __future__ import annotations
