@@ -9,6 +9,19 @@ class ConveyorError(Exception):
     """Base class of every error conveyor raises on purpose."""
 
 
+def advised(error: OSError) -> OSError:
+    """``error`` (the environment, not the arguments: a full disk, too many open files, a
+    file-size limit) marked as one whose message names the file and says what to change: the
+    command line adds no advice of its own (:func:`is_advised`). Still a plain OSError."""
+    error.conveyor_advised = True  # type: ignore[attr-defined]
+    return error
+
+
+def is_advised(error: BaseException) -> bool:
+    """Whether :func:`advised` marked ``error``."""
+    return getattr(error, "conveyor_advised", False) is True
+
+
 class BackendError(ConveyorError):
     """A driver call failed. ``call`` names the call, ``code`` the driver's symbolic code."""
 

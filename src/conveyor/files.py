@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from conveyor.errors import InputError
+from conveyor.errors import InputError, advised
 
 try:  # imported now: with no file descriptor left, loading its library fails (EMFILE)
     import resource
@@ -140,6 +140,7 @@ def _probe_folder(folder: Path, what: str) -> None:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         except OSError as exc:
             ours = exc.errno != errno.EEXIST
+            raise_if_too_many_open(exc, what)  # not the folder's permissions
             raise InputError(f"{what}: cannot write in folder {folder} ({exc.strerror}): "
                              f"write elsewhere or fix its permissions") from exc
     finally:  # a Ctrl-C right after the file was made must not leave it
@@ -202,14 +203,20 @@ def raise_if_too_many_open(exc: OSError, what: str) -> None:
     of hundreds of files past ``ulimit -n`` raised "[Errno 24] Too many open files" naming
     only the path. An OSError still (the environment, not the arguments). Returns for any
     other error, which the caller raises as it was."""
-    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+    if exc.errno == errno.ENFILE:  # the whole system's table: no ulimit of ours raises it
+        raise advised(OSError(exc.errno, (
+            f"{what}: {os.strerror(exc.errno)}: the system as a whole holds as many files "
+            f"open as it may (fs.file-max); close other programs' files, or stream fewer "
+            f"files at once"))) from exc
+    if exc.errno != errno.EMFILE:
         return
     try:
         limit = f" (this process may hold {resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
     except (OSError, ValueError, NameError):  # no resource module (not Unix)
         limit = ""
-    raise OSError(exc.errno, f"{what}: {os.strerror(exc.errno)}{limit}: raise the limit "
-                             f"(ulimit -n), or stream fewer files at once") from exc
+    raise advised(OSError(exc.errno, f"{what}: {os.strerror(exc.errno)}{limit}: raise the "
+                                     f"limit (ulimit -n), or stream fewer files at once")) \
+        from exc
 
 
 def path_text(path: object, what: str) -> str:

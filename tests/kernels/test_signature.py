@@ -63,7 +63,7 @@ def test_typedefs_and_using_resolve():
     x, i, p, v = parse_params(source, "k")
     assert x.dtype == np.float64 and x.base == "real"
     assert i.dtype == np.uint32
-    assert p.dtype is None and not p.is_pointer  # a pointer typedef is not an element type
+    assert p.dtype == np.float32 and p.is_pointer  # a pointer typedef: a pointer to float
     assert v.dtype is None
 
 

@@ -684,3 +684,13 @@ def _build_options(source: Any, name: Any, options: Any, call: str = "compile()"
         raise InputError(f"options={list(found)!r}: every option is a str ({bad[0]!r} is "
                          f"not)")
     return found
+
+
+def named_beside(device: Device, other: Device) -> str:
+    """``device``'s spec in a message about ``other``: where both have one spec (two contexts
+    of one device: one closed since, or opened apart from ``cv.device()``), what tells
+    them apart ("was built for opencl:0:0, the stream runs on opencl:0:0" said nothing)."""
+    if device.spec != other.spec:
+        return device.spec
+    state = "a closed" if getattr(device, "_closed", False) else "another"
+    return f"{state} context of {device.spec} (not the stream's)"

@@ -787,8 +787,11 @@ class Device(base.Device):
 
     def source_macros(self) -> dict[str, str]:
         _check_not_forked()
-        macros = {"__OPENCL_VERSION__": _version_number(self.cl_device.version),
-                  "__ENDIAN_LITTLE__": "1" if self.cl_device.endian_little else "0"}
+        from conveyor.kernels.clmacros import predefined
+
+        macros = predefined()  # the specification's: CLK_LOCAL_MEM_FENCE, INT_MAX, M_PI...
+        macros.update({"__OPENCL_VERSION__": _version_number(self.cl_device.version),
+                       "__ENDIAN_LITTLE__": "1" if self.cl_device.endian_little else "0"})
         try:
             macros["__OPENCL_C_VERSION__"] = _version_number(self.cl_device.opencl_c_version)
         except (cl.Error, AttributeError):  # OpenCL 1.0 devices have no such query
@@ -829,6 +832,10 @@ class Device(base.Device):
         # releases its buffer when the block retires or the pool trims, and an array the
         # callable kept (or a traceback's repr of it) then read freed memory: a SIGSEGV.
         own = cl.Buffer.from_int_ptr(_cl_buf(buf).int_ptr, retain=True)
+        if isinstance(buf, base.Registration):
+            # A zero-copy block's buffer is the caller's own rows (USE_HOST_PTR): the buffer
+            # (and every view of the array, which shares it) keeps them alive too.
+            own.conveyor_host = buf.array
         return cl_array.Array(queue._q, shape, dtype, data=own)
 
     @property

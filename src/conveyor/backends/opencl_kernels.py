@@ -135,7 +135,9 @@ def load_kernel(device: Device, binary: bytes, name: str, options: Sequence[str]
             f"could not load kernel {name!r} from its binary on {device.name}: "
             f"{_code_name(exc.code)}"
         ) from exc
-    params = from_driver(name, params, _arg_info(cl_kernel, params), device.name)
+    pocl = "Portable Computing Language" in device.info.platform
+    params = from_driver(name, params, _arg_info(cl_kernel, params, ask_names=not pocl),
+                         device.name)
     return Kernel(device, cl_kernel, name, params)
 
 
@@ -155,20 +157,24 @@ def _with_arg_info(options: Sequence[str]) -> list[str]:
     return options if ARG_INFO_OPTION in options else [*options, ARG_INFO_OPTION]
 
 
-def _arg_info(cl_kernel: cl.Kernel, source: Sequence[Param] = ()) -> list[DriverArg] | None:
+def _arg_info(cl_kernel: cl.Kernel, source: Sequence[Param] = (), *, ask_names: bool = True
+              ) -> list[DriverArg] | None:
     """What the driver reports about each argument of ``cl_kernel``; None where it reports
     nothing (KERNEL_ARG_INFO_NOT_AVAILABLE, or a driver without clGetKernelArgInfo).
 
     ``source``: the parameters read from the source. An argument the source leaves unnamed
-    (``float,``) is not asked its name: PoCL answers that query with a segmentation fault."""
+    (``float,``) is not asked its name: PoCL answers that query with a segmentation fault.
+    ``ask_names=False`` asks none (PoCL: an argument named in conveyor's reading of the
+    source but not in the compiler's, through a macro conveyor does not know, crashed it
+    too); the names are then the source's (argtypes.from_driver)."""
     info = cl.kernel_arg_info
     reported: list[DriverArg] = []
     try:
         count = int(cl_kernel.num_args)
         # A source whose parameters do not line up with the driver's cannot say which are
         # named: none is asked its name then (PoCL answers an unnamed one with SIGSEGV).
-        unnamed = ({i for i, p in enumerate(source) if not p.name} if len(source) == count
-                   else set(range(count)))
+        unnamed = ({i for i, p in enumerate(source) if not p.name}
+                   if len(source) == count and ask_names else set(range(count)))
         for index in range(count):
             address = cl_kernel.get_arg_info(index, info.ADDRESS_QUALIFIER)
             type_name = str(cl_kernel.get_arg_info(index, info.TYPE_NAME)).strip("\0 ")

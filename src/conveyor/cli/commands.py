@@ -13,7 +13,13 @@ from typing import Any
 import conveyor
 from conveyor.cli import StdoutError, cluster, stdout_gone, words
 from conveyor.cli import parser as cli_parser
-from conveyor.errors import CompileError, ConveyorError, InputError, outputs_written
+from conveyor.errors import (
+    CompileError,
+    ConveyorError,
+    InputError,
+    is_advised,
+    outputs_written,
+)
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -71,7 +77,7 @@ def run(argv: Sequence[str]) -> int:
         return _fail(options, exc, said, 1)
     except OSError as exc:
         # conveyor's own OSErrors say what to change already (a full disk, too many files)
-        told = "ulimit" in str(exc) or "write elsewhere" in str(exc)
+        told = is_advised(exc)
         return _fail(options, exc, str(exc) if told else f"{exc}: {_os_advice(exc)}", 1)
     finally:
         warnings.showwarning = shown

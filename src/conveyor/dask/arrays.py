@@ -16,6 +16,7 @@ gives it; with ``boundary="none"`` the array's own ends repeat the edge row, as 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import numbers
@@ -161,9 +162,12 @@ def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bo
 
 def _reduce_chunk(block: np.ndarray, where: tuple[int, int, int], *, job: Job, op: Any
                   ) -> np.ndarray:
+    from conveyor.pipeline.fold import halves_kept_wide
+
     i, lo, count = where
-    report = run(job, [block], [], first_row=lo, reduce=op,
-                 where=f"chunk {i} (rows {lo}:{lo + count})")
+    with halves_kept_wide():  # a chunk's total is a partial: cast once, by the aggregate
+        report = run(job, [block], [], first_row=lo, reduce=op,
+                     where=f"chunk {i} (rows {lo}:{lo + count})")
     partial = np.empty((1,), object)
     partial[0] = report.result
     return partial
@@ -174,17 +178,21 @@ def _keep(partials: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.
 
 
 def _fold(partials: np.ndarray, axis: Any = None, keepdims: bool = False, *, op: Any,
-          element: np.dtype, kernel: bool) -> np.ndarray:
+          element: np.dtype, kernel: bool, final: bool = False) -> np.ndarray:
+    """Dask's combine (and, ``final``, its aggregate): the partials folded in chunk order;
+    a sum of float16 partials stays float32 (fold.WideHalves) until the aggregate."""
     from conveyor.pipeline import reduce as reducing
+    from conveyor.pipeline.fold import halves_kept_wide
 
     folded = np.empty((1,), object)
-    folded[0] = reducing.combine(op, list(np.ravel(partials)), element, kernel=kernel)
+    with contextlib.nullcontext() if final else halves_kept_wide():
+        folded[0] = reducing.combine(op, list(np.ravel(partials)), element, kernel=kernel)
     return folded
 
 
 def _final(fold: Callable[..., np.ndarray]) -> Callable[..., Any]:
     def aggregate(partials: np.ndarray, axis: Any = None, keepdims: bool = False) -> Any:
-        value = fold(partials)[0]  # the value itself, as cv.stream's report.result
+        value = fold(partials, final=True)[0]  # the value itself, as cv.stream's result
         if value is None or isinstance(value, np.ndarray | np.generic | int | float | complex):
             return value  # None: a function fold over no rows, as cv.stream gives
         wrapped = np.empty((), object)  # dask would take a list for nested blocks

@@ -58,8 +58,10 @@ def from_driver(kernel: str, source_params: Sequence[Param],
         base = " ".join(w for w in spelled.split() if w not in ("*", "const", "volatile"))
         dtype, width = resolve(base)
         source = source_params[index] if matched else None
-        if dtype is None and source is not None and source.base == base:
-            dtype, width = source.dtype, source.width  # a typedef the source resolves
+        if source is not None and source.base == base and (dtype is None or source.spelled):
+            # A typedef the source resolves, also of a name that is built in elsewhere
+            # (``typedef short int32_t;``: the driver says int32_t, the compiler reads short).
+            dtype, width = source.dtype, source.width
         name = arg.name or (source.name if source is not None else "") or f"arg{index}"
         # "wide" of "typedef long long wide" is long long too (the source says what it is).
         if _WIDE.search(base) or (source is not None and source.base == base

@@ -75,7 +75,7 @@ def build_identity(device: Device) -> str:
     """What the cache key takes as the compiler: the device's ``compiler_identity()`` and, on
     OpenCL, the options PyOpenCL adds from ``PYOPENCL_BUILD_OPTIONS`` to every build (so a
     binary built under that variable is never loaded by a run without it, nor the reverse)."""
-    identity = device.compiler_identity()
+    identity = f"{device.compiler_identity()}|checks={checks_identity()}"
     forced = config.pyopencl_build_options() if device.backend == "opencl" else ""
     return f"{identity}|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}" if forced else identity
 
@@ -87,6 +87,24 @@ def device_key(device: Device, options: Sequence[str], source: str) -> str:
     after a build's own options)."""
     forced = config.pyopencl_build_options().split() if device.backend == "opencl" else []
     return cache_key(build_identity(device), options, source, forced)
+
+
+#: The header state of a kernel whose headers changed while it was built: the binary may
+#: hold either version, so it is neither stored nor memoized, and never equals a state now
+#: (a stream over several devices refuses it: pipeline/multi.py).
+CHANGED_WHILE_BUILT = (("", "changed while the kernel was built", "-"),)
+
+
+def kernel_headers(device: Device, options: Sequence[str], source: str
+                   ) -> tuple[tuple[str, str, str], ...]:
+    """The headers a build of ``source`` on ``device`` reads now (``includes.header_state``),
+    found through ``options`` and, on OpenCL, ``PYOPENCL_BUILD_OPTIONS``, whose words lead
+    the state: the same source under other forced options is other code."""
+    forced = config.pyopencl_build_options().split() if device.backend == "opencl" else []
+    state = header_state(source, [*options, *forced])
+    if forced:
+        return ((config.PYOPENCL_BUILD_OPTIONS_VAR, "", " ".join(forced)), *state)
+    return state
 
 
 def source_params(
@@ -154,6 +172,23 @@ class _Params:
         if disk is not None and self.signature is not None:
             disk.store_signature(key, self.entry, self.signature)
             self.signature = None
+
+
+@functools.lru_cache(maxsize=1)
+def checks_identity() -> str:
+    """A digest of the code that reads a kernel's types and makes the compiler confirm them
+    at its build (sizecheck.py and what it reads with): part of every binary's cache key, so
+    a binary built before a fix to those checks is built (and checked) again, never loaded
+    unchecked (a typedef whose sign the compiler chose, read wrong, loaded from the cache
+    after the check learnt to refuse it)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in ("sizecheck.py", "signature.py", "typedefs.py", "preprocess.py"):
+        with contextlib.suppress(OSError):
+            digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=1)
@@ -257,7 +292,7 @@ def compile_kernel(
     key = device_key(device, options, source)
     # Read with the key, before the build: read after it, a header edited meanwhile was
     # recorded as the binary's, and another device's build of the new code passed the check.
-    headers = header_state(source, options)
+    headers = kernel_headers(device, options, source)
     memo_key: _MemoKey = (id(device), key, name)
     with _lock:
         kernel = _memo_of(device).get((key, name))
@@ -271,16 +306,18 @@ def compile_kernel(
         return pending.result()
     try:
         params = _Params(device, source, name, options, key, disk)
-        kernel = _build_and_load(device, source, name, options, params, key, disk)
+        kernel, kept = _build_and_load(device, source, name, options, params, key, disk,
+                                       headers)
         kernel.source, kernel.options = source, options
-        kernel.headers = headers
+        kernel.headers = headers if kept else CHANGED_WHILE_BUILT
     except BaseException as exc:
         with _lock:
             _in_flight.pop(memo_key, None)
         future.set_exception(exc)
         raise
     with _lock:
-        _memo_of(device)[key, name] = kernel
+        if kept:  # else the next compile builds again, from the headers as they are then
+            _memo_of(device)[key, name] = kernel
         _in_flight.pop(memo_key, None)
     future.set_result(kernel)
     return kernel
@@ -303,13 +340,14 @@ class KernelFuture:
         check_text(source, options, name)
         self._disk = default_cache()
         self._key = device_key(device, options, source)
-        self._headers = header_state(source, options)  # with the key, before the build
+        self._headers = kernel_headers(device, options, source)  # with the key, before
+        # the build
         # A wrong name fails now, not on the compiler thread.
         read = _Params(device, source, name, options, self._key, self._disk)
         self.params = read.params
         self._binary = _compiler_pool().submit(
-            _fetch_or_build, device, source, options, self._key, self._disk, read
-        )
+            _fetch_or_build, device, source, options, self._key, self._disk, read,
+            self._headers)
 
     def done(self) -> bool:
         """True once the compiler has finished (successfully or not)."""
@@ -321,11 +359,14 @@ class KernelFuture:
             kernel = _memo_of(self.device).get((self._key, self.name))
         if kernel is not None:
             return kernel
-        binary = self._binary.result(timeout)
+        binary, kept = self._binary.result(timeout)
         hazards.kernel_build(self.device, self.name, "loaded")
         with build_lock(self._key, self._disk):
             kernel = self.device.load_kernel(binary, self.name, self.options, self.params)
         kernel.source, kernel.options = self.source, self.options
+        if not kept:
+            kernel.headers = CHANGED_WHILE_BUILT
+            return kernel
         kernel.headers = self._headers
         with _lock:
             return _memo_of(self.device).setdefault((self._key, self.name), kernel)
@@ -333,8 +374,10 @@ class KernelFuture:
 
 def _fetch_or_build(
     device: Device, source: str, options: tuple[str, ...], key: str, disk: KernelCache | None,
-    params: _Params,
-) -> bytes:
+    params: _Params, headers: tuple[tuple[str, str, str], ...],
+) -> tuple[bytes, bool]:
+    """The binary (from the cache, or built and stored) and whether it is the one ``key``
+    names (False: a header changed during the build; nothing stored)."""
     # Under the build lock: another process building the same kernel finishes (and stores
     # it) first, so this one finds the entry instead of racing it in the driver's own cache.
     with build_lock(key, disk):
@@ -342,10 +385,12 @@ def _fetch_or_build(
         if binary is None:
             binary = sizecheck.build(device, source, expanded_source(device, source, options),
                                     options)
+            if kernel_headers(device, options, source) != headers:
+                return binary, False
             if disk is not None:
                 disk.store(key, binary)
         params.store(key, disk)
-        return binary
+        return binary, True
 
 
 def compile_async(
@@ -378,7 +423,11 @@ def _build_and_load(
     params: _Params,
     key: str,
     disk: KernelCache | None,
-) -> Kernel:
+    headers: tuple[tuple[str, str, str], ...],
+) -> tuple[Kernel, bool]:
+    """The loaded kernel and whether its binary is the one ``key`` names (False: a header
+    read with the key changed during the build, so the compiler may have read the new text;
+    nothing is stored under the old key)."""
     # Build, store and load while holding the kernel's cross-process lock (buildlock.py says
     # why): the processes that wait then load the stored binary one at a time.
     with build_lock(key, disk):
@@ -394,11 +443,13 @@ def _build_and_load(
                 disk.discard(key)
             else:
                 params.store(key, disk)
-                return kernel
+                return kernel, True
         binary = sizecheck.build(device, source, expanded_source(device, source, options),
                                     options)
-        if disk is not None:
+        kept = kernel_headers(device, options, source) == headers
+        if disk is not None and kept:
             disk.store(key, binary)
         kernel = device.load_kernel(binary, name, options, params.params)
-        params.store(key, disk)
-        return kernel
+        if kept:
+            params.store(key, disk)
+        return kernel, kept

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
+from conveyor.kernels.typedefs import declared, split_top, without_attributes
 
 _SCALARS: dict[str, str] = {
     "char": "int8", "signed char": "int8", "uchar": "uint8", "unsigned char": "uint8",
@@ -69,13 +70,11 @@ _ATTRIBUTES = (rf"(?:(?:__attribute__\s*\(\((?:[^()]|{_PARENS})*\)\)"
 _KERNEL_WORD = r"(?:__kernel|\bkernel|__global__)"
 _KERNEL_HEAD = (rf"(?:{_KERNEL_WORD}\s+{_ATTRIBUTES}void|\bvoid\s+{_ATTRIBUTES}{_KERNEL_WORD})"
                 rf"\s+{_ATTRIBUTES}")
-_TYPEDEF = re.compile(r"\btypedef\s+([^;{}()]+?)\s+(\w+)\s*;")
-_TYPEDEF_ENUM = re.compile(r"\btypedef\s+enum\s*\w*\s*\{[^{}]*\}\s*(\w+)\s*;")
-_USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
 
 
 #: Bump when Param's fields change: older ``.sig`` entries then read as absent.
-_SIGNATURE_VERSION = 2  # 2: ``spelled``; "* const" no longer const; OpenCL's predefined macros
+_SIGNATURE_VERSION = 3  # 2: ``spelled``; "* const" no longer const; OpenCL's predefined macros
+# 3: the source's typedefs before built-in names
 
 
 @dataclass(frozen=True)
@@ -142,33 +141,23 @@ def parse_params(source: str, name: str) -> tuple[Param, ...]:
     if not body or body == "void":
         return ()
     names = typedefs(text)
-    return tuple(_parse_one(part, names) for part in body.split(","))
+    pointers = pointer_typedefs(text)
+    return tuple(_parse_one(part, names, pointers) for part in split_top(body))
 
 
 def typedefs(source: str) -> dict[str, str]:
-    """Every ``typedef TYPE NAME;`` and ``using NAME = TYPE;`` of ``source``, NAME -> TYPE
-    (pointer typedefs are left out: a parameter of one is not an element type)."""
-    text = code_only(source)
-    # name -> (brace depth, targets at that depth): a typedef at file scope wins over one of
-    # the same name inside a function (``{ typedef int T; }`` must not retype a kernel's T).
-    found: dict[str, tuple[int, set[str]]] = {}
-    matches = [(m.start(), m.group(2), m.group(1)) for m in _TYPEDEF.finditer(text)]
-    matches += [(m.start(), m.group(1), m.group(2)) for m in _USING.finditer(text)]
-    # typedef enum { A, B } mode; (the braces keep it from _TYPEDEF): an enum, which is int
-    matches += [(m.start(), m.group(1), "enum") for m in _TYPEDEF_ENUM.finditer(text)]
-    depth, at = 0, 0
-    for start, name, target in sorted(matches):
-        depth += text.count("{", at, start) - text.count("}", at, start)
-        at = start
-        known = found.get(name)
-        if known is None or depth < known[0]:
-            found[name] = (depth, {" ".join(target.split())})
-        elif depth == known[0]:
-            known[1].add(" ".join(target.split()))
-    # Two different types for one name at one depth (scopes conveyor does not follow): the
-    # name is left unresolved rather than guessed.
-    return {k: next(iter(v)) for k, (_, v) in found.items()
-            if len(v) == 1 and "*" not in next(iter(v)) and "[" not in next(iter(v))}
+    """Every type name ``source`` declares as another element type (``typedef TYPE NAME;``,
+    ``using NAME = TYPE;``, enums), NAME -> TYPE (kernels/typedefs.py); pointer and array
+    typedefs are left out: a parameter of one is not an element type."""
+    return {name: target for name, target in declared(code_only(source)).items()
+            if "*" not in target and "[" not in target}
+
+
+def pointer_typedefs(source: str) -> dict[str, str]:
+    """Every pointer typedef of ``source`` (``typedef __global const real *rp;``), NAME ->
+    the type it points to, with its qualifiers (``__global const real``)."""
+    return {name: target[:-1].strip() for name, target in declared(code_only(source)).items()
+            if target.endswith("*") and target.count("*") == 1 and "[" not in target}
 
 
 def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | None, int]:
@@ -178,6 +167,12 @@ def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | 
     for _ in range(16):  # typedef chains; a loop of them resolves to nothing
         words = [w for w in base.split() if w not in _QUALIFIERS]
         base = " ".join(words)
+        if base in names:
+            # The source's own typedef first: a name that is no keyword may be one
+            # (``typedef short int32_t;``, ``typedef double float1;``), and was read as
+            # the built-in type: int32 data for a kernel reading shorts.
+            base = names[base]
+            continue
         known = _SCALARS.get(base) or _SCALARS.get(_integer_name(words))
         if known is not None:
             return np.dtype(known), 1
@@ -189,9 +184,7 @@ def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | 
         if vector is not None:
             element = _VECTOR_ELEMENTS.get(vector.group(1), vector.group(1))
             return np.dtype(_SCALARS[element]), int(vector.group(2))
-        if base not in names:
-            break
-        base = names[base]
+        break
     return None, 1
 
 
@@ -239,26 +232,6 @@ _ADDRESS = {
 }  # fmt: skip
 
 
-def _without_attributes(text: str) -> str:
-    """``text`` less its ``__attribute__((...))`` groups (nested parentheses and all): in an
-    unnamed ``float __attribute__((unused))`` the attribute was read as the name, and PoCL,
-    asked for an unnamed argument's name, crashed the process."""
-    out, at = [], 0
-    while (start := text.find("__attribute__", at)) >= 0:
-        out.append(text[at:start])
-        i = text.find("(", start)
-        if i < 0:
-            return "".join(out) + text[start:]
-        depth = 0
-        for j in range(i, len(text)):
-            depth += {"(": 1, ")": -1}.get(text[j], 0)
-            if depth == 0:
-                break
-        at = j + 1
-        out.append(" ")
-    return "".join(out) + text[at:]
-
-
 def _defines_body(text: str, start: int) -> bool:
     """Whether the parameter list opened just before ``start`` is followed by a body."""
     depth, i = 1, start
@@ -268,8 +241,10 @@ def _defines_body(text: str, start: int) -> bool:
     return text[i:].lstrip().startswith("{")
 
 
-def _parse_one(text: str, names: dict[str, str]) -> Param:
-    text = " ".join(_without_attributes(text).replace("*", " * ").split())
+def _parse_one(text: str, names: dict[str, str], pointers: dict[str, str] | None = None
+               ) -> Param:
+    text = " ".join(without_attributes(text).replace("*", " * ").split())
+    text = _unwrap_pointer_typedef(text, pointers or {})
     if text.endswith("]") and "[" in text:
         # An array parameter is a pointer: "float x[4]" is "float * x"; "float []" has no name.
         words = text[:text.index("[")].split()
@@ -296,6 +271,20 @@ def _parse_one(text: str, names: dict[str, str]) -> Param:
     return Param(name=name, is_pointer=is_pointer, dtype=dtype, is_const=is_const,
                  type_text=text, width=width, base=base, address=address,
                  spelled=final if final != base else "")
+
+
+def _unwrap_pointer_typedef(text: str, pointers: dict[str, str]) -> str:
+    """``rp x`` with ``typedef __global const real *rp;`` as ``__global const real * x``:
+    read as the pointer it is (the driver reports ``real*``; ``rp`` was a type conveyor
+    could not resolve). ``const`` before the name qualifies the pointer, not the data."""
+    words = text.split()
+    for i, word in enumerate(words[:-1] if len(words) > 1 else words):
+        if word in pointers:
+            before = [w for w in words[:i] if w not in ("const", "volatile", "restrict")]
+            return " ".join([*before, pointers[word], "*", *words[i + 1:]])
+        if word == "*" or word not in _QUALIFIERS:
+            break  # past the type's first word: a name after it is the parameter's
+    return text
 
 
 def _unnamed(words: list[str], last: str) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import CompileError, InputError
-from conveyor.kernels.signature import code_only, kernel_names, parse_params, resolve
+from conveyor.kernels.signature import code_only, kernel_names, parse_params, resolve, typedefs
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device
@@ -36,11 +36,19 @@ _NEGATIVE = ("negative size", "negative", "greater than zero")
 # conveyor read, or () for a vector or struct)
 Check = tuple[str, str, int, tuple[str, ...]]
 
-#: The OpenCL C types a parameter conveyor read as each NumPy scalar type may have: an
-#: integer of either signedness (an enum is compatible with its underlying type only, which
-#: clang makes unsigned for non-negative values), a float type exactly. What is confirmed is
-#: the kind (an int read as float is the misread), not the sign.
+#: The OpenCL C types a parameter conveyor read as each NumPy scalar type may have: the type
+#: itself (``char`` and ``signed char`` are two types of one sign: a typedef of either is
+#: int8), the sign too (a typedef of int chosen by ``__clang__`` over uint, read as uint32,
+#: made 3e9 into -1294967296) ...
 _C_TYPES = {
+    "int8": ("char", "signed char"), "uint8": ("uchar",), "int16": ("short",),
+    "uint16": ("ushort",), "int32": ("int",), "uint32": ("uint",), "int64": ("long",),
+    "uint64": ("ulong",), "float16": ("half",), "float32": ("float",), "float64": ("double",),
+    "bool": ("bool",),
+}  # fmt: skip
+#: ... but an enum, which conveyor reads as int, either sign: it is compatible with its
+#: underlying type only, which clang makes unsigned for non-negative values.
+_ENUM_C_TYPES = {
     "int8": ("char", "signed char", "uchar"), "uint8": ("uchar", "char", "signed char"),
     "int16": ("short", "ushort"), "uint16": ("ushort", "short"), "int32": ("int", "uint"),
     "uint32": ("uint", "int"), "int64": ("long", "ulong"), "uint64": ("ulong", "long"),
@@ -64,6 +72,15 @@ def checks(source: str, expanded: str) -> list[Check]:
     seen: set[tuple[str, int]] = set()
     code = code_only(expanded)
     layouts = not packs(code)  # packed structs: conveyor does not lay them out (structs.py)
+    # Names the source typedefs are checked even where they are built in elsewhere
+    # (``typedef short int32_t;``), as are enums (``enum e : uchar`` is 1 byte, an enum of
+    # 2**32 is 8): conveyor reads every enum as int.
+    defined = typedefs(code)
+
+    def built_in(name: str) -> bool:
+        return resolve(name)[0] is not None and name not in defined and \
+            not name.startswith("enum ")
+
     for kernel in dict.fromkeys(kernel_names(expanded)):
         try:
             read = parse_params(expanded, kernel)
@@ -78,8 +95,8 @@ def checks(source: str, expanded: str) -> list[Check]:
         for raw, ours in zip(written, read, strict=True):
             if raw.is_pointer != ours.is_pointer or not raw.base:
                 raw = ours  # the * or the type comes from a macro: conveyor's reading
-            name = raw.base if resolve(raw.base)[0] is None else ours.base
-            if not name or resolve(name)[0] is not None:
+            name = ours.base if built_in(raw.base) else raw.base
+            if not name or built_in(name):
                 continue  # a built-in type: the same for conveyor and the compiler
             if "long long" in f"{ours.base} {ours.spelled}":
                 continue  # refused with its own message (128 bits in OpenCL C: argtypes.py)
@@ -90,7 +107,8 @@ def checks(source: str, expanded: str) -> list[Check]:
                 # Not a macro's type: the driver names the type it expands to, and conveyor
                 # takes the driver's reading (argtypes.py), right whatever it read here.
                 if ours.width == 1 and re.search(rf"\b{re.escape(name)}\b", code):
-                    names = _C_TYPES.get(str(ours.dtype), ())
+                    enum = name.startswith("enum") or ours.spelled.startswith("enum")
+                    names = (_ENUM_C_TYPES if enum else _C_TYPES).get(str(ours.dtype), ())
             else:  # a struct: the size of the layout records are checked against
                 layout = c_layout(code, ours.base) if layouts else None
                 if layout is None:
@@ -139,6 +157,12 @@ def build(device: Device, source: str, expanded: str, options: Sequence[str]) ->
         if any(word in line for word in _NEGATIVE):
             where, text, size, names = found[index]
             kind, other = (f" ({names[0]})", " or type") if names else ("", "")
+            if text.startswith("enum "):
+                raise InputError(
+                    f"kernel parameter {where}: conveyor reads {text} as a C int (4 bytes), "
+                    f"but the compiler makes it another size or type (a value past int's "
+                    f"range, or a fixed type conveyor did not read): declare the parameter "
+                    f"with a built-in type of the enum's size (int, long, uchar...)")
             raise InputError(
                 f"kernel parameter {where}: conveyor read its type {text} as {size} bytes"
                 f"{kind}, but the compiler's sizeof({text}){other} differs: the source "

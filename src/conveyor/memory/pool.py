@@ -480,7 +480,7 @@ class BlockPool(Generic[B]):
         pending, self._pending = self._pending, []
         still: list[tuple[Event, B]] = []
         for event, block in pending:
-            if event.is_done():
+            if _done(event):  # an event that cannot answer stays pending (_done)
                 self._free.setdefault(block.nbytes, []).append(block)
                 self._held_bytes += block.nbytes
                 self._pending_bytes -= block.nbytes

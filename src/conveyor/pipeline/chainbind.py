@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.backends.base import Device, Kernel
+from conveyor.backends.base import Device, Kernel, named_beside
 from conveyor.errors import InputError
 from conveyor.pipeline import resident, validate
 from conveyor.pipeline.chain import REDUCE, Link, Temp, _is_kernel, _label
@@ -255,8 +255,9 @@ def _check_kernel_link(where: str, kernel: Kernel, device: Device, reads: list[R
     """The kernel's parameters against the link's buffers and args (as validate.check_kernel
     checks a single kernel's), naming the link and buffer."""
     if kernel.device is not device:
-        raise InputError(f"{where}: kernel {kernel.name!r} was built for {kernel.device.spec}, "
-                         f"the stream runs on {device.spec}: compile it with that device")
+        raise InputError(f"{where}: kernel {kernel.name!r} was built for "
+                         f"{named_beside(kernel.device, device)}, the stream runs on "
+                         f"{device.spec}: compile it with that device")
     buffers = len(reads) + len(writes)
     params = list(kernel.params)
     expected = buffers + len(args) + 2

@@ -21,15 +21,47 @@ an int64 past 2**53 a float64), and the total is a tuple (list) of the elements'
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from conveyor.errors import InputError
 from conveyor.interrupts import deferred_sigint, interruptible
+
+
+class WideHalves:
+    """The float32 total of float16 partials, not yet cast to float16: what a part of a
+    reduction gives inside :func:`halves_kept_wide` (``conveyor.dask`` folds the chunks'
+    totals; each cast on its own turned 30000 + 30000 + ... into inf, and inf - inf into nan
+    where ``cv.stream`` over the whole array gives 0). A fold takes it as a float16 partial
+    of that value."""
+
+    __slots__ = ("total",)
+
+    def __init__(self, total: Any) -> None:
+        self.total = total
+
+    def __reduce__(self) -> tuple[Any, ...]:  # sent between Dask workers
+        return (WideHalves, (self.total,))
+
+
+_keep_wide: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_wide", default=False)
+
+
+@contextlib.contextmanager
+def halves_kept_wide() -> Iterator[None]:
+    """Within: a sum of float16 partials gives :class:`WideHalves`, not a float16 total (for
+    a total that is itself a partial of a larger reduction)."""
+    token = _keep_wide.set(True)
+    try:
+        yield
+    finally:
+        _keep_wide.reset(token)
 
 
 class Fold:
@@ -74,6 +106,8 @@ class Fold:
             return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
         if self._flat is not None:
             flat = self._flat.result()
+            if isinstance(flat, WideHalves):  # lists of halves: their elements cast now
+                flat = flat.total.astype(np.float16)
             totals = flat.tolist() if self._python_totals() else list(flat)
             return self._kind(*totals) if hasattr(self._kind, "_fields") else \
                 self._kind(totals)
@@ -83,7 +117,8 @@ class Fold:
             return self._kind(*totals) if hasattr(self._kind, "_fields") else \
                 self._kind(totals)
         if self.op == "sum" and self._halves:  # added in float32, as np.sum adds halves
-            return self.total.astype(np.float16)
+            return WideHalves(self.total) if _keep_wide.get() else \
+                self.total.astype(np.float16)
         return self.total
 
     def _fold(self, partial: Any, block: int) -> None:
@@ -108,8 +143,11 @@ class Fold:
             self._fold_parts(partial, block)
             return
         value = partial
+        wide = isinstance(value, WideHalves)
+        if wide:  # a part's float32 total of halves: a float16 partial, not yet rounded
+            value = value.total
         self._check(value, block)
-        self._halves = self._halves and getattr(value, "dtype", None) == np.float16
+        self._halves = self._halves and (wide or getattr(value, "dtype", None) == np.float16)
         if op == "sum":
             from conveyor.pipeline.reduce import widened
 

@@ -484,6 +484,9 @@ def _existing(path: PathLike) -> Path:
     try:
         os.close(os.open(target, os.O_RDONLY))
     except OSError as exc:
+        from conveyor.files import raise_if_too_many_open
+
+        raise_if_too_many_open(exc, f"input file {target}")  # not the file's permissions
         raise InputError(f"cannot read input file {target} ({exc.strerror}): check its "
                          f"permissions") from None
     return target

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import interrupts
+from conveyor import config, interrupts
 from conveyor.backends.base import Device, Kernel
 from conveyor.closing import finish_uninterrupted, join
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
@@ -71,18 +71,27 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
                          f"its source is unknown: compile it with device.compile(source, "
                          f"name) so that it can be built for {device.spec}")
     if compute.headers is not None:
-        from conveyor.kernels.includes import header_state
+        from conveyor.kernels.build import CHANGED_WHILE_BUILT, kernel_headers
 
-        now = header_state(compute.source, compute.options)
+        now = kernel_headers(compute.device, compute.options, compute.source)
+        if compute.headers == CHANGED_WHILE_BUILT:
+            raise InputError(
+                f"kernel {compute.name!r} was built for {compute.device.spec} while a header "
+                f"it includes changed, so which version it holds is unknown: compile the "
+                f"kernel again so that every device runs the same code")
         if now != compute.headers:
             # A header edited (or the current folder changed) since: the other devices would
             # build what it holds now, and half the rows would come from other code.
-            changed = next((then for then, new in zip(compute.headers, now, strict=False)
-                            if then != new), (compute.headers or now)[-1])
-            where = changed[1] or changed[0]
+            if _forced(compute.headers) != _forced(now):
+                what = (f"{config.PYOPENCL_BUILD_OPTIONS_VAR}={_forced(compute.headers)!r}, "
+                        f"which is {_forced(now)!r} now")
+            else:
+                changed = next((then for then, new in zip(compute.headers, now, strict=False)
+                                if then != new), (compute.headers or now)[-1])
+                what = (f"header {changed[1] or changed[0]}, which has changed since (edited, "
+                        f"or the current folder changed)")
             raise InputError(
-                f"kernel {compute.name!r} was built for {compute.device.spec} with header "
-                f"{where}, which has changed since (edited, or the current folder changed): "
+                f"kernel {compute.name!r} was built for {compute.device.spec} with {what}: "
                 f"{device.spec} would build other code; compile the kernel again so that "
                 f"every device runs the same code")
     try:
@@ -94,6 +103,12 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
                      f"several devices; to leave it out, name the devices to use, e.g. "
                      f"device=[{compute.device.spec!r}, ...]")
         raise
+
+
+def _forced(headers: Sequence[tuple[str, str, str]]) -> str:
+    """The ``PYOPENCL_BUILD_OPTIONS`` words a header state was read under ("" for none)."""
+    return next((words for name, path, words in headers
+                 if name == config.PYOPENCL_BUILD_OPTIONS_VAR and not path), "")
 
 
 def check_devices(devices: Sequence[Device], schedule: str) -> None:

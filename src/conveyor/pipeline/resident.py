@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from conveyor import config, interrupts
-from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue
+from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue, named_beside
 from conveyor.closing import Closeable
-from conveyor.errors import InputError
+from conveyor.errors import ConveyorError, InputError
 from conveyor.kernels.signature import Param
 from conveyor.memory.pool import device_bin
 from conveyor.pipeline import structs
@@ -59,6 +59,7 @@ class Resident(Closeable):
         self.users = 0
         self.closed = False
         self._lock = threading.RLock()
+        self._kept = False  # array holds the device's values, read back by evict()
         # A writable table is held by one thread's streams at a time (see claim()).
         self._owner: int | None = None
         self._claim_count = 0
@@ -84,8 +85,9 @@ class Resident(Closeable):
         if self.device is None:
             self.device = device
         elif self.device is not device:
-            raise InputError(f"this resident array lives on {self.device.spec}, the stream runs "
-                             f"on {device.spec}: make a cv.resident(...) per device")
+            raise InputError(f"this resident array lives on "
+                             f"{named_beside(self.device, device)}, the stream runs on "
+                             f"{device.spec}: make a cv.resident(...) per device")
 
     def _upload_now(self) -> None:
         assert self.device is not None
@@ -125,7 +127,7 @@ class Resident(Closeable):
         or Fortran-order table is copied again now (the copy made by ``cv.resident`` held the
         values from then: changes made before the first stream were never uploaded)."""
         with self._lock:
-            if self.buffer is None and self.array is not self.source:
+            if self.buffer is None and self.array is not self.source and not self._kept:
                 self.array = np.ascontiguousarray(self.source)
             return self.array
 
@@ -168,12 +170,28 @@ class Resident(Closeable):
         out-of-memory ladder calls this); a later stream uploads the table again. Never waits
         for the table's lock: the ladder runs inside another table's upload, which holds that
         table's lock, and two uploads evicting each other's tables hung for ever. A table
-        busy now is not evicted."""
+        busy now is not evicted.
+
+        A read-only table's device values are read back first and uploaded again in place of
+        the host array: a host array changed without ``refresh()`` gave the old values until
+        an unrelated stream's memory pressure evicted the table, and the new ones after (what
+        a stream computed depended on the device's memory). Where that copy cannot be made
+        (no host memory), the table is not evicted."""
+        return self._drop(keep_values=True)
+
+    def _drop(self, keep_values: bool = False) -> bool:
         if not self._lock.acquire(blocking=False):
             return False
         try:
             if self.users or self.buffer is None or self.device is None:
                 return False
+            if keep_values and not self.writable:
+                try:
+                    values = self.host_copy()
+                except (MemoryError, ConveyorError):
+                    return False
+                self.array = values  # no longer self.source: refresh() reads that again
+                self._kept = True
             buffer, self.buffer = self.buffer, None
         finally:
             self._lock.release()
@@ -190,7 +208,8 @@ class Resident(Closeable):
                                  "the stream returns")
             if self.array is not self.source:  # a contiguous copy: copy the changes too
                 self.array = np.ascontiguousarray(self.source)
-            self.evict()
+            self._kept = False
+            self._drop()
 
     def close(self) -> None:
         """Free the device copy. InputError while a stream uses it."""
@@ -198,13 +217,13 @@ class Resident(Closeable):
             if self.users:
                 raise InputError("a stream is using this resident array: close it after "
                                  "the stream returns")
-            self.evict()
+            self._drop()
             self.closed = True
 
     def __del__(self) -> None:
         try:
             if not self.closed and getattr(self, "users", 1) == 0:
-                self.evict()
+                self._drop()
         except Exception:  # never raise from a finalizer, at shutdown least of all
             pass
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from conveyor import config, files
-from conveyor.errors import InputError
+from conveyor.errors import InputError, advised
 from conveyor.interrupts import deferred_sigint
 from conveyor.pipeline.io import FileRows, PathLike, byte_view
 
@@ -193,11 +193,11 @@ class FileSink(Sink):
             # Over the process's file-size limit (RLIMIT_FSIZE) or the file system's: still an
             # OSError (the environment, not the arguments: the command line exits 1 for it),
             # but one that names the output and what to change ("File too large" before).
-            raise OSError(errno.EFBIG, (
+            raise advised(OSError(errno.EFBIG, (
                 f"output {self.name} needs {self.offset + self.nbytes} bytes, more than this "
                 f"process may write to one file (its file-size limit, `ulimit -f`) or its file "
                 f"system holds: raise the limit, write elsewhere, or write a smaller output"
-            )) from exc
+            ))) from exc
 
     def write_from(self, src: np.ndarray, lo: int) -> None:
         """Write ``src`` (C-contiguous rows) at row ``lo``."""
@@ -220,9 +220,9 @@ class FileSink(Sink):
             files.raise_if_too_many_open(exc, f"output {self.name}")
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            raise OSError(exc.errno, f"output {self.name}: {exc.strerror} in "
-                                     f"{self.target.parent}: free some space or write "
-                                     f"elsewhere") from exc
+            raise advised(OSError(exc.errno, f"output {self.name}: {exc.strerror} in "
+                                          f"{self.target.parent}: free some space or write "
+                                          f"elsewhere")) from exc
 
     def prepare(self) -> None:
         """Flush to disk, take the mode of the file it replaces, check the target again."""

@@ -283,18 +283,20 @@ def check_signature(function: Callable[..., Any], positional: int) -> None:
 
 def unalias(queue: Queue, device: Device, values: list[Any], given: Sequence[Any],
             sizes: Sequence[int]) -> list[Any]:
-    """Copy into temporary device buffers (first, in queue order) each returned value that is
-    another output's own array: returned swapped (``return b, a``), the copy of ``b`` into
-    output 0 overwrote ``a`` before ``a`` was copied into output 1. ``values`` is changed in
-    place to the temporaries' arrays; the temporaries are returned, for the caller to release
-    after the block's copies."""
-    owners = {_address(array): j for j, array in enumerate(given) if _address(array)}
+    """Copy into temporary device buffers (first, in queue order) each returned value whose
+    memory overlaps an output's: returned swapped (``return b, a``), the copy of ``b`` into
+    output 0 overwrote ``a`` before ``a`` was copied into output 1; a view of output 0 at an
+    offset, returned for output 1, was overwritten the same way (or overlapped its own
+    output's copy). ``values`` is changed in place to the temporaries' arrays; the
+    temporaries are returned, for the caller to release after the block's copies."""
+    outputs = [_span(array, size) for array, size in zip(given, sizes, strict=True)]
     temps: list[Any] = []
     try:
         for i, value in enumerate(values):
-            j = owners.get(_address(value)) if value is not None else None
-            if j is None or j == i or not sizes[i]:
-                continue
+            span = _span(value, sizes[i]) if value is not None and sizes[i] else None
+            if span is None or span[:3] == (outputs[i] or ())[:3] or not any(
+                    _overlap(span, other) for other in outputs):
+                continue  # the output itself (no copy), or memory no output holds
             temp = device.memory_pool.acquire(sizes[i])
             temps.append(temp)
             queue.copy_from_device(temp, value, sizes[i])
@@ -315,15 +317,24 @@ def release_temps(device: Device, temps: list[Any], queue: Queue) -> None:
             device.memory_pool.release(temp, after=done)
 
 
-def _address(array: Any) -> tuple[Any, ...] | None:
-    """Where a device array's data starts (None for anything else)."""
+def _span(array: Any, nbytes: int) -> tuple[str, int, int, int] | None:
+    """(backend, memory, start, end) of the ``nbytes`` a device array's data starts with:
+    memory is the OpenCL buffer's handle (0 for CUDA's one address space), start and end byte
+    positions in it; None for anything else."""
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is not None:
-        return ("cuda", int(interface["data"][0]))
+        start = int(interface["data"][0])
+        return ("cuda", 0, start, start + nbytes)
     data = getattr(array, "base_data", None)
     if data is not None and hasattr(data, "int_ptr"):
-        return ("opencl", int(data.int_ptr), int(getattr(array, "offset", 0)))
+        start = int(getattr(array, "offset", 0))
+        return ("opencl", int(data.int_ptr), start, start + nbytes)
     return None
+
+
+def _overlap(a: tuple[str, int, int, int], b: tuple[str, int, int, int] | None) -> bool:
+    """Whether two spans share a byte."""
+    return b is not None and a[:2] == b[:2] and a[2] < b[3] and b[2] < a[3]
 
 
 def warm_up_rows(plan: Plan) -> int:
@@ -404,32 +415,50 @@ def partial_of(result: Any, block: Block) -> Any:
             f"value (e.g. x.sum())")
     # A tuple or list of device arrays (one partial per figure), nested too: each brought to
     # the host, and each ndarray copied (below).
-    value = _host_copy(result)
+    value = _host_copy(result, block)
+    # Records (kind V) are left to the fold: a function folds them, "sum" says it cannot.
     if isinstance(value, str | bytes) or getattr(value, "dtype", None) is not None and \
-            value.dtype.kind in "OSUV":
+            value.dtype.kind in "OSU":
         raise InputError(
             f"with reduce=, the callable returned {type(value).__name__} {value!r:.60} for "
             f"block {block.index}: return a number or a numeric array")
     return value
 
 
-def _host_copy(value: Any) -> Any:
+#: Values no later block can change: kept as returned.
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, range)
+
+
+def _host_copy(value: Any, block: Block) -> Any:
     """``value`` on the host, with every ndarray copied, at every level of tuples, lists and
-    dicts (a named tuple rebuilt from its fields). Copied now: a callable that returns one buffer it
-    fills again for every block (or a CPU tensor's .numpy() view of one), bare or inside a
-    tuple, made every partial that one array, and the fold (when the block retires, depth
-    blocks later) added the last blocks' values, with no error."""
+    dicts (a named tuple rebuilt from its fields), and any other object deep-copied. Copied
+    now: a callable that returns one buffer it fills again for every block (or a CPU tensor's
+    .numpy() view of one), bare or inside a tuple, a dataclass or a set, made every partial
+    that one object, and the fold (when the block retires, depth blocks later) added the last
+    blocks' values, with no error. InputError for what cannot be copied (a memoryview)."""
     if isinstance(value, tuple | list):
-        items = [_host_copy(v) for v in value]
+        items = [_host_copy(v, block) for v in value]
         kind = type(value)
         return kind(*items) if hasattr(kind, "_fields") else kind(items)
     if isinstance(value, dict):  # a custom reduce=f's partial: its values, as a tuple's
         copied = copy.copy(value)  # the same kind (a defaultdict keeps its factory)
         for key in copied:
-            copied[key] = _host_copy(value[key])
+            copied[key] = _host_copy(value[key], block)
         return copied
     value = _to_host(value)
-    return value.copy() if isinstance(value, np.ndarray) else value
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, _IMMUTABLE) or isinstance(value, np.generic) and \
+            not isinstance(value, np.void):  # a record scalar may view its array
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception as exc:
+        raise InputError(
+            f"with reduce=, the callable's partial of block {block.index} holds a "
+            f"{type(value).__name__}, which cannot be copied ({exc}); a later block could "
+            f"change it before it is folded: return a number, an array, or a tuple, dict or "
+            f"object of those") from None
 
 
 def _to_host(value: Any) -> Any:

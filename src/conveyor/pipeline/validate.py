@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.backends.base import Device, Kernel
+from conveyor.backends.base import Device, Kernel, named_beside
 from conveyor.errors import InputError
 from conveyor.kernels.argcast import caster
 from conveyor.kernels.signature import Param
@@ -282,8 +282,8 @@ def check_kernel(
     """Check ``kernel`` against the stream's arrays; return the reduce element dtype, if any."""
     if kernel.device is not device:
         raise InputError(
-            f"kernel {kernel.name!r} was built for {kernel.device.spec}, the stream runs on "
-            f"{device.spec}: compile it with that device"
+            f"kernel {kernel.name!r} was built for {named_beside(kernel.device, device)}, the "
+            f"stream runs on {device.spec}: compile it with that device"
         )
     buffers = len(inputs) + len(outputs) + (1 if reduce is not None else 0)
     expected = buffers + len(args) + 2

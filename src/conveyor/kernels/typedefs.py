@@ -1,0 +1,116 @@
+"""The type names a kernel source declares: typedefs, ``using``, enums of a fixed type.
+
+Read from the source as the compiler would see it (comments blanked, preprocessed): each
+``typedef`` statement's declarators (``typedef float other, single;`` declares two names),
+with its ``__attribute__`` groups taken out (``typedef int word __attribute__((aligned(4)))``
+is an int), a vector made by ``ext_vector_type(N)`` read as that vector (``float4``), and
+pointer typedefs (``typedef __global const real *rp;``) kept apart: a parameter of one is a
+pointer to their pointee (signature.py). A name declared twice with two types at one brace
+depth (scopes conveyor does not follow) is left out rather than guessed; one at file scope
+wins over one inside a function.
+"""
+
+from __future__ import annotations
+
+import re
+
+_STATEMENT = re.compile(r"\btypedef\b([^;{}]*);")
+_TYPEDEF_ENUM = re.compile(
+    r"\btypedef\s+enum\s*(?:\w+\s*)?(?::\s*([\w ]+?)\s*)?\{[^{}]*\}\s*(\w+)\s*;")
+# ``enum tag : type`` (C23, clang's extension): an enum of a fixed type, not int
+_FIXED_ENUM = re.compile(r"\benum\s+(\w+)\s*:\s*([\w ]+?)\s*[{;]")
+_USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
+_EXT_VECTOR = re.compile(r"__attribute__\s*\(\(\s*(?:__)?ext_vector_type(?:__)?\s*\(\s*(\d+)\s*\)")
+_DECLARATOR = re.compile(r"(.*?)([\s*]*)\b(\w+)\s*((?:\[[^\]]*\]\s*)*)")
+_LANES = ("2", "3", "4", "8", "16")
+
+
+def declared(text: str) -> dict[str, str]:
+    """Every type name ``text`` (comments blanked) declares -> the type it stands for: a
+    pointer's ends in ``*``, an array's in ``[]``, an enum without a fixed type is
+    ``enum``."""
+    found: dict[str, tuple[int, set[str]]] = {}  # name -> (brace depth, types at that depth)
+    depth, at = 0, 0
+    for start, name, target in sorted(_declarations(text)):
+        depth += text.count("{", at, start) - text.count("}", at, start)
+        at = start
+        target = " ".join(target.split())
+        known = found.get(name)
+        if known is None or depth < known[0]:
+            found[name] = (depth, {target})
+        elif depth == known[0]:
+            known[1].add(target)
+    return {name: next(iter(types)) for name, (_, types) in found.items() if len(types) == 1}
+
+
+def _declarations(text: str) -> list[tuple[int, str, str]]:
+    """(position, name, type) of each declaration, in no particular order."""
+    found = [(m.start(), m.group(1), m.group(2)) for m in _USING.finditer(text)]
+    # typedef enum { A, B } mode; (its braces keep it from _STATEMENT)
+    found += [(m.start(), m.group(2), m.group(1) or "enum")
+              for m in _TYPEDEF_ENUM.finditer(text)]
+    found += [(m.start(), f"enum {m.group(1)}", m.group(2)) for m in _FIXED_ENUM.finditer(text)]
+    for match in _STATEMENT.finditer(text):
+        found += [(match.start(), name, target) for name, target in _statement(match.group(1))]
+    return found
+
+
+def _statement(body: str) -> list[tuple[str, str]]:
+    """The (name, type) pairs of one ``typedef`` statement's text (after ``typedef``)."""
+    lanes = _EXT_VECTOR.search(body)
+    body = without_attributes(body)
+    if "(" in body:  # a function or function pointer type: not a data type
+        return []
+    parts = split_top(body)
+    first = _DECLARATOR.fullmatch(parts[0].strip())
+    if first is None or not first.group(1).strip():
+        return []
+    base = first.group(1).strip()
+    pairs = []
+    for index, part in enumerate(parts):
+        match = first if index == 0 else _DECLARATOR.fullmatch(part.strip())
+        if match is None or (index and match.group(1).strip()):
+            return []  # not a declarator list conveyor reads: leave the statement out
+        stars, name, array = match.group(2).count("*"), match.group(3), match.group(4)
+        target = base
+        if lanes is not None and not stars and not array:
+            # typedef float v4 __attribute__((ext_vector_type(4))): float4 (or unknown)
+            target = f"{base}{lanes.group(1)}" if lanes.group(1) in _LANES else f"{base} []"
+        pairs.append((name, target + " *" * stars + (" []" if array else "")))
+    return pairs
+
+
+def without_attributes(text: str) -> str:
+    """``text`` less its ``__attribute__((...))`` groups (nested parentheses and all): in an
+    unnamed ``float __attribute__((unused))`` the attribute was read as the name, and PoCL,
+    asked for an unnamed argument's name, crashed the process."""
+    out, at = [], 0
+    while (start := text.find("__attribute__", at)) >= 0:
+        out.append(text[at:start])
+        i = text.find("(", start)
+        if i < 0:
+            return "".join(out) + text[start:]
+        depth = 0
+        for j in range(i, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            if depth == 0:
+                break
+        at = j + 1
+        out.append(" ")
+    return "".join(out) + text[at:]
+
+
+def split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside parentheses (a parameter list with
+    ``__attribute__((aligned(16), nosvm))`` or ``PASTE(a, b)`` in it)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
