@@ -63,7 +63,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only, kernel  # noqa: E402, F401 (autouse: first device only)
+from reliakit import (  # noqa: E402
+    first_device_only,  # noqa: F401 (autouse: first device only)
+    kernel,
+    opencl_c_only,
+)
+from streamkit import to_host  # noqa: E402
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import BackendError, InputError  # noqa: E402
@@ -153,7 +158,7 @@ def test_guard_compacted_timeline_is_the_same_for_files_halo_and_iterate(
     np.testing.assert_array_equal(y, padded[:-2] + padded[1:-1] + padded[2:])
 
     def total(a, *, queue, offset, n):
-        return float(a.get().sum())
+        return float(to_host(a, queue).sum())
 
     def reduced():
         return cv.stream(total, [tmp_path / "x.npy"], device=device, reduce="sum",
@@ -200,6 +205,7 @@ def test_header_edited_while_a_kernel_future_builds_does_not_poison_the_cache(
     from conveyor.kernels.build import default_cache, device_key
     from conveyor.kernels.buildlock import build_lock
 
+    opencl_c_only(device)
     header = tmp_path / "k23.h"
     header.write_text("#define K23 1.0f\n")
     source, options = SCALE_SRC.format(include='"k23.h"'), ("-I", str(tmp_path))
@@ -272,7 +278,7 @@ def test_custom_partial_holding_a_reused_buffer_folds_each_blocks_values(device,
     buf = np.zeros(2)
 
     def part(a, *, queue, offset, n):
-        buf[:] = [a.get().sum(), n]
+        buf[:] = [to_host(a, queue).sum(), n]
         return _holder(kind, buf)
 
     def fold(s, t):
