@@ -407,10 +407,18 @@ def test_a_custom_fold_over_two_devices_is_called_once_per_block_in_block_order(
 
 
 class _Part:
-    """A callable's partial for a custom fold (weakly referenceable, so its life is seen)."""
+    """A callable's partial for a custom fold (weakly referenceable, so its life is seen);
+    ``made`` holds a weak reference to each, copies included (conveyor deep-copies a returned
+    partial: step.py ``_host_copy``)."""
+
+    made: list[weakref.ref] = []
 
     def __init__(self, n: int) -> None:
         self.n = n
+        _Part.made.append(weakref.ref(self))
+
+    def __deepcopy__(self, memo: dict) -> _Part:
+        return _Part(self.n)
 
 
 @pytest.mark.xfail(strict=True, reason="round 19: over several devices the shared fold holds "
@@ -424,7 +432,8 @@ def test_partials_waiting_for_a_stalled_devices_block_stay_about_a_ring(pair):
     far ahead) would let the first device's wait time out: a fix will want this test's wait
     turned into one on that condition."""
     rows, block = 64_000, 1000
-    alive: list[weakref.ref] = []
+    alive = _Part.made
+    alive.clear()
     last_issued = threading.Event()
     held_then: list[int] = []
 
@@ -434,7 +443,6 @@ def test_partials_waiting_for_a_stalled_devices_block_stay_about_a_ring(pair):
             assert last_issued.wait(120), "the second device never issued its last block"
             held_then.append(sum(1 for ref in alive if ref() is not None))
         made = _Part(n)
-        alive.append(weakref.ref(made))
         if offset + n == rows:
             last_issued.set()
         return made
