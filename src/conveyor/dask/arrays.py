@@ -150,12 +150,20 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
 
 
 # -- on the workers ---------------------------------------------------------------------------
+# What a chunk says when its kernel writes another type than the output's: map_blocks made
+# that output itself, of the type the client read from the source (no device's macros) or of
+# the type dtype= asked for ("pass an array of float32" named an array the caller never made).
+_DEFAULTED = ("a type its source chooses by the device's macros, where the client (no device) "
+              "read {wanted}: pass dtype=np.{dtype} to map_blocks")
+_ASKED = "and map_blocks was asked for dtype={wanted}: pass dtype=np.{dtype}, or leave it out"
+
+
 def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bool = False
                ) -> np.ndarray:
     *data, (i, lo, before, count) = blocks
     report = run(job, list(data), [dtype], first_row=lo - before, halo=halo,
                  where=f"chunk {i} (rows {lo}:{lo + count})",
-                 defaulted={0: "pass dtype=np.{dtype} to map_blocks"} if defaulted else None)
+                 defaulted={0: _DEFAULTED if defaulted else _ASKED})
     result: np.ndarray = report.outputs[0]
     return result[before : before + count] if halo else result
 

@@ -181,7 +181,9 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
         # The dtype itself, not its .str: a record's is "|V8" (fields lost on the workers).
         out_refs: list[FileRef] = [(str(s._tmp), s.dtype, s.shape, s.offset) for s in sinks]
         # Outputs named by path take the kernel's type as read here (no device's macros).
-        defaulted = {i: f"name the output's type: cv.npy_out({str(out)!r}, np.{{dtype}})"
+        defaulted = {i: (f"a type its source chooses by the device's macros, where the client "
+                         f"(no device) read {{wanted}}: name the output's type: "
+                         f"cv.npy_out({str(out)!r}, np.{{dtype}})")
                      for i, out in enumerate(wanted) if isinstance(out, str | os.PathLike)}
         ranges = _ranges(total, _workers(client))
         futures = [

@@ -335,9 +335,8 @@ def _check_defaulted(kernel: Any, inputs: int, outputs: list[Any],
         if param.is_pointer and param.dtype is not None and np.dtype(param.dtype) != wanted:
             raise InputError(
                 f"output {index}: kernel {kernel.name!r} writes {param.type_text} "
-                f"({np.dtype(param.dtype)}) on {kernel.device.spec}, a type its source "
-                f"chooses by the device's macros, where the client (no device) read "
-                f"{wanted}: {fix.format(dtype=np.dtype(param.dtype))}")
+                f"({np.dtype(param.dtype)}) on {kernel.device.spec}, "
+                f"{fix.format(dtype=np.dtype(param.dtype), wanted=wanted)}")
 
 
 def _an_exception(exc: BaseException) -> BaseException:

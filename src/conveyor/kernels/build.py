@@ -185,7 +185,7 @@ def checks_identity() -> str:
 
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for name in ("sizecheck.py", "signature.py", "typedefs.py", "preprocess.py"):
+    for name in ("sizecheck.py", "signature.py", "typedefs.py", "clmacros.py", "preprocess.py"):
         with contextlib.suppress(OSError):
             digest.update((here / name).read_bytes())
     return digest.hexdigest()[:16]
@@ -202,7 +202,7 @@ def reader_identity() -> str:
 
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for name in ("signature.py", "preprocess.py"):
+    for name in ("signature.py", "typedefs.py", "clmacros.py", "preprocess.py"):
         with contextlib.suppress(OSError):
             digest.update((here / name).read_bytes())
     with contextlib.suppress(ImportError, ValueError, OSError):

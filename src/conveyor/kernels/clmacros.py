@@ -15,7 +15,7 @@ _LIMITS = {
     "CHAR_BIT": "8", "SCHAR_MAX": "127", "SCHAR_MIN": "(-127-1)", "CHAR_MAX": "127",
     "CHAR_MIN": "(-127-1)", "UCHAR_MAX": "255", "SHRT_MAX": "32767", "SHRT_MIN": "(-32767-1)",
     "USHRT_MAX": "65535", "INT_MAX": "2147483647", "INT_MIN": "(-2147483647-1)",
-    "UINT_MAX": "0xffffffffU", "LONG_MAX": "0x7fffffffffffffffL",
+    "UINT_MAX": "0xffffffff", "LONG_MAX": "0x7fffffffffffffffL",
     "LONG_MIN": "(-0x7fffffffffffffffL-1)", "ULONG_MAX": "0xffffffffffffffffUL",
     "FLT_DIG": "6", "FLT_MANT_DIG": "24", "FLT_MAX_10_EXP": "38", "FLT_MAX_EXP": "128",
     "FLT_MIN_10_EXP": "(-37)", "FLT_MIN_EXP": "(-125)", "FLT_RADIX": "2",

@@ -149,25 +149,32 @@ def typedefs(source: str) -> dict[str, str]:
     """Every type name ``source`` declares as another element type (``typedef TYPE NAME;``,
     ``using NAME = TYPE;``, enums), NAME -> TYPE (kernels/typedefs.py); pointer and array
     typedefs are left out: a parameter of one is not an element type."""
-    return {name: target for name, target in declared(code_only(source)).items()
+    return {name: target for name, target in declared(code_only(source), _built_in).items()
             if "*" not in target and "[" not in target}
 
 
 def pointer_typedefs(source: str) -> dict[str, str]:
     """Every pointer typedef of ``source`` (``typedef __global const real *rp;``), NAME ->
     the type it points to, with its qualifiers (``__global const real``)."""
-    return {name: target[:-1].strip() for name, target in declared(code_only(source)).items()
+    return {name: target[:-1].strip()
+            for name, target in declared(code_only(source), _built_in).items()
             if target.endswith("*") and target.count("*") == 1 and "[" not in target}
+
+
+def _built_in(name: str) -> bool:
+    return resolve(name)[0] is not None
 
 
 def resolve(base: str, names: dict[str, str] | None = None) -> tuple[np.dtype | None, int]:
     """The element dtype and lane count of type ``base`` (a scalar, a vector such as
     ``float4``, or a typedef in ``names``); (None, 1) when it is none of these."""
     names = names or {}
+    seen: set[str] = set()
     for _ in range(16):  # typedef chains; a loop of them resolves to nothing
         words = [w for w in base.split() if w not in _QUALIFIERS]
         base = " ".join(words)
-        if base in names:
+        if base in names and base not in seen:
+            seen.add(base)  # ``typedef size_t size_t;`` then is the built-in size_t
             # The source's own typedef first: a name that is no keyword may be one
             # (``typedef short int32_t;``, ``typedef double float1;``), and was read as
             # the built-in type: int32 data for a kernel reading shorts.

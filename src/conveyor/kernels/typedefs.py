@@ -13,6 +13,7 @@ wins over one inside a function.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _STATEMENT = re.compile(r"\btypedef\b([^;{}]*);")
 _TYPEDEF_ENUM = re.compile(
@@ -20,15 +21,18 @@ _TYPEDEF_ENUM = re.compile(
 # ``enum tag : type`` (C23, clang's extension): an enum of a fixed type, not int
 _FIXED_ENUM = re.compile(r"\benum\s+(\w+)\s*:\s*([\w ]+?)\s*[{;]")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
-_EXT_VECTOR = re.compile(r"__attribute__\s*\(\(\s*(?:__)?ext_vector_type(?:__)?\s*\(\s*(\d+)\s*\)")
+_EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(\s*(\d+)\s*\)")
 _DECLARATOR = re.compile(r"(.*?)([\s*]*)\b(\w+)\s*((?:\[[^\]]*\]\s*)*)")
 _LANES = ("2", "3", "4", "8", "16")
 
 
-def declared(text: str) -> dict[str, str]:
+def declared(text: str, built_in: Callable[[str], bool] = lambda name: False
+             ) -> dict[str, str]:
     """Every type name ``text`` (comments blanked) declares -> the type it stands for: a
     pointer's ends in ``*``, an array's in ``[]``, an enum without a fixed type is
-    ``enum``."""
+    ``enum``. A ``built_in`` name declared only inside braces (``struct Traits { typedef
+    double size_t; }``, a function's ``typedef ushort uint;``) is left out: a kernel's
+    parameter list sees the built-in type."""
     found: dict[str, tuple[int, set[str]]] = {}  # name -> (brace depth, types at that depth)
     depth, at = 0, 0
     for start, name, target in sorted(_declarations(text)):
@@ -40,7 +44,8 @@ def declared(text: str) -> dict[str, str]:
             found[name] = (depth, {target})
         elif depth == known[0]:
             known[1].add(target)
-    return {name: next(iter(types)) for name, (_, types) in found.items() if len(types) == 1}
+    return {name: next(iter(types)) for name, (depth, types) in found.items()
+            if len(types) == 1 and (depth == 0 or not built_in(name))}
 
 
 def _declarations(text: str) -> list[tuple[int, str, str]]:
@@ -57,27 +62,60 @@ def _declarations(text: str) -> list[tuple[int, str, str]]:
 
 def _statement(body: str) -> list[tuple[str, str]]:
     """The (name, type) pairs of one ``typedef`` statement's text (after ``typedef``)."""
-    lanes = _EXT_VECTOR.search(body)
-    body = without_attributes(body)
-    if "(" in body:  # a function or function pointer type: not a data type
+    if not _attributes_known(body):
+        return []  # mode(DI), vector_size(16)...: another type than the words say
+    raw_parts = split_top(body)
+    parts = [without_attributes(part) for part in raw_parts]
+    if any("(" in part for part in parts):  # a function (pointer) type: not a data type
         return []
-    parts = split_top(body)
     first = _DECLARATOR.fullmatch(parts[0].strip())
     if first is None or not first.group(1).strip():
         return []
     base = first.group(1).strip()
+    # ext_vector_type before the first name is the base type's (every declarator's); after
+    # a name, that declarator's own (``typedef float s, v4 __attribute__(...)``: s is float)
+    shared = _EXT_VECTOR.search(raw_parts[0][:_name_at(raw_parts[0], first.group(3))])
     pairs = []
-    for index, part in enumerate(parts):
+    for index, (raw, part) in enumerate(zip(raw_parts, parts, strict=True)):
         match = first if index == 0 else _DECLARATOR.fullmatch(part.strip())
         if match is None or (index and match.group(1).strip()):
             return []  # not a declarator list conveyor reads: leave the statement out
         stars, name, array = match.group(2).count("*"), match.group(3), match.group(4)
+        lanes = shared or _EXT_VECTOR.search(raw[_name_at(raw, name):])
         target = base
         if lanes is not None and not stars and not array:
             # typedef float v4 __attribute__((ext_vector_type(4))): float4 (or unknown)
             target = f"{base}{lanes.group(1)}" if lanes.group(1) in _LANES else f"{base} []"
         pairs.append((name, target + " *" * stars + (" []" if array else "")))
     return pairs
+
+
+def _name_at(raw: str, name: str) -> int:
+    """Where declarator ``name`` stands in ``raw`` (its last occurrence as a word outside
+    attributes; the end where not found)."""
+    spans = [m.span() for m in re.finditer(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)", raw)]
+    for match in reversed(list(re.finditer(rf"\b{re.escape(name)}\b", raw))):
+        if not any(lo <= match.start() < hi for lo, hi in spans):
+            return match.start()
+    return len(raw)
+
+
+#: Attributes that leave a typedef the type its words say (ext_vector_type is read above).
+_HARMLESS = frozenset({"aligned", "unused", "maybe_unused", "used", "deprecated", "may_alias",
+                       "ext_vector_type", "nodebug"})
+
+
+def _attributes_known(text: str) -> bool:
+    """Whether every attribute in ``text`` is one :data:`_HARMLESS` (``mode(DI)`` makes an
+    int 64 bits, ``vector_size(16)`` a float a vector: such a name is left unresolved, for
+    the driver's reading)."""
+    for group in re.finditer(r"__attribute__\s*\(\(((?:[^()]|\([^()]*\))*)\)\)", text):
+        for item in split_top(group.group(1)):
+            word = re.match(r"\s*(\w*)", item)
+            name = (word.group(1) if word else "").strip("_")
+            if name and name not in _HARMLESS:
+                return False
+    return True
 
 
 def without_attributes(text: str) -> str:

@@ -106,7 +106,11 @@ class Fold:
             return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
         if self._flat is not None:
             flat = self._flat.result()
-            if isinstance(flat, WideHalves):  # lists of halves: their elements cast now
+            if isinstance(flat, WideHalves):  # tuples of halves: each element carried wide
+                if _keep_wide.get():
+                    totals = [WideHalves(total) for total in flat.total]
+                    return self._kind(*totals) if hasattr(self._kind, "_fields") else \
+                        self._kind(totals)
                 flat = flat.total.astype(np.float16)
             totals = flat.tolist() if self._python_totals() else list(flat)
             return self._kind(*totals) if hasattr(self._kind, "_fields") else \

@@ -206,8 +206,9 @@ class Report:
         mode = "zero-copy" if self.zero_copy else f"depth {self.depth}"
         ceiling = self.ceiling
         lines = [
-            f"conveyor stream on {self.device}: {self.blocks} blocks of {self.block_rows} rows "
-            f"({mode}) in {self.seconds:.3f} s",
+            f"conveyor stream on {self.device}: {self.blocks} block{'s' * (self.blocks != 1)} "
+            f"of {self.block_rows} row{'s' * (self.block_rows != 1)} ({mode}) in "
+            f"{self.seconds:.3f} s",
             f"  in  {self.bytes_in / 1e9:8.3f} GB  {self.gbps_in:7.2f} GB/s"
             + _ratio(self.ceiling_ratio_in, ceiling.h2d_gbps if ceiling else None),
             f"  out {self.bytes_out / 1e9:8.3f} GB  {self.gbps_out:7.2f} GB/s"
