@@ -47,6 +47,15 @@ def vadd_arrays(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return a, b, np.zeros_like(a)
 
 
+def pocl_only(device: cv.Device) -> None:
+    """Skip unless PoCL: the test's kernels use what its clang takes and NVIDIA's OpenCL
+    compiler refuses (``enum e : uchar``, an unnamed parameter in a definition)."""
+    import pytest
+
+    if device.backend != "opencl" or "Portable Computing Language" not in device.info.platform:
+        pytest.skip("C that PoCL's compiler takes (NVIDIA's OpenCL refuses it)")
+
+
 def opencl_c_only(device: cv.Device) -> None:
     """Skip on CUDA: the test's kernels are OpenCL C (atomic_add, __constant, get_global_id
     without cv.portable); the behaviour they guard is the engine's, tried on OpenCL."""

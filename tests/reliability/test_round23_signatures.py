@@ -74,6 +74,7 @@ from reliakit import (  # noqa: E402
     assert_clean,
     first_device_only,  # noqa: E402, F401 (autouse: first device only)
     opencl_c_only,
+    pocl_only,
 )
 
 import conveyor as cv  # noqa: E402
@@ -200,7 +201,7 @@ def test_types_the_source_defines_are_read_as_it_defines_them(device):
     conveyor asked for were read wrong: int32 as pairs of shorts (``[0, 0, 1, 0, 2, ...]``),
     float32 as doubles past their buffer. An enum holding 2**32 (8 bytes, clang), which
     conveyor cannot size, is refused by the size check, naming the parameter."""
-    opencl_c_only(device)
+    pocl_only(device)
     k = _compile(device, SHADOWED, "shadow")
     read = [(p.dtype.kind, p.dtype.itemsize) if p.dtype is not None else None
             for p in k.params[:3]]
@@ -274,7 +275,7 @@ def test_parameter_unnamed_only_for_the_compiler_does_not_crash(device, tmp_path
     PoCL its name, which PoCL answers with a segmentation fault (round sixteen's guard keeps
     that question from parameters unnamed in conveyor's own reading). The child should build
     the kernel and stream it."""
-    opencl_c_only(device)
+    pocl_only(device)
     script = f"""
 import sys, warnings, numpy as np, conveyor as cv
 warnings.simplefilter("ignore")

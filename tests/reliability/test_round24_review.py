@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
 from reliakit import (
     first_device_only,  # noqa: E402, F401
     opencl_c_only,  # noqa: E402
+    pocl_only,
 )
 
 import conveyor as cv  # noqa: E402
@@ -189,7 +190,7 @@ def test_guard_pointer_typedefs_sign_exact_typedefs_fixed_enums_and_limits(devic
     ``enum color : uchar`` through two typedefs, and a type chosen by ``#if LONG_MAX >
     INT_MAX && ...`` beside a user's own ``#define M_PI``: each read as the compiler reads
     it, no false refusal by the sign checks, and the right sum."""
-    opencl_c_only(device)
+    pocl_only(device)
     k = device.compile(TYPEDEFS, "types24")
     read = [(p.is_pointer, str(p.dtype)) for p in k.params[:9]]
     assert read == [(True, "float32"), (True, "float32"), (False, "int8"), (False, "int8"),
