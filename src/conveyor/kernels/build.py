@@ -7,8 +7,6 @@ is busy stalls until it is idle. ``compile_kernel`` is what ``Device.compile`` c
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import threading
 import warnings
@@ -20,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from conveyor import config, hazards
 from conveyor.errors import CompileError, InputError
-from conveyor.kernels import sizecheck
+from conveyor.kernels import identity, sizecheck
 from conveyor.kernels.buildlock import build_lock
 from conveyor.kernels.cache import KernelCache, cache_key
 from conveyor.kernels.includes import header_state
@@ -75,9 +73,9 @@ def build_identity(device: Device) -> str:
     """What the cache key takes as the compiler: the device's ``compiler_identity()`` and, on
     OpenCL, the options PyOpenCL adds from ``PYOPENCL_BUILD_OPTIONS`` to every build (so a
     binary built under that variable is never loaded by a run without it, nor the reverse)."""
-    identity = f"{device.compiler_identity()}|checks={checks_identity()}"
+    compiler = f"{device.compiler_identity()}|checks={identity.checks_identity()}"
     forced = config.pyopencl_build_options() if device.backend == "opencl" else ""
-    return f"{identity}|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}" if forced else identity
+    return f"{compiler}|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}" if forced else compiler
 
 
 def device_key(device: Device, options: Sequence[str], source: str) -> str:
@@ -156,7 +154,7 @@ class _Params:
                  key: str, disk: KernelCache | None) -> None:
         self.name = name
         self.signature: bytes | None = None
-        self.entry = f"{name}|{reader_identity()}"  # a new parser or pcpp: a new .sig
+        self.entry = f"{name}|{identity.reader_identity()}"  # a new parser or pcpp: a new .sig
         if disk is not None:
             stored = disk.load_signature(key, self.entry)
             params = None if stored is None else params_from_json(stored)
@@ -172,46 +170,6 @@ class _Params:
         if disk is not None and self.signature is not None:
             disk.store_signature(key, self.entry, self.signature)
             self.signature = None
-
-
-@functools.lru_cache(maxsize=1)
-def checks_identity() -> str:
-    """A digest of the code that reads a kernel's types and makes the compiler confirm them
-    at its build (sizecheck.py and what it reads with): part of every binary's cache key, so
-    a binary built before a fix to those checks is built (and checked) again, never loaded
-    unchecked (a typedef whose sign the compiler chose, read wrong, loaded from the cache
-    after the check learnt to refuse it)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for name in ("sizecheck.py", "signature.py", "typedefs.py", "clmacros.py", "preprocess.py"):
-        with contextlib.suppress(OSError):
-            digest.update((here / name).read_bytes())
-    return digest.hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=1)
-def reader_identity() -> str:
-    """What read the parameters a ``.sig`` holds: a digest of conveyor's parser and
-    preprocessing code and of pcpp's installed files (their sizes and times; pcpp itself is
-    not imported: that is what a warm build saves). Part of each ``.sig``'s name, so a fix to
-    either is never hidden by parameters read before it."""
-    import hashlib
-    import importlib.util
-
-    digest = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for name in ("signature.py", "typedefs.py", "clmacros.py", "preprocess.py"):
-        with contextlib.suppress(OSError):
-            digest.update((here / name).read_bytes())
-    with contextlib.suppress(ImportError, ValueError, OSError):
-        spec = importlib.util.find_spec("pcpp")
-        folder = Path(spec.origin).parent if spec is not None and spec.origin else None
-        for path in sorted(folder.glob("*.py")) if folder is not None else ():
-            stat = path.stat()
-            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
 
 
 def check_text(source: str, options: Sequence[str], name: str = "") -> None:

@@ -108,22 +108,20 @@ class Fold:
             flat = self._flat.result()
             if isinstance(flat, WideHalves):  # tuples of halves: each element carried wide
                 if _keep_wide.get():
-                    totals = [WideHalves(total) for total in flat.total]
-                    return self._kind(*totals) if hasattr(self._kind, "_fields") else \
-                        self._kind(totals)
+                    return self._made([WideHalves(total) for total in flat.total])
                 flat = flat.total.astype(np.float16)
-            totals = flat.tolist() if self._python_totals() else list(flat)
-            return self._kind(*totals) if hasattr(self._kind, "_fields") else \
-                self._kind(totals)
+            return self._made(flat.tolist() if self._python_totals() else list(flat))
         if self._parts is not None:
-            totals = [part.result() for part in self._parts]
-            # A named tuple is made from its fields; a tuple or list from an iterable.
-            return self._kind(*totals) if hasattr(self._kind, "_fields") else \
-                self._kind(totals)
+            return self._made([part.result() for part in self._parts])
         if self.op == "sum" and self._halves:  # added in float32, as np.sum adds halves
             return WideHalves(self.total) if _keep_wide.get() else \
                 self.total.astype(np.float16)
         return self.total
+
+    def _made(self, totals: list[Any]) -> Any:
+        """The total of tuple or list partials: block 0's kind holding ``totals`` (a named
+        tuple is made from its fields; a tuple or list from an iterable)."""
+        return self._kind(*totals) if hasattr(self._kind, "_fields") else self._kind(totals)
 
     def _fold(self, partial: Any, block: int) -> None:
         if partial is None:
