@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
-from conveyor.kernels.typedefs import declared, split_top, without_attributes
+from conveyor.kernels.typedefs import declared, split_default, split_top, without_attributes
 
 _SCALARS: dict[str, str] = {
     "char": "int8", "signed char": "int8", "uchar": "uint8", "unsigned char": "uint8",
@@ -156,9 +156,17 @@ def typedefs(source: str) -> dict[str, str]:
 def pointer_typedefs(source: str) -> dict[str, str]:
     """Every pointer typedef of ``source`` (``typedef __global const real *rp;``), NAME ->
     the type it points to, with its qualifiers (``__global const real``)."""
-    return {name: target[:-1].strip()
-            for name, target in declared(code_only(source), _built_in).items()
-            if target.endswith("*") and target.count("*") == 1 and "[" not in target}
+    table = declared(code_only(source), _built_in)
+    pointers = {name: target[:-1].strip() for name, target in table.items()
+                if target.endswith("*") and target.count("*") == 1 and "[" not in target}
+    for name, target in table.items():  # typedef wp wp2: wp2 points where wp does
+        seen = {name}
+        while target in table and target not in pointers and target not in seen:
+            seen.add(target)
+            target = table[target]
+        if target in pointers and name not in pointers:
+            pointers[name] = pointers[target]
+    return pointers
 
 
 def _built_in(name: str) -> bool:
@@ -250,7 +258,9 @@ def _defines_body(text: str, start: int) -> bool:
 
 def _parse_one(text: str, names: dict[str, str], pointers: dict[str, str] | None = None
                ) -> Param:
-    text = " ".join(without_attributes(text).replace("*", " * ").split())
+    # A C++ default argument (``float w = 0.5f``) is no part of the type or the name.
+    text = split_default(without_attributes(text))
+    text = " ".join(text.replace("*", " * ").split())
     text = _unwrap_pointer_typedef(text, pointers or {})
     if text.endswith("]") and "[" in text:
         # An array parameter is a pointer: "float x[4]" is "float * x"; "float []" has no name.

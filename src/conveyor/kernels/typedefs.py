@@ -12,6 +12,7 @@ wins over one inside a function.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable
 
@@ -22,7 +23,14 @@ _TYPEDEF_ENUM = re.compile(
 _FIXED_ENUM = re.compile(r"\benum\s+(\w+)\s*:\s*([\w ]+?)\s*[{;]")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
 _EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(\s*(\d+)\s*\)")
-_DECLARATOR = re.compile(r"(.*?)([\s*]*)\b(\w+)\s*((?:\[[^\]]*\]\s*)*)")
+# A declarator: the type, its stars (with qualifiers of the pointer between or after them:
+# ``* restrict``, ``* const``), the name, array brackets.
+_DECLARATOR = re.compile(r"(.*?)((?:[\s*]|\b(?:const|volatile|restrict|__restrict__|__restrict)"
+                         r"\b)*)\b(\w+)\s*((?:\[[^\]]*\]\s*)*)")
+# A brace that opens no scope: ``extern "C" {`` (its string emptied by code_only): what is
+# declared inside is at file scope. (A namespace's is a scope: its typedef of a built-in
+# name is not what a kernel outside it reads.)
+_OPEN_SCOPE_LESS = re.compile(r"\bextern\s*\"\"\s*\{")
 _LANES = ("2", "3", "4", "8", "16")
 
 
@@ -34,10 +42,10 @@ def declared(text: str, built_in: Callable[[str], bool] = lambda name: False
     double size_t; }``, a function's ``typedef ushort uint;``) is left out: a kernel's
     parameter list sees the built-in type."""
     found: dict[str, tuple[int, set[str]]] = {}  # name -> (brace depth, types at that depth)
-    depth, at = 0, 0
+    depths = _depths(text)
     for start, name, target in sorted(_declarations(text)):
-        depth += text.count("{", at, start) - text.count("}", at, start)
-        at = start
+        before = bisect.bisect_left(depths, (start, -1))
+        depth = depths[before - 1][1] if before else 0
         target = " ".join(target.split())
         known = found.get(name)
         if known is None or depth < known[0]:
@@ -46,6 +54,22 @@ def declared(text: str, built_in: Callable[[str], bool] = lambda name: False
             known[1].add(target)
     return {name: next(iter(types)) for name, (depth, types) in found.items()
             if len(types) == 1 and (depth == 0 or not built_in(name))}
+
+
+def _depths(text: str) -> list[tuple[int, int]]:
+    """(position, scope depth after it) of each brace of ``text``, in order; the braces of
+    ``extern "C" { }`` open no scope."""
+    scope_less = {m.end() - 1 for m in _OPEN_SCOPE_LESS.finditer(text)}
+    found, opened, depth = [], [], 0
+    for match in re.finditer(r"[{}]", text):
+        if match.group() == "{":
+            transparent = match.start() in scope_less
+            opened.append(transparent)
+            depth += 0 if transparent else 1
+        elif opened:
+            depth -= 0 if opened.pop() else 1
+        found.append((match.start(), depth))
+    return found
 
 
 def _declarations(text: str) -> list[tuple[int, str, str]]:
@@ -71,7 +95,8 @@ def _statement(body: str) -> list[tuple[str, str]]:
     first = _DECLARATOR.fullmatch(parts[0].strip())
     if first is None or not first.group(1).strip():
         return []
-    base = first.group(1).strip()
+    # Qualifiers before the first star are the pointee's (``float const *p``: const data).
+    base = f"{first.group(1)} {_stars(first)[0]}".strip()
     # ext_vector_type before the first name is the base type's (every declarator's); after
     # a name, that declarator's own (``typedef float s, v4 __attribute__(...)``: s is float)
     shared = _EXT_VECTOR.search(raw_parts[0][:_name_at(raw_parts[0], first.group(3))])
@@ -80,7 +105,7 @@ def _statement(body: str) -> list[tuple[str, str]]:
         match = first if index == 0 else _DECLARATOR.fullmatch(part.strip())
         if match is None or (index and match.group(1).strip()):
             return []  # not a declarator list conveyor reads: leave the statement out
-        stars, name, array = match.group(2).count("*"), match.group(3), match.group(4)
+        stars, name, array = _stars(match)[1].count("*"), match.group(3), match.group(4)
         lanes = shared or _EXT_VECTOR.search(raw[_name_at(raw, name):])
         target = base
         if lanes is not None and not stars and not array:
@@ -88,6 +113,14 @@ def _statement(body: str) -> list[tuple[str, str]]:
             target = f"{base}{lanes.group(1)}" if lanes.group(1) in _LANES else f"{base} []"
         pairs.append((name, target + " *" * stars + (" []" if array else "")))
     return pairs
+
+
+def _stars(match: re.Match[str]) -> tuple[str, str]:
+    """A declarator's text between its type and its name, cut at the first ``*``: the
+    qualifiers of the type, then the stars with the pointer's own qualifiers."""
+    between = match.group(2)
+    star = between.find("*")
+    return (between, "") if star < 0 else (between[:star], between[star:])
 
 
 def _name_at(raw: str, name: str) -> int:
@@ -138,9 +171,24 @@ def without_attributes(text: str) -> str:
     return "".join(out) + text[at:]
 
 
+def split_default(text: str) -> str:
+    """A parameter's text without a C++ default argument (``float w = 0.5f``: ``float w``);
+    an ``=`` inside parentheses or template arguments is not one."""
+    depth = 0
+    for i, char in enumerate(text):
+        if char in "([<":
+            depth += 1
+        elif char in ")]>":
+            depth -= 1
+        elif char == "=" and depth == 0:
+            return text[:i]
+    return text
+
+
 def split_top(text: str) -> list[str]:
-    """``text`` split at the commas outside parentheses (a parameter list with
-    ``__attribute__((aligned(16), nosvm))`` or ``PASTE(a, b)`` in it)."""
+    """``text`` split at the commas outside parentheses and template arguments (a parameter
+    list with ``__attribute__((aligned(16), nosvm))``, ``PASTE(a, b)`` or ``Pair<float, int>``
+    in it)."""
     parts, depth, start = [], 0, 0
     for i, char in enumerate(text):
         if char in "([":
@@ -151,4 +199,10 @@ def split_top(text: str) -> list[str]:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    return parts
+    merged: list[str] = []
+    for part in parts:  # a piece inside an open template argument list joins the one before
+        if merged and merged[-1].count("<") > merged[-1].count(">"):
+            merged[-1] += "," + part
+        else:
+            merged.append(part)
+    return merged
