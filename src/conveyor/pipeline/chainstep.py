@@ -106,6 +106,7 @@ class ChainStep(Step):
             result = bound.compute(*arrays, *args, queue=queue.native, offset=offset, n=n)
         queue.after_callable(result)  # work it left on a library's own stream (CUDA)
         if bound is self.last and self.chain.reduces:
+            queue.finish()  # get()/cpu() read on the library's stream (step.py)
             slot.partial = partial_of(result, block)
             return None
         if result is None:

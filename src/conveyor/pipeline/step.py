@@ -158,6 +158,10 @@ class CallableStep(Step):
         queue.after_callable(result)  # work it left on a library's own stream (CUDA)
         temps: list[Any] = []
         if self.keeps_result:
+            # A device array's get() (CuPy) or cpu() (PyTorch) reads on its library's current
+            # stream, which does not wait for this queue: the work is finished first (a CuPy
+            # sum returned from queue's stream read early on the H100, under load).
+            queue.finish()
             slot.partial = partial_of(result, block)
         elif result is not None:
             slot.returned = result
