@@ -20,7 +20,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy src
 
 test: lint typecheck
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 demo: $(STAMP)
 	$(VENV)/bin/conveyor demo
