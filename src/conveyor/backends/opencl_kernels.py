@@ -99,9 +99,13 @@ def build_binary(device: Device, source: str, options: Sequence[str]) -> bytes:
 POCL_LONGEST_NAME = 252
 
 
+def _pocl(device: Device) -> bool:
+    return "Portable Computing Language" in device.info.platform
+
+
 def _check_names(device: Device, program: Any) -> None:
     """InputError for a kernel name PoCL cannot link (before it is asked to)."""
-    if "Portable Computing Language" not in device.info.platform:
+    if not _pocl(device):
         return
     names = str(program.get_info(cl.program_info.KERNEL_NAMES)).split(";")
     long = next((n for n in names if len(n.encode()) > POCL_LONGEST_NAME), None)
@@ -135,8 +139,7 @@ def load_kernel(device: Device, binary: bytes, name: str, options: Sequence[str]
             f"could not load kernel {name!r} from its binary on {device.name}: "
             f"{_code_name(exc.code)}"
         ) from exc
-    pocl = "Portable Computing Language" in device.info.platform
-    params = from_driver(name, params, _arg_info(cl_kernel, params, ask_names=not pocl),
+    params = from_driver(name, params, _arg_info(cl_kernel, params, ask_names=not _pocl(device)),
                          device.name)
     return Kernel(device, cl_kernel, name, params)
 

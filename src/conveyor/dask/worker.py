@@ -305,8 +305,9 @@ def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, wher
         halo: int = 0, reduce: Any = None, defaulted: dict[int, str] | None = None) -> Any:
     """One ``cv.stream`` of ``job`` on this worker; the Report. A failure is raised as is,
     with a note naming ``where`` (the chunk and its rows) and this worker. ``defaulted``:
-    the outputs whose dtype the client read from the kernel's source, each with what the
-    user passes to name it (:func:`_check_defaulted`)."""
+    the outputs conveyor.dask made itself, of a dtype read on the client from the kernel's
+    source or asked for by ``dtype=``, each with why it may differ and what to pass instead
+    (:func:`_check_defaulted`)."""
     import conveyor as cv
 
     try:
@@ -324,9 +325,10 @@ def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, wher
 
 def _check_defaulted(kernel: Any, inputs: int, outputs: list[Any],
                      defaulted: dict[int, str]) -> None:
-    """InputError when an output's dtype, read on the client from the kernel's source with no
-    device's macros (``#ifdef __opencl_c_fp64``...), is not the type the worker's build takes:
-    each chunk was refused with advice to pass an array, which map_blocks makes itself."""
+    """InputError when an output conveyor.dask made (of a dtype read on the client from the
+    kernel's source with no device's macros, ``#ifdef __opencl_c_fp64``..., or given as
+    ``dtype=``) is not the type the worker's build takes: each chunk was refused with advice
+    to pass an array, which map_blocks makes itself."""
     for index, fix in defaulted.items():
         if inputs + index >= len(kernel.params) or index >= len(outputs):
             continue

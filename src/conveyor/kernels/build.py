@@ -298,8 +298,8 @@ class KernelFuture:
         check_text(source, options, name)
         self._disk = default_cache()
         self._key = device_key(device, options, source)
-        self._headers = kernel_headers(device, options, source)  # with the key, before
-        # the build
+        # With the key, before the build (after it, an edit in between passed the check).
+        self._headers = kernel_headers(device, options, source)
         # A wrong name fails now, not on the compiler thread.
         read = _Params(device, source, name, options, self._key, self._disk)
         self.params = read.params

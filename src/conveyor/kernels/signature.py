@@ -140,8 +140,8 @@ def parse_params(source: str, name: str) -> tuple[Param, ...]:
     body = text[start : i - 1].strip()
     if not body or body == "void":
         return ()
-    names = typedefs(text)
-    pointers = pointer_typedefs(text)
+    table = declared(text, _built_in)  # read once for both kinds of typedef
+    names, pointers = _element_typedefs(table), _pointer_typedefs(table)
     return tuple(_parse_one(part, names, pointers) for part in split_top(body))
 
 
@@ -149,14 +149,21 @@ def typedefs(source: str) -> dict[str, str]:
     """Every type name ``source`` declares as another element type (``typedef TYPE NAME;``,
     ``using NAME = TYPE;``, enums), NAME -> TYPE (kernels/typedefs.py); pointer and array
     typedefs are left out: a parameter of one is not an element type."""
-    return {name: target for name, target in declared(code_only(source), _built_in).items()
-            if "*" not in target and "[" not in target}
+    return _element_typedefs(declared(code_only(source), _built_in))
 
 
 def pointer_typedefs(source: str) -> dict[str, str]:
     """Every pointer typedef of ``source`` (``typedef __global const real *rp;``), NAME ->
     the type it points to, with its qualifiers (``__global const real``)."""
-    table = declared(code_only(source), _built_in)
+    return _pointer_typedefs(declared(code_only(source), _built_in))
+
+
+def _element_typedefs(table: dict[str, str]) -> dict[str, str]:
+    return {name: target for name, target in table.items()
+            if "*" not in target and "[" not in target}
+
+
+def _pointer_typedefs(table: dict[str, str]) -> dict[str, str]:
     pointers = {name: target[:-1].strip() for name, target in table.items()
                 if target.endswith("*") and target.count("*") == 1 and "[" not in target}
     for name, target in table.items():  # typedef wp wp2: wp2 points where wp does

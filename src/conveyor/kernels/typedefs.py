@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _STATEMENT = re.compile(r"\btypedef\b([^;{}]*);")
 _TYPEDEF_ENUM = re.compile(
@@ -174,35 +174,30 @@ def without_attributes(text: str) -> str:
 def split_default(text: str) -> str:
     """A parameter's text without a C++ default argument (``float w = 0.5f``: ``float w``);
     an ``=`` inside parentheses or template arguments is not one."""
-    depth = 0
-    for i, char in enumerate(text):
-        if char in "([<":
-            depth += 1
-        elif char in ")]>":
-            depth -= 1
-        elif char == "=" and depth == 0:
-            return text[:i]
-    return text
+    at = next(_top_level(text, "="), None)
+    return text if at is None else text[:at]
 
 
 def split_top(text: str) -> list[str]:
     """``text`` split at the commas outside parentheses and template arguments (a parameter
     list with ``__attribute__((aligned(16), nosvm))``, ``PASTE(a, b)`` or ``Pair<float, int>``
     in it)."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
+    parts, start = [], 0
+    for at in _top_level(text, ","):
+        parts.append(text[start:at])
+        start = at + 1
     parts.append(text[start:])
-    merged: list[str] = []
-    for part in parts:  # a piece inside an open template argument list joins the one before
-        if merged and merged[-1].count("<") > merged[-1].count(">"):
-            merged[-1] += "," + part
-        else:
-            merged.append(part)
-    return merged
+    return parts
+
+
+def _top_level(text: str, mark: str) -> Iterator[int]:
+    """The positions of ``mark`` in ``text`` outside parentheses, brackets and template
+    arguments."""
+    depth = 0
+    for i, char in enumerate(text):
+        if char in "([<":
+            depth += 1
+        elif char in ")]>":
+            depth -= 1
+        elif char == mark and depth == 0:
+            yield i
