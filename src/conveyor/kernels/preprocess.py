@@ -84,7 +84,7 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
             pre.add_path(str(path))
         # C joins a line ending in a backslash to the next before it finds comments (phase 2):
         # "// note \" makes the next line a comment too, which pcpp read as code.
-        pre.parse(re.sub(r"\\\r?\n", "", source), "kernel")
+        pre.parse(collapse_tables(re.sub(r"\\\r?\n", "", source)), "kernel")
         out = io.StringIO()
         pre.write(out)
     except Exception as exc:  # pcpp fails on some inputs: read the unexpanded source
@@ -92,6 +92,34 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
                    f"parameter types are read unexpanded")
         return source, False
     return out.getvalue(), True
+
+
+#: An initializer ``= { ... };`` whose text holds none of ``; # " ' / =``: a candidate table.
+_INITIALIZER = re.compile(r"=\s*\{([^;#\"'/=]*)\}(?=\s*;)")
+#: A C preprocessing number (C11 6.4.8): no macro is ever expanded inside one.
+_PP_NUMBER = re.compile(r"\.?\d(?:[eEpP][+-]|[\w.])*")
+#: Initializers shorter than this are left to pcpp as they are.
+TABLE_CHARS = 4096
+
+
+def collapse_tables(source: str) -> str:
+    """``source`` with each long initializer made only of numbers (``= {1.5f, -2, 0x1F};``,
+    nested braces too) cut to ``= {0};`` and its line breaks, before pcpp reads it.
+
+    pcpp tokenizes in Python: a 1.6 MB ``__constant`` lookup table took it 4 s here (17 s
+    for another), though no macro can hide in such a table (its tokens are preprocessing
+    numbers, signs, commas and braces) and nothing conveyor reads from the expanded text
+    (parameters, typedefs, struct layouts, kernel names) lies inside an initializer. Line
+    numbers stay as they were."""
+    def cut(match: re.Match[str]) -> str:
+        body = match.group(1)
+        if len(body) < TABLE_CHARS or body.count("{") != body.count("}"):
+            return match.group(0)
+        if not re.fullmatch(r"[\s,{}+\-]*", _PP_NUMBER.sub("", body)):
+            return match.group(0)  # a name in it: a macro pcpp must see
+        return "= {0" + "\n" * body.count("\n") + "}"
+
+    return _INITIALIZER.sub(cut, source)
 
 
 def _defines(options: tuple[str, ...]) -> list[tuple[str, str]]:
