@@ -2,7 +2,8 @@
 halo, shaped, structs, constant, supply, and the parts of stream.py and step.py that call
 them), each branch tried against NumPy on PoCL.
 
-Found (strict xfails, each asserting the right behaviour):
+Found (each a strict xfail asserting the right behaviour, seen failing on the code before
+its fix, and a plain test since):
 
 - **Refusal of legal work, with a message that says nothing to change**: a kernel that
   declares a signed ``long offset`` (or ``int offset``) in a stream with a negative
@@ -11,14 +12,14 @@ Found (strict xfails, each asserting the right behaviour):
   ``np.uint64``, which the cast to ``long`` refuses ("18446744073709551613 cannot be passed
   as kernel parameter 'offset' (long offset)"); ``check_counts_fit`` (step.py:70) skips
   negative offsets, so a narrow unsigned ``uint offset`` is refused the same way, at launch.
-- **Partial writes, then a refusal**: a chain link's ``uint offset`` (or ``uchar n``) is
-  never checked before the first block: ``check_counts_fit`` runs for a single kernel only
-  (step.py:113), not for ``ChainStep``'s links (chainstep.py:47-55). A stream whose later
-  blocks' offsets pass 2**32 writes its first blocks, then fails with "pass a uint32 value"
-  (not "declare it ulong"), where the same kernel alone is refused before any work.
-
 - The same through ``conveyor.dask.map_blocks(k, x, halo=1, boundary="reflect")``: every
   chunk that starts at row 0 fails, where the README promises offsets from ``-h``.
+- **Partial writes, then a refusal**: a chain link's ``uint offset`` (an ``n`` too narrow
+  goes the same way; only offset was run) is never checked before the first block:
+  ``check_counts_fit`` runs for a single kernel only (step.py:113), not for ``ChainStep``'s
+  links (chainstep.py:47-55). A stream whose later blocks' offsets pass 2**32 writes its
+  first blocks, then fails with "pass a uint32 value" (not "declare it ulong"), where the
+  same kernel alone is refused before any work.
 
 Guards (already right) say "guard:" in their docstrings.
 """
@@ -43,8 +44,6 @@ _OFFSET_SRC = """__kernel void at(__global const float *x, __global long *y, {t}
 }}"""
 
 
-@pytest.mark.xfail(strict=True, reason="a signed long/int offset with a negative first_row is "
-                   "refused at launch: the offset is passed as its uint64 wrap")
 @pytest.mark.parametrize("ctype", ["long", "int"])
 def test_a_signed_offset_parameter_receives_a_negative_first_row_as_is(device, ctype):
     """A kernel declaring ``long offset`` is told the block's element offset; with margin
@@ -58,9 +57,6 @@ def test_a_signed_offset_parameter_receives_a_negative_first_row_as_is(device, c
     np.testing.assert_array_equal(y, np.arange(-3, 3))
 
 
-@pytest.mark.xfail(strict=True, reason="a uint offset with a negative first_row is refused "
-                   "at launch with its uint64 wrap named, not before any block as 'declare it "
-                   "ulong'")
 def test_a_narrow_unsigned_offset_with_a_negative_first_row_says_declare_ulong(device):
     """``uint offset`` cannot hold -3 (nor its wrap): refused before any block, saying what
     to change, as a too-large offset is."""
@@ -83,8 +79,6 @@ _LINK_B = """__kernel void b(__global const float *t, __global float *y, uint of
 }"""
 
 
-@pytest.mark.xfail(strict=True, reason="a chain link's narrow offset is not checked before "
-                   "the first block: early blocks are written, then 'pass a uint32 value'")
 def test_a_chain_links_narrow_offset_is_refused_before_any_block(device):
     """The same ``uint offset`` kernel that a single-kernel stream refuses before any work
     (offsets past 2**32) is refused so as a chain's link, and no output row is written."""
@@ -191,8 +185,6 @@ def test_guard_inputs_of_unusual_strides_stream_as_numpy_reads_them(device):
                 np.testing.assert_array_equal(c, want)
 
 
-@pytest.mark.xfail(strict=True, reason="conveyor.dask with a boundary passes the first chunk's "
-                   "negative offset as its uint64 wrap, which a long offset refuses")
 def test_dask_map_blocks_with_a_boundary_gives_a_long_offset_its_negative_rows(device):
     """conveyor.dask's first chunk runs over dask's pad rows with offsets from -h (README,
     "Halo"): a kernel that declares ``long offset`` gets them, and the result is dask's."""

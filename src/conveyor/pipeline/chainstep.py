@@ -21,6 +21,8 @@ from conveyor.pipeline.step import (
     Step,
     _describe,
     _what,
+    check_counts_fit,
+    offset_arg,
     partial_of,
     release_temps,
     unalias,
@@ -40,6 +42,9 @@ class ChainStep(Step):
         self.device = device
         self.link_args = [tuple(a) for a in args] or [b.args for b in chain.links]
         self.last = chain.links[-1]
+        for bound in chain.links:  # each kernel link's offset and n, before any block
+            if bound.is_kernel:
+                check_counts_fit(bound.compute, plan, first_row)
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> Event:
@@ -50,9 +55,8 @@ class ChainStep(Step):
         returned: list[Any] = []
         for bound, args in zip(self.chain.links, self.link_args, strict=True):
             if bound.is_kernel:
-                # Modulo 2**64 as in KernelStep: a negative first_row wraps as ulong does.
                 launch = [*(self._buffer(slot, ref) for ref in (*bound.reads, *bound.writes)),
-                          *args, np.uint64(offset % (1 << 64)), np.uint64(n)]
+                          *args, offset_arg(bound.compute, offset), np.uint64(n)]
                 event = queue.launch(bound.compute, n, launch, wait_for=waits)
                 self.records.append((f"compute:{bound.title}", block.index, event, 0))
             else:

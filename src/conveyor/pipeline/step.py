@@ -56,25 +56,48 @@ def check_offsets(first_row: int, rows: int, row_items: int) -> None:
 
 def check_counts_fit(kernel: Kernel, plan: Plan, first_row: int) -> None:
     """InputError, before any block, when the kernel's ``offset`` or ``n`` parameter (its
-    last two) is an integer type too narrow for the largest value this stream passes (a
-    ``uchar n`` with blocks of 300 elements): found at the launch of the block that needs it
-    before, after earlier blocks had written their rows."""
+    last two) is an integer type too narrow for the values this stream passes (a ``uchar n``
+    with blocks of 300 elements; a ``uint offset`` or ``int offset`` below a negative
+    ``first_row``'s offsets): found at the launch of the block that needs it before, after
+    earlier blocks had written their rows. A ``ulong offset`` takes a negative offset modulo
+    2**64 (unsigned arithmetic gives ``offset + i`` right)."""
     params = list(getattr(kernel, "params", ()))
     if len(params) < 2 or not plan.block_count:
         return
     row_items = plan.inputs[0].row_items
     largest = {"offset": (first_row + (plan.block_count - 1) * plan.block_rows) * row_items,
                "n": min(plan.block_rows, plan.rows) * row_items}
+    smallest = first_row * row_items  # block 0's offset
     for param, (what, value) in zip(params[-2:], largest.items(), strict=True):
         dtype = param.dtype
-        if dtype is None or dtype.kind not in "iu" or value < 0:  # negative: wraps as asked
+        if dtype is None or dtype.kind not in "iu":
             continue
-        top = int(np.iinfo(dtype).max)
-        if value > top:
+        info = np.iinfo(dtype)
+        where = f"kernel {kernel.name!r}: parameter {param.name!r} ({param.type_text})"
+        if value > info.max:
             raise InputError(
-                f"kernel {kernel.name!r}: parameter {param.name!r} ({param.type_text}) "
-                f"receives {what}, up to {value} in this stream, past its type's largest "
-                f"value {top}: declare it ulong")
+                f"{where} receives {what}, up to {value} in this stream, past its type's "
+                f"largest value {info.max}: declare it ulong")
+        if what == "offset" and smallest < info.min and not (dtype.kind == "u"
+                                                             and dtype.itemsize == 8):
+            fix = ("declare it ulong (a negative offset wraps modulo 2**64) or long"
+                   if dtype.kind == "u" else "declare it long")
+            raise InputError(
+                f"{where} receives offset, down to {smallest} in this stream (first_row="
+                f"{first_row}), below its type's smallest value {info.min}: {fix}")
+
+
+def offset_arg(kernel: Kernel, offset: int) -> np.integer:
+    """Block ``offset`` as the kernel's ``offset`` parameter takes it: a signed one (``long
+    offset``) gets the offset itself, negative for rows before the whole array's row 0 (a
+    negative ``first_row``: conveyor.dask's margin rows); any other, the offset modulo
+    2**64, so a ``ulong offset``'s unsigned arithmetic still gives ``offset + i`` right.
+    :func:`check_counts_fit` has checked that it fits."""
+    params: Sequence[Any] = getattr(kernel, "params", ())
+    dtype = params[-2].dtype if len(params) >= 2 else None
+    if dtype is not None and dtype.kind == "i":
+        return np.int64(offset)
+    return np.uint64(offset % (1 << 64))
 
 
 class Step:
@@ -116,11 +139,9 @@ class KernelStep(Step):
                 ) -> Event:
         n = block.rows * self.row_items
         outputs = slot.dev_out if slot.scratch is None else [slot.scratch.values]
-        # Modulo 2**64: a negative first_row (margin rows before the whole array's row 0)
-        # wraps as the kernel's unsigned arithmetic expects, so offset + i is still right.
-        offset = (self.first_row + block.start) * self.row_items % (1 << 64)
+        offset = offset_arg(self.kernel, (self.first_row + block.start) * self.row_items)
         inputs = image.launch_inputs(slot.dev_in)  # an image input: its image and sampler
-        args = [*inputs, *outputs, *self.args, np.uint64(offset), np.uint64(n)]
+        args = [*inputs, *outputs, *self.args, offset, np.uint64(n)]
         event = queue.launch(self.kernel, n, args, wait_for=wait_for)
         self.records.append(("compute", block.index, event, 0))
         return event
