@@ -100,3 +100,58 @@ def test_a_stream_needing_more_than_the_host_has_is_refused_before_any_work(devi
                   block_bytes=1 << 20, zero_copy=False)
     after = device.pinned_pool.stats().held_bytes, device.memory_pool.stats().held_bytes
     assert after == before
+
+
+# -- a window's halo given beside it (halo.rows_around, Source.beside: conveyor.dask) --------
+WINDOWS = [(0, 40), (3, 50), (37, 100), (48, 51), (98, 100), (0, 100)]
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+@pytest.mark.parametrize("pinned", [False, True], ids=["staged", "pinned"])
+def test_a_window_streamed_with_its_neighbours_given_equals_the_whole_streams_rows(
+        device, boundary, pinned):
+    """Rows lo:hi of x streamed alone, the halo rows around them given beside them: exactly
+    the rows lo:hi of the stream of all of x, for windows at either end, inside, shorter
+    than the halo and the whole array."""
+    from conveyor.pipeline.halo import rows_around
+    from conveyor.pipeline.io import ArraySource
+
+    halo = 5
+    x = (np.arange(100, dtype=np.float32) * 7) % 31
+    whole = ArraySource(x, "x")
+    source_x = cv.pinned.asarray(x, device=device) if pinned else x
+    expected = _reference(x, halo, boundary)
+    for lo, hi in WINDOWS:
+        window = ArraySource(source_x[lo:hi], "input 0")
+        window.beside = rows_around(whole, lo, hi, halo, boundary)
+        y = np.zeros(hi - lo, np.float32)
+        cv.stream(kernel(device, "sten"), [window], [y], device=device, args=(1, halo),
+                  halo=halo, boundary=boundary, block_bytes=64, zero_copy=False)
+        np.testing.assert_array_equal(y, expected[lo:hi], err_msg=f"rows {lo}:{hi}")
+
+
+def test_rows_around_reads_each_run_of_rows_once_and_pads_past_both_ends():
+    from conveyor.pipeline.halo import rows_around
+    from conveyor.pipeline.io import ArraySource
+
+    x = np.arange(12, dtype=np.int64).reshape(6, 2)
+    for boundary in BOUNDARIES[:3]:
+        padded = np.pad(x, [(4, 4), (0, 0)], mode=PAD_MODES[boundary])
+        for lo, hi in [(1, 3), (2, 5), (3, 6), (0, 6), (5, 6)]:
+            front, back = rows_around(ArraySource(x), lo, hi, 4, boundary)
+            np.testing.assert_array_equal(front, padded[lo : lo + 4])
+            np.testing.assert_array_equal(back, padded[hi + 4 : hi + 8])
+    front, _ = rows_around(ArraySource(x), 2, 4, 3, -1)
+    np.testing.assert_array_equal(front, [[-1, -1], [0, 1], [2, 3]])
+
+
+def test_rows_given_beside_that_do_not_fit_the_halo_are_input_errors(device):
+    from conveyor.pipeline.io import ArraySource
+
+    x = np.arange(10, dtype=np.float32)
+    for front in (np.zeros(2, np.float32), np.zeros(3, np.float64)):
+        window = ArraySource(x, "input 0")
+        window.beside = (front, None)
+        with pytest.raises(InputError, match="the rows given before it"):
+            cv.stream(kernel(device, "sten"), [window], [np.zeros_like(x)], device=device,
+                      args=(1, 3), halo=3)

@@ -19,6 +19,8 @@ conveyor is wrong, and turns red when the bug is fixed):
   pads past the array's ends: a callable saw ``offset=-h`` and rows up to ``N + h``, which a
   local ``cv.stream(halo=h)`` never gives; one that reads per-row data by ``offset`` (works
   locally) failed with NumPy's broadcast error (a kernel reads such a table out of bounds).
+  Known and documented until round 26, which streams a chunk's own rows only, its
+  neighbours' rows (dask's pad rows at the ends) given as its halo.
 - ``strict=`` and ``zero_copy=`` were not checked on the client (``depth=``, ``block_bytes=``
   are): ``strict="yes"`` failed in every chunk on the workers at ``compute()``.
 - ``cvd.warm``'s note named the worker only as "pid N" (``get_worker()`` has no worker inside
@@ -453,9 +455,6 @@ def _weighted(x, y, *, queue, offset, n):
     y.set((body * _WEIGHTS[offset:offset + n]).astype(np.float32), queue=queue)
 
 
-@pytest.mark.xfail(strict=True, reason="round 11, known and documented (README, Clusters): "
-                   "map_blocks(halo, boundary!='none') runs the compute on dask's pad rows "
-                   "past the array's ends (offsets -h to N+h-1)")
 def test_a_halo_callable_sees_only_rows_of_the_array_as_in_a_local_stream(client):
     x = np.arange(100, dtype=np.float32)
     local = cv.stream(_weighted, [x], [np.float32], halo=2, device=cv.device(SPEC),

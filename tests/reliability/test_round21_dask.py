@@ -154,19 +154,19 @@ def _sten_reference(x, **pad):
 
 # -- wrong answers ------------------------------------------------------------------------------
 @pytest.mark.parametrize("op", ["sum", "max"])
-def test_a_file_reduce_with_a_halo_is_refused_not_folded_twice(client, device, tmp_path, op):
-    # Two workers: rows 0:10 and 10:20. Row 9's true value is the largest (22); the second
-    # worker's stream starts at row 9 and pads row 8 as row 9 (0 for -10): 32 there.
+def test_a_file_reduce_with_a_halo_folds_each_row_once(client, device, tmp_path, op):
+    # Two workers: rows 0:10 and 10:20. Row 9's true value is the largest (22); a second
+    # worker whose stream started at row 9 padded row 8 as row 9 (0 for -10): 32 there, and
+    # its fold counted row 9 twice (132 for 87). It was refused from round 21; since round
+    # 26 each worker streams its own rows only, with its neighbours' rows given as its halo.
     x = np.array([1, 0, 2, 1, 0, 2, 1, 0, -10, 0, 10, 0, 1, 2, 0, 1, 2, 1, 0, 1], np.float32)
     np.save(tmp_path / "x.npy", x)
-    # Fixed by refusing it (until a worker's stream can read halo rows it does not fold), on
-    # the client, before any work: it gave 132 for 87.
-    with pytest.raises(cv.InputError, match="cannot reduce with halo=1"):
-        cvd.stream(STEN, [str(tmp_path / "x.npy")], reduce=op, halo=1, client=client,
-                   device=SPEC)
+    got = cvd.stream(STEN, [str(tmp_path / "x.npy")], reduce=op, halo=1, client=client,
+                     device=SPEC).result
     local = _local(device, STEN, [str(tmp_path / "x.npy")], reduce=op, halo=1).result
     values = _sten_reference(x, mode="edge")
     assert local == getattr(np, op)(values.astype(np.float64))  # the local stream is right
+    assert got == local
 
 
 @pytest.mark.parametrize("rows", [10, 40])
@@ -360,3 +360,29 @@ def test_file_map_with_a_halo_across_workers_from_a_raw_offset_to_raw_out(client
     local = _local(device, STEN, [source], outputs=[np.float32], halo=1)
     np.testing.assert_array_equal(got, local.outputs[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.raw", "y.raw"]
+
+
+@pytest.mark.parametrize("op", ["sum", "min"])
+def test_a_file_stream_with_a_halo_wider_than_each_workers_range(client, device, tmp_path, op):
+    """Round 26: a halo of 3 over 4 rows per worker (ranges 0:4 and 4:8 on two workers) reads
+    rows of both ranges and of the file's ends; the output and the reduction equal one local
+    stream's."""
+    x = np.array([5, -3, 2, 8, -7, 1, 0, 4], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    src = """__kernel void wide(__global const float *x, __global float *y, ulong offset,
+                                ulong n) {
+        size_t i = get_global_id(0);
+        if (i < n) y[i] = 3 * x[i] - x[i + 3] + 2 * x[i + 6] + (float)(offset + i);
+    }"""
+    k = cvd.kernel(src, "wide")
+    report = cvd.stream(k, [str(tmp_path / "x.npy")], [str(tmp_path / "y.npy")], halo=3,
+                        client=client, device=SPEC)
+    assert [r["rows"] for r in report.ranges] == [(0, 4), (4, 8)]
+    local = _local(device, k, [str(tmp_path / "x.npy")], outputs=[np.float32], halo=3)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), local.outputs[0])
+    p = np.pad(x, 3, mode="edge")
+    np.testing.assert_array_equal(local.outputs[0],
+                                  3 * p[:8] - p[3:11] + 2 * p[6:14] + np.arange(8))
+    got = cvd.stream(k, [str(tmp_path / "x.npy")], reduce=op, halo=3, client=client,
+                     device=SPEC).result
+    assert got == _local(device, k, [str(tmp_path / "x.npy")], reduce=op, halo=3).result

@@ -186,8 +186,10 @@ def test_guard_inputs_of_unusual_strides_stream_as_numpy_reads_them(device):
 
 
 def test_dask_map_blocks_with_a_boundary_gives_a_long_offset_its_negative_rows(device):
-    """conveyor.dask's first chunk runs over dask's pad rows with offsets from -h (README,
-    "Halo"): a kernel that declares ``long offset`` gets them, and the result is dask's."""
+    """A kernel that declares ``long offset`` under conveyor.dask with a boundary: each row
+    gets its own offset. (Found when the first chunk's stream ran over dask's pad rows with
+    offsets from -h, which a ``long offset`` refused at launch; since round 26 a chunk's
+    stream runs over its own rows only, its neighbours given as its halo.)"""
     opencl_c_only(device)
     dask = pytest.importorskip("dask")
     import dask.array as da

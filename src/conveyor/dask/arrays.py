@@ -7,11 +7,11 @@ stream gets ``first_row`` = the chunk's first row, so ``offset`` in a kernel or 
 index in the whole array, as in one local ``cv.stream``.
 
 Halo: each input is extended by dask's own overlap (``da.overlap.overlap``, depth ``halo`` on
-axis 0, dask's boundary names), and the stream runs over the extended chunk with conveyor's
-``halo=h`` too; the rows within ``h`` of the extended chunk's ends (the only ones whose
-neighbours conveyor pads) are dropped. So every kept row sees exactly the rows dask's overlap
-gives it; with ``boundary="none"`` the array's own ends repeat the edge row, as in
-``cv.stream(halo=h)``.
+axis 0, dask's boundary names). The stream runs over the chunk's own rows with conveyor's
+``halo=h``, the overlap's rows before and after them given as that halo
+(``Source.beside``), so every row sees exactly the rows dask's overlap gives it and the
+compute sees only the array's rows (offsets 0 to N - 1, as one local stream); with
+``boundary="none"`` the array's own ends repeat the edge row, as in ``cv.stream(halo=h)``.
 """
 
 from __future__ import annotations
@@ -160,12 +160,30 @@ _ASKED = "and map_blocks was asked for dtype={wanted}: pass dtype=np.{dtype}, or
 
 def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bool = False
                ) -> np.ndarray:
+    """On a worker: stream chunk ``i`` (rows ``lo:lo + count`` of the whole array). With a
+    halo each block is the chunk extended by dask's overlap (``before`` rows in front, as
+    many after where the chunk has neighbours or dask padded the array's end): only the
+    chunk's own rows are streamed, those rows given beside them as its halo, so the compute
+    sees the offsets of the array's rows alone, as one local stream does."""
     *data, (i, lo, before, count) = blocks
-    report = run(job, list(data), [dtype], first_row=lo - before, halo=halo,
+    inputs: list[Any] = list(data)
+    if halo:
+        from conveyor.pipeline import validate
+        from conveyor.pipeline.io import ArraySource
+
+        inputs = []
+        for k, block in enumerate(data):
+            source = ArraySource(validate.as_input(block[before : before + count], k),
+                                 f"input {k}")
+            after = block.shape[0] - before - count
+            source.beside = (block[before - halo : before] if before else None,
+                             block[before + count : before + count + halo] if after else None)
+            inputs.append(source)
+    report = run(job, inputs, [dtype], first_row=lo, halo=halo,
                  where=f"chunk {i} (rows {lo}:{lo + count})",
                  defaulted={0: _DEFAULTED if defaulted else _ASKED})
     result: np.ndarray = report.outputs[0]
-    return result[before : before + count] if halo else result
+    return result
 
 
 def _reduce_chunk(block: np.ndarray, where: tuple[int, int, int], *, job: Job, op: Any

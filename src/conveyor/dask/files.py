@@ -38,17 +38,16 @@ InputRef = tuple[str, np.dtype, tuple[int, ...], int, int, bytes]
 
 class RangeSink(Sink):
     """Rows ``lo:hi`` of an output file that already exists at full size (a part file the
-    client made): a worker's share. The stream may cover ``skip`` extra rows before them
-    (and some after: a halo's margin), whose results are dropped, not written."""
+    client made): a worker's share, which its stream covers exactly (a halo's neighbour rows
+    are given beside the inputs, never streamed)."""
 
-    def __init__(self, ref: FileRef, lo: int, hi: int, skip: int, rows: int) -> None:
+    def __init__(self, ref: FileRef, lo: int, hi: int) -> None:
         path, dtype, shape, offset = ref
         self.path, self.name = path, f"rows {lo}:{hi} of {path}"
         self.dtype = np.dtype(dtype)
-        self.shape = (rows, *shape[1:])
+        self.shape = (hi - lo, *shape[1:])
         self.row_bytes = math.prod(shape[1:]) * self.dtype.itemsize
-        self.start = offset + (lo - skip) * self.row_bytes  # byte of the stream's row 0
-        self.keep = (skip, skip + hi - lo)
+        self.start = offset + lo * self.row_bytes  # byte of the stream's row 0
         self._fd: int | None = None
 
     @property
@@ -65,13 +64,12 @@ class RangeSink(Sink):
         self._fd = os.open(self.path, os.O_WRONLY)
 
     def write_from(self, src: np.ndarray, lo: int) -> None:
-        """Write the rows of ``src`` (stream rows from ``lo``) that are this worker's."""
+        """Write the rows of ``src`` (stream rows from ``lo``)."""
         assert self._fd is not None, "open() first"
-        first, last = max(lo, self.keep[0]), min(lo + len(src), self.keep[1])
-        if first >= last:
+        if not len(src):
             return
-        view = byte_view(np.ascontiguousarray(src[first - lo : last - lo]))
-        position = self.start + first * self.row_bytes
+        view = byte_view(np.ascontiguousarray(src))
+        position = self.start + lo * self.row_bytes
         done = 0
         while done < len(view):
             done += os.pwritev(self._fd, [view[done:]], position + done)
@@ -145,15 +143,6 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     wanted = as_outputs(outputs)
     if reduce is not None and wanted:
         raise InputError("with reduce=, pass no outputs")
-    if reduce is not None and h:
-        # Each worker streams its rows with the halo rows past its seams as rows of its own
-        # stream: an output drops them, a fold counted them (a sum over two workers: 132 for
-        # 87), with the seam's edge row as their padding.
-        raise InputError(f"conveyor.dask.stream cannot reduce with halo={h} yet: each "
-                         f"worker's fold would count the halo rows it reads past its range. "
-                         f"Reduce with cv.stream on one machine, or write the kernel's "
-                         f"values to an output file here (no reduce=) and reduce that file "
-                         f"with halo=0")
     if isinstance(job.compute, KernelSpec):  # on the client: each range failed on its worker
         job.compute.check_count(len(refs), len(job.args), "conveyor.dask.stream",
                                 outputs=len(wanted) or (1 if reduce is not None else 0))
@@ -216,16 +205,26 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
 def _stream_range(job: Job, refs: list[InputRef], out_refs: list[FileRef], lo: int, hi: int,
                   halo: int, reduce: Any, defaulted: dict[int, str] | None = None
                   ) -> dict[str, Any]:
-    """On a worker: stream rows ``lo:hi`` (plus ``halo`` rows each side, where the file has
-    them) from the input files into the same rows of the output files."""
-    total = refs[0][2][0]
-    first, last = max(lo - halo, 0), min(hi + halo, total)
-    sources = [_range_source(ref, first, last) for ref in refs]
-    sinks = [RangeSink(ref, lo, hi, lo - first, last - first) for ref in out_refs]
+    """On a worker: stream rows ``lo:hi`` from the input files into the same rows of the
+    output files. With a halo, the ``halo`` rows each side (the neighbouring ranges' rows,
+    the edge row repeated past the file's ends, as one local stream has them) are read
+    first and given beside the range's rows (``halo.rows_around``): only the range's rows
+    are streamed, so a reduction counts each row of the file once."""
     from conveyor.pipeline.fold import halves_kept_wide
+    from conveyor.pipeline.halo import rows_around
 
+    total = refs[0][2][0]
+    sources = [_range_source(ref, lo, hi) for ref in refs]
+    if halo:
+        for ref, source in zip(refs, sources, strict=True):
+            whole = _range_source(ref, 0, total)
+            try:
+                source.beside = rows_around(whole, lo, hi, halo)
+            finally:
+                whole.close()
+    sinks = [RangeSink(ref, lo, hi) for ref in out_refs]
     with halves_kept_wide():  # a range's total is a partial: the client casts the total once
-        report = run(job, list(sources), list(sinks), first_row=first, halo=halo,
+        report = run(job, list(sources), list(sinks), first_row=lo, halo=halo,
                      reduce=reduce, where=f"rows {lo}:{hi} of {refs[0][0]}",
                      defaulted=defaulted)
     return {"rows": (lo, hi), "worker": worker_name(), "seconds": report.seconds,

@@ -166,9 +166,13 @@ class Pads:
             raise InputError(f"boundary='periodic' with {source.name}: the rows before the "
                              f"first block are the input's last rows, and an iterable is read "
                              f"once, in order: pass an array or a file, or another boundary")
-        self._front = self._make(np.arange(-h, 0, dtype=np.int64))
+        front, back = source.beside  # a window's neighbours, where given
+        self._front = (self._given(front, "before") if front is not None
+                       else self._make(np.arange(-h, 0, dtype=np.int64)))
         self._back: np.ndarray | None = None
-        if not isinstance(source, IterSource):
+        if back is not None:
+            self._back = self._given(back, "after")
+        elif not isinstance(source, IterSource):
             self._back = self._make(np.arange(rows, rows + h, dtype=np.int64))
 
     def front(self) -> np.ndarray:
@@ -180,6 +184,15 @@ class Pads:
         if self._back is None:
             self._back = self._make(np.arange(self.rows, self.rows + self.h, dtype=np.int64))
         return self._back
+
+    def _given(self, rows: np.ndarray, where: str) -> np.ndarray:
+        """Rows given beside the input (``Source.beside``), checked against the halo."""
+        source = self.source
+        if rows.shape != (self.h, *source.shape[1:]) or rows.dtype != source.dtype:
+            raise InputError(f"{source.name}: the rows given {where} it are {rows.shape} of "
+                             f"{rows.dtype}, not the halo's {(self.h, *source.shape[1:])} of "
+                             f"{source.dtype}")
+        return np.ascontiguousarray(rows)
 
     def _make(self, positions: np.ndarray) -> np.ndarray:
         source = self.source
@@ -193,6 +206,39 @@ class Pads:
         copy_rows(held, source.rows(lo, hi))
         np.take(held, index - lo, axis=0, out=out)
         return out
+
+
+def rows_around(source: Source, lo: int, hi: int, h: int, boundary: Boundary = "nearest"
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The ``h`` rows before row ``lo`` and after row ``hi - 1`` of the whole ``source``, as
+    a stream of all of it with ``halo=h`` and ``boundary`` gives them to rows ``lo:hi``: its
+    own rows where they exist, pad rows past its ends (a window at an end of the array gets
+    the array's pad rows, which under "reflect" and "periodic" are rows the window lacks).
+    For a stream of rows ``lo:hi`` alone (``Source.beside``): the same values with only those
+    rows streamed, so a reduction counts no neighbour (conveyor.dask.stream)."""
+    return (_rows_at(source, np.arange(lo - h, lo), boundary),
+            _rows_at(source, np.arange(hi, hi + h), boundary))
+
+
+def _rows_at(source: Source, positions: np.ndarray, boundary: Boundary) -> np.ndarray:
+    """Row ``p`` of ``source`` for each of ``positions``, pad rows under ``boundary`` where
+    ``p`` lies past either end; each run of neighbouring rows read once."""
+    rows = source.shape[0]
+    out = np.empty((len(positions), *source.shape[1:]), source.dtype)
+    if isinstance(boundary, str):
+        index = pad_index(rows, positions, PAD_MODES[boundary])
+    else:
+        out.fill(constant(boundary, source.dtype, source.name))
+        index = positions
+    inside = (index >= 0) & (index < rows)
+    wanted = np.unique(index[inside])
+    for run in np.split(wanted, np.flatnonzero(np.diff(wanted) != 1) + 1) if wanted.size else ():
+        first, last = int(run[0]), int(run[-1]) + 1
+        held = np.empty((last - first, *source.shape[1:]), source.dtype)
+        copy_rows(held, source.rows(first, last))
+        here = inside & (index >= first) & (index < last)
+        out[here] = held[index[here] - first]
+    return out
 
 
 def constant(boundary: int | float | complex, dtype: np.dtype, name: str) -> np.ndarray:

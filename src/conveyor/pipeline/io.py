@@ -61,6 +61,11 @@ class Source:
     shape: tuple[int, ...]
     dtype: np.dtype
     name: str
+    #: Halo rows given beside this input (``halo.rows_around``): the rows before its first
+    #: row and after its last where it is a window of a larger array (conveyor.dask streams
+    #: a chunk's or a worker's rows with their neighbours' real rows), None at an end that is
+    #: the whole array's (the stream's ``boundary=`` pads it).
+    beside: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
 
     @property
     def nbytes(self) -> int:
