@@ -10,7 +10,8 @@ C parameter lists (pointer typedefs of every qualifier order, chains, ``restrict
 parameter attributes), each read by the parser of 1da6a20 (a worktree) and of today, and the
 differing ones built and streamed on PoCL against NumPy; CUDA parameter lists read by both.
 
-Found (strict xfails asserting the right behaviour):
+Found (each a strict xfail asserting the right behaviour, seen failing on the code before
+its fix, and a plain test since):
 
 - **Regression, a wrong answer with no error (OpenCL)**: a ``<`` or ``>`` anywhere in a
   parameter list that is no template bracket (a shift or a comparison inside an attribute
@@ -78,9 +79,6 @@ SHIFTED = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="a << or > in a parameter attribute makes "
-                   "_top_level read the whole list as one parameter (regression of f99a1b3 "
-                   "and 46c7caa)")
 @pytest.mark.parametrize("attribute", SHIFTED)
 def test_shift_or_comparison_in_a_parameter_attribute_keeps_the_parameters(attribute):
     """1da6a20 read five parameters; today one (named ``n``, a pointer of no type)."""
@@ -91,8 +89,6 @@ def test_shift_or_comparison_in_a_parameter_attribute_keeps_the_parameters(attri
         ("offset", False, "uint64"), ("n", False, "uint64")]
 
 
-@pytest.mark.xfail(strict=True, reason="a shift in an array parameter's bound makes "
-                   "_top_level read the whole list as one parameter (regression)")
 @pytest.mark.parametrize("bound", ["1 << 4", "64 >> 2"])
 def test_shift_in_an_array_parameter_bound_keeps_the_parameters(bound):
     source = f"__kernel void k(__global const float a[{bound}], __global float *c, int s) {{}}"
@@ -107,8 +103,6 @@ __kernel void k26(__global const float * __attribute__((aligned(1 << 4))) a,
 """
 
 
-@pytest.mark.xfail(strict=True, reason="with aligned(1 << 4) on a parameter, a typedef'd "
-                   "int scalar is unresolved and takes a float32's bits: 2.0 -> 1073741824")
 def test_shifted_attribute_still_casts_a_typedef_scalar(device):
     """A wrong answer with no error: ``np.float32(2)`` for ``count_t s`` (``typedef int``)
     was cast to 2 on 1da6a20; today the source is read as one parameter, PoCL's five match
@@ -129,8 +123,6 @@ __kernel void r26(__global const real * __attribute__((aligned(1 << 4))) a,
 """
 
 
-@pytest.mark.xfail(strict=True, reason="with aligned(1 << 4) on a parameter, real* (typedef "
-                   "float) is refused as a type conveyor cannot resolve (regression)")
 def test_shifted_attribute_still_resolves_a_typedef_pointer(device):
     pocl_only(device)
     k = device.compile(SHIFTED_REAL, "r26")
@@ -141,8 +133,6 @@ def test_shifted_attribute_still_resolves_a_typedef_pointer(device):
     assert [p.name for p in k.params] == ["a", "c", "s", "offset", "n"]  # arg0... today
 
 
-@pytest.mark.xfail(strict=True, reason="_attributes_known splits aligned(1 << 3), mode(DI) "
-                   "as one item: the typedef is read as int and the build refuses the kernel")
 def test_mode_attribute_after_a_shifted_alignment_is_still_seen(device):
     """``typedef int wide __attribute__((aligned(1 << 3), mode(DI)))`` is 8 bytes. 1da6a20
     left it to the driver (an np.int64 argument streamed); round twenty-four leaves such
@@ -160,8 +150,6 @@ __kernel void w26(__global const long *a, __global long *c, wide s, ulong offset
     np.testing.assert_array_equal(y, x + 2**40 + 3)
 
 
-@pytest.mark.xfail(strict=True, reason="'>' inside a template argument's parentheses closes "
-                   "the bracket: the CUDA kernel reads 2 parameters for 3 (regression)")
 def test_cuda_template_argument_with_a_parenthesized_comparison():
     read = parse_params('template <bool B> struct Flag { int v; };\n'
                         'extern "C" __global__ void k(float *o, const Flag<(2 > 1)> f, '
@@ -169,8 +157,6 @@ def test_cuda_template_argument_with_a_parenthesized_comparison():
     assert [p.name for p in read] == ["o", "f", "n"]
 
 
-@pytest.mark.xfail(strict=True, reason="a CUDA default argument with a shift (int s = 1 << 4) "
-                   "swallows the parameters after it")
 def test_cuda_default_argument_with_a_shift():
     read = parse_params('extern "C" __global__ void k(float *o, int s = 1 << 4, int n = 0) {}',
                         "k")
@@ -178,8 +164,6 @@ def test_cuda_default_argument_with_a_shift():
                            ("n", False, "int32")]
 
 
-@pytest.mark.xfail(strict=True, reason="a CUDA default argument in braces is split at its "
-                   "comma (braces are no bracket to _top_level)")
 def test_cuda_default_argument_in_braces():
     read = parse_params('extern "C" __global__ void k(float *o, float2 w = {0.f, 1.f}, '
                         'int n = 0) {}', "k")
@@ -212,8 +196,6 @@ __kernel void q26(rp a, wp c, real s, ulong offset, ulong n)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="typedef const wp0 wp; / typedef rp0 const rp; are no "
-                   "pointer typedefs to conveyor: real* is refused as unresolvable")
 def test_qualified_typedef_of_a_pointer_typedef_streams(device):
     """Round twenty-five made ``typedef wp0 wp;`` a pointer typedef; the same with a const
     (a const pointer, ``const wp0`` or ``wp0 const``) is not: PoCL reports ``real*`` and
@@ -226,8 +208,6 @@ def test_qualified_typedef_of_a_pointer_typedef_streams(device):
     np.testing.assert_array_equal(y, x * 3)
 
 
-@pytest.mark.xfail(strict=True, reason="CUDA: a qualified typedef of a pointer typedef, and "
-                   "using fp = float * __restrict__, are read as no pointer")
 @pytest.mark.parametrize("declaration", [
     "typedef float *fp0; typedef const fp0 fp;",
     "typedef float *fp0; typedef fp0 const fp;",
@@ -262,8 +242,6 @@ __kernel void h26(rp a, wv c, real s, ulong offset, ulong n)
 
 # -- near the area: spellings round twenty-three's readings miss ----------------------------------
 
-@pytest.mark.xfail(strict=True, reason="ext_vector_type((4)) (a parenthesized macro) is read as "
-                   "float: the build refuses v4* blaming a macro the compiler predefines")
 def test_parenthesized_ext_vector_width_is_read_as_a_vector(device):
     """``#define VW (4)`` then ``ext_vector_type(VW)``: ``_EXT_VECTOR`` takes digits in one
     pair of parentheses only, so ``v4`` is read as a float; the size check then refuses the
@@ -282,8 +260,6 @@ __kernel void v26(__global const v4 *a, __global float *c, float s, ulong offset
                   args=(3,), block_bytes=64)
 
 
-@pytest.mark.xfail(strict=True, reason="CUDA's __grid_constant__ const float s is read as an "
-                   "unknown type (a NumPy float64 would be passed as its 8 bytes)")
 def test_cuda_grid_constant_parameter_is_its_type():
     read = parse_params('extern "C" __global__ void k(float *o, __grid_constant__ const float s, '
                         'int n) {}', "k")

@@ -37,7 +37,7 @@ _SCALARS: dict[str, str] = {
 _QUALIFIERS = {
     "const", "volatile", "restrict", "__restrict__", "__restrict", "__global", "global",
     "__constant", "constant", "__local", "local", "__private", "private", "__read_only",
-    "__write_only", "read_only", "write_only", "struct",
+    "__write_only", "read_only", "write_only", "struct", "__grid_constant__",
 }  # fmt: skip
 
 # Comments, and string and character literals (whose text may look like code: a printf of
@@ -163,17 +163,47 @@ def _element_typedefs(table: dict[str, str]) -> dict[str, str]:
             if "*" not in target and "[" not in target}
 
 
+#: What may stand beside a pointer typedef's name without changing where it points
+#: (``typedef const fp0 fp;``, ``typedef fp0 __restrict__ fp;``, ``float * __restrict__``).
+_POINTER_QUALIFIERS = frozenset({"const", "volatile", "restrict", "__restrict__", "__restrict"})
+
+
+def _pointee(target: str) -> str | None:
+    """The type a pointer type's text points to (``__global const real *``, ``float *
+    __restrict__``: its qualifiers after the star are the pointer's own); None unless it is
+    one pointer, not an array."""
+    if "[" in target or target.count("*") != 1:
+        return None
+    before, after = target.split("*")
+    if any(word not in _POINTER_QUALIFIERS for word in after.split()):
+        return None
+    return before.strip()
+
+
 def _pointer_typedefs(table: dict[str, str]) -> dict[str, str]:
-    pointers = {name: target[:-1].strip() for name, target in table.items()
-                if target.endswith("*") and target.count("*") == 1 and "[" not in target}
-    for name, target in table.items():  # typedef wp wp2: wp2 points where wp does
-        seen = {name}
-        while target in table and target not in pointers and target not in seen:
-            seen.add(target)
-            target = table[target]
-        if target in pointers and name not in pointers:
-            pointers[name] = pointers[target]
-    return pointers
+    pointers = {name: p for name, target in table.items()
+                if (p := _pointee(target)) is not None}
+    # typedef wp wp2 (or const wp, wp __restrict__): wp2 points where wp does. Each name's
+    # answer is kept, so a long chain is walked once, not once from every name in it.
+    known: dict[str, str | None] = {}
+    for name in table:
+        chain: list[str] = []
+        current, found = name, None
+        while True:
+            if current in pointers:
+                found = pointers[current]
+                break
+            if current in known:
+                found = known[current]
+                break
+            if current not in table or current in chain:
+                break
+            chain.append(current)
+            current = " ".join(w for w in table[current].split()
+                               if w not in _POINTER_QUALIFIERS)
+        for link in chain:
+            known[link] = found
+    return {**{name: p for name, p in known.items() if p is not None}, **pointers}
 
 
 def _built_in(name: str) -> bool:

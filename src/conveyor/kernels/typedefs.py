@@ -22,7 +22,9 @@ _TYPEDEF_ENUM = re.compile(
 # ``enum tag : type`` (C23, clang's extension): an enum of a fixed type, not int
 _FIXED_ENUM = re.compile(r"\benum\s+(\w+)\s*:\s*([\w ]+?)\s*[{;]")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
-_EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(\s*(\d+)\s*\)")
+# (the width may stand in parentheses of its own: ``#define VW (4)``)
+_EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(\s*(?:\(\s*)*(\d+)"
+                         r"\s*(?:\)\s*)*\)")
 # A declarator: the type, its stars (with qualifiers of the pointer between or after them:
 # ``* restrict``, ``* const``), the name, array brackets.
 _DECLARATOR = re.compile(r"(.*?)((?:[\s*]|\b(?:const|volatile|restrict|__restrict__|__restrict)"
@@ -190,14 +192,39 @@ def split_top(text: str) -> list[str]:
     return parts
 
 
+_CLOSES = {")": "(", "]": "[", "}": "{"}
+
+
 def _top_level(text: str, mark: str) -> Iterator[int]:
-    """The positions of ``mark`` in ``text`` outside parentheses, brackets and template
-    arguments."""
-    depth = 0
+    """The positions of ``mark`` in ``text`` outside parentheses, brackets, braces and
+    template arguments. A ``<`` opens template arguments only right after a name (``Pair<``,
+    not ``1 <<`` or ``a <=``) and outside parentheses, and a ``>`` closes only those (``->``,
+    ``>>`` of a shift inside ``aligned(64 >> 2)`` and a comparison in ``Flag<(2 > 1)>`` do
+    not): one counter for every kind read ``1 << 4`` as two open brackets, and the whole
+    parameter list after it as one parameter."""
+    stack: list[str] = []
     for i, char in enumerate(text):
-        if char in "([<":
-            depth += 1
-        elif char in ")]>":
-            depth -= 1
-        elif char == mark and depth == 0:
+        if char in "([{":
+            stack.append(char)
+        elif char in _CLOSES:
+            while stack and stack[-1] == "<":  # a "<" that was a comparison after all
+                stack.pop()
+            if stack and stack[-1] == _CLOSES[char]:
+                stack.pop()
+        elif char == "<":
+            if _opens_template(text, i) and (not stack or stack[-1] in "<{"):
+                stack.append("<")
+        elif char == ">":
+            if stack and stack[-1] == "<" and text[i - 1 : i] != "-":
+                stack.pop()
+        elif char == mark and not stack:
             yield i
+
+
+def _opens_template(text: str, at: int) -> bool:
+    """Whether the ``<`` at ``at`` can open template arguments: right after a name (not a
+    number), and not part of ``<<`` or ``<=``."""
+    if text[at + 1 : at + 2] in ("<", "=") or text[at - 1 : at] == "<":
+        return False
+    word = re.search(r"(\w+)\s*$", text[max(0, at - 200) : at])
+    return word is not None and not word.group(1)[0].isdigit()
