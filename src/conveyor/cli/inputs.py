@@ -155,6 +155,20 @@ class CastSource(Source):
                              f"first (np.save('real.npy', np.load('FILE').real)), or write "
                              f"the real and imaginary parts interleaved "
                              f"(np.load('FILE').view(np.float{inner.dtype.itemsize * 4}))")
+        self.beside = (self._converted(inner.beside[0], after=False),
+                       self._converted(inner.beside[1], after=True))
+
+    def _converted(self, rows: np.ndarray | None, after: bool) -> np.ndarray | None:
+        """Halo rows given beside the inner source (``Source.beside``), converted; a value
+        refused is named by its row (negative before row 0)."""
+        if rows is None:
+            return None
+        held = np.asarray(rows)
+        converted, bad = _convert(held, self.dtype)
+        if bad is not None:
+            lo = self.shape[0] if after else -len(held)
+            raise InputError(self._refusal(held, bad, lo))
+        return converted
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo:hi`` of the inner source, converted."""

@@ -117,7 +117,9 @@ def collapse_tables(source: str) -> str:
             return match.group(0)
         if not re.fullmatch(r"[\s,{}+\-]*", _PP_NUMBER.sub("", body)):
             return match.group(0)  # a name in it: a macro pcpp must see
-        return "= {0" + "\n" * body.count("\n") + "}"
+        # Every line break as it was (a lone "\r" is one to pcpp and the compiler too):
+        # __LINE__ after the table, and an #if on it, read as the compiler reads them.
+        return "= {0" + "".join(re.findall(r"\r\n|\r|\n", body)) + "}"
 
     return _INITIALIZER.sub(cut, source)
 

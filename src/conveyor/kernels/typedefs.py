@@ -22,9 +22,8 @@ _TYPEDEF_ENUM = re.compile(
 # ``enum tag : type`` (C23, clang's extension): an enum of a fixed type, not int
 _FIXED_ENUM = re.compile(r"\benum\s+(\w+)\s*:\s*([\w ]+?)\s*[{;]")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
-# (the width may stand in parentheses of its own: ``#define VW (4)``)
-_EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(\s*(?:\(\s*)*(\d+)"
-                         r"\s*(?:\)\s*)*\)")
+# ext_vector_type(N); N may stand in parentheses of its own (``#define VW (4)``)
+_EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(")
 # A declarator: the type, its stars (with qualifiers of the pointer between or after them:
 # ``* restrict``, ``* const``), the name, array brackets.
 _DECLARATOR = re.compile(r"(.*?)((?:[\s*]|\b(?:const|volatile|restrict|__restrict__|__restrict)"
@@ -101,20 +100,46 @@ def _statement(body: str) -> list[tuple[str, str]]:
     base = f"{first.group(1)} {_stars(first)[0]}".strip()
     # ext_vector_type before the first name is the base type's (every declarator's); after
     # a name, that declarator's own (``typedef float s, v4 __attribute__(...)``: s is float)
-    shared = _EXT_VECTOR.search(raw_parts[0][:_name_at(raw_parts[0], first.group(3))])
+    shared = _vector_width(raw_parts[0][:_name_at(raw_parts[0], first.group(3))])
     pairs = []
     for index, (raw, part) in enumerate(zip(raw_parts, parts, strict=True)):
         match = first if index == 0 else _DECLARATOR.fullmatch(part.strip())
         if match is None or (index and match.group(1).strip()):
             return []  # not a declarator list conveyor reads: leave the statement out
         stars, name, array = _stars(match)[1].count("*"), match.group(3), match.group(4)
-        lanes = shared or _EXT_VECTOR.search(raw[_name_at(raw, name):])
+        lanes = shared or _vector_width(raw[_name_at(raw, name):])
         target = base
         if lanes is not None and not stars and not array:
             # typedef float v4 __attribute__((ext_vector_type(4))): float4 (or unknown)
-            target = f"{base}{lanes.group(1)}" if lanes.group(1) in _LANES else f"{base} []"
+            target = f"{base}{lanes}" if lanes in _LANES else f"{base} []"
         pairs.append((name, target + " *" * stars + (" []" if array else "")))
     return pairs
+
+
+def _vector_width(text: str) -> str | None:
+    """The lane count of the first ``ext_vector_type(N)`` in ``text`` (``N`` a number,
+    in parentheses or not), ``"?"`` where ``N`` is anything else (``(4) * 2``: a vector of
+    a width conveyor does not evaluate), None where there is none."""
+    match = _EXT_VECTOR.search(text)
+    if match is None:
+        return None
+    depth, end = 1, match.end()
+    while end < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        end += 1
+    inner = text[match.end() : end - 1].replace(" ", "")
+    while inner.startswith("(") and inner.endswith(")") and _balanced(inner[1:-1]):
+        inner = inner[1:-1]
+    return inner if inner.isdigit() else "?"
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _stars(match: re.Match[str]) -> tuple[str, str]:

@@ -101,6 +101,7 @@ class ImageSource(Source):
         self.inner = inner
         self.index = index
         self.shape, self.dtype, self.name = inner.shape, inner.dtype, inner.name
+        self.beside = inner.beside
         self.filter, self.normalized = options.filter, options.normalized
         self.address = options.address  # None until resolve() matched it to boundary=
         self._asked = options.address

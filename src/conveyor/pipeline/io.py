@@ -105,6 +105,7 @@ class BoolChecked(Source):
         self.shape = inner.shape
         self.dtype = inner.dtype
         self.name = inner.name
+        self.beside = inner.beside  # a window's halo rows (its neighbours check them)
         self.what = what
 
     def rows(self, lo: int, hi: int) -> np.ndarray:

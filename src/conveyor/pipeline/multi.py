@@ -144,6 +144,7 @@ class _OneReader(Source):
         self.shape = source.shape
         self.dtype = source.dtype
         self.name = source.name
+        self.beside = source.beside
         self._lock = threading.Lock()
 
     def rows(self, lo: int, hi: int) -> Any:
