@@ -66,7 +66,10 @@ def run_map(options: argparse.Namespace) -> int:
                            *plots])
     read = _files_read(options)  # before --force is advised: it would not help
     refuse_writing_what_is_read([("--trace", options.trace), *plots], read)
-    refuse_writing_what_is_read([("-o", p) for p in options.outputs], read[:1])  # in place: ok
+    # Not the -i inputs: an output may be an input's file (in place: the input is read whole
+    # first); never the kernel file nor a header it includes.
+    refuse_writing_what_is_read([("-o", p) for p in options.outputs],
+                                [(what, path) for what, path in read if what != "-i"])
     refuse_to_replace([*(("-o", p) for p in options.outputs), ("--trace", options.trace),
                        *plots], options.force)
     if cluster.on_cluster(options):

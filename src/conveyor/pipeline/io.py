@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import threading
 import tokenize
 from collections.abc import Sequence
@@ -165,7 +166,11 @@ class FileSource(Source):
         # changed read a file being rewritten (see _check_not_rewritten).
         self._stamp: tuple[int, int] = (-1, -1)
         self._readers = 0  # reads that hold _fd now
-        self._closing = False  # close() was called while reads held _fd
+        # Streams that began on _fd and have not finished: the file stays open (and its stamp
+        # stands) until the last, though another stream's close() came first.
+        self._streams: set[object] = set()
+        self._in_place: set[object] = set()  # of those, streams whose outputs map the file
+        self._closing = False  # close() was called while reads or streams held _fd
         self._lock = threading.Lock()
 
     @property
@@ -194,23 +199,45 @@ class FileSource(Source):
         finally:
             self._let_go()
 
-    def begin(self) -> None:
-        """Open the file as its stream begins, so its size and time are stamped before any
+    def begin(self, stream: object) -> None:
+        """Open the file as ``stream`` begins, so its size and time are stamped before any
         input is read: stamped at the first read, a rewrite made before it (by another
-        input's reader, a few blocks ahead) went unseen. Closed by :meth:`close`."""
+        input's reader, a few blocks ahead) went unseen. The file stays open, and the stamp
+        stands, until ``stream`` calls :meth:`finish`: closed when another stream of this
+        source ended, it was opened again by this one's next read and stamped anew, so a
+        rewrite between the two went unseen."""
         self._hold()
+        with self._lock:
+            self._streams.add(stream)
         self._let_go()
+
+    def writes_in_place(self, stream: object) -> None:
+        """``stream`` (begun) writes this file through a shared writable map of its own (a
+        memmap of the input as its output): the changes it makes are let pass."""
+        with self._lock:
+            self._in_place.add(stream)
+
+    def finish(self, stream: object) -> None:
+        """``stream`` (of :meth:`begin`) has ended: the file closes once nothing else holds
+        it and :meth:`close` was called."""
+        with self._lock:
+            self._streams.discard(stream)
+            self._in_place.discard(stream)
+            self._close_if_done()
 
     def _check_not_rewritten(self, fd: int) -> None:
         """InputError if the open file's size or modification time is not what it was when it
         was opened: another program wrote or truncated it while this stream read it, so the
         rows read may mix its old and new contents. ``np.save`` over the input mid-stream, or
         a truncate that grew back, gave a mix of old rows, new rows and zeros, with no error.
-        A change made through a shared writable mapping of this process is let pass: that is
-        an in-place stream (a memmap of the input as the output), which writes rows only after
-        they were read."""
+        A change made through a shared writable mapping of this process is let pass while a
+        stream writes the file in place (:meth:`writes_in_place`: a memmap of the input as
+        its output, which writes rows only after they were read), and only then: a map held
+        elsewhere in the process (``np.load(p, mmap_mode="r+")`` kept by the caller) hid
+        another program's rewrite."""
         st = os.fstat(fd)
-        if (st.st_size, st.st_mtime_ns) == self._stamp or _mapped_writable(st):
+        if (st.st_size, st.st_mtime_ns) == self._stamp or (self._in_place
+                                                           and _mapped_writable(st)):
             return
         if st.st_size < self._stamp[0]:
             # Shorter than stamped: said as a read past the new end says it (which of the
@@ -227,7 +254,7 @@ class FileSource(Source):
         with self._lock:
             if self._fd is None:
                 try:
-                    fd = os.open(self.path, os.O_RDONLY)
+                    fd = open_regular(self.path, self.name)
                 except OSError as exc:
                     files.raise_if_too_many_open(exc, self.name)
                     raise
@@ -257,16 +284,19 @@ class FileSource(Source):
     def _let_go(self) -> None:
         with self._lock:
             self._readers -= 1
-            if self._closing and not self._readers:
-                self._close_fd()
+            self._close_if_done()
 
     def close(self) -> None:
-        """Close the file: now, or after the last read that holds it (another stream's)."""
+        """Close the file: now, or after the last read and the last begun stream that hold
+        it (another stream's)."""
         with self._lock:
-            if self._readers:
-                self._closing = True
-            else:
-                self._close_fd()
+            self._closing = True
+            self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        # With the lock held.
+        if self._closing and not self._readers and not self._streams:
+            self._close_fd()
 
     def _close_fd(self) -> None:
         # With the lock held.
@@ -320,26 +350,37 @@ class FileRows:
         self.file.write_from(src, self.lo)
 
 
+#: The longest .npy header read (NumPy's own default is 10,000 bytes).
+_MAX_HEADER = 1 << 20
+
+
 def npy(path: PathLike) -> FileSource:
     """A ``.npy`` file as an input, read block by block; InputError if its size does not match
     its header, it is Fortran-ordered, or it holds Python objects."""
     target = _existing(path)
     try:
-        with open(target, "rb") as f:
+        with os.fdopen(open_regular(target, f"input file {target}"), "rb") as f:
             version = np.lib.format.read_magic(f)
             if version not in ((1, 0), (2, 0), (3, 0)):
                 raise ValueError(f"format version {version[0]}.{version[1]}; NumPy writes "
                                  f"1.0 to 3.0")
             _check_header_length(f, version, target)
+            # np.save writes headers past NumPy's default 10,000-byte limit for records of
+            # many fields (800: "adjust max_header_size or allow_pickle", neither of which
+            # cv.npy takes); the header's length is checked against the file's above.
             if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(
+                    f, max_header_size=_MAX_HEADER)
             elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(
+                    f, max_header_size=_MAX_HEADER)
             else:  # 3.0 is 2.0 in UTF-8: the 2.0 reader's Latin-1 mangled field names
                 shape, fortran, dtype = _read_header_3_0(f)
             offset = f.tell()
             f.seek(0)
             header = f.read(offset)
+    except InputError:  # the path is no longer a regular file (open_regular)
+        raise
     except (ValueError, OSError, SyntaxError, tokenize.TokenError, RecursionError) as exc:
         # TokenError: a header cut short ("{'descr': '<f4', 'fortran_or"), which NumPy
         # tokenizes before it parses.
@@ -488,7 +529,7 @@ def _existing(path: PathLike) -> Path:
         raise InputError(f"input file {target} does not exist or is not a file: check the "
                          f"path")
     try:
-        os.close(os.open(target, os.O_RDONLY))
+        os.close(open_regular(target, f"input file {target}"))
     except OSError as exc:
         from conveyor.files import raise_if_too_many_open
 
@@ -518,6 +559,19 @@ def _read_header_3_0(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     except (TypeError, ValueError, SyntaxError) as exc:  # a descr that is no dtype: 5
         raise ValueError(f"descr {found['descr']!r} is not a dtype ({exc})") from None
     return shape, fortran, dtype
+
+
+def open_regular(path: PathLike, name: str) -> int:
+    """A descriptor of ``path`` opened for reading, if it is a regular file still; InputError
+    naming ``name`` if it is not (a FIFO or a device put in its place after its check: an
+    open of a FIFO waits for a writer, forever). Opened without waiting (``O_NONBLOCK``,
+    which regular files' reads ignore)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{name} is no longer a regular file (a pipe or a device took its "
+                         f"place): give a file")
+    return fd
 
 
 def _holds_bytes(path: Path) -> bool:

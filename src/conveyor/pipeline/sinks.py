@@ -137,8 +137,15 @@ class FileSink(Sink):
                                f"dtype was given: give yours with cv.npy_out(path, dtype=...)")
         if self.dtype.hasobject:
             raise InputError(f"output {self.name} has dtype {self.dtype}: use a numeric dtype")
+        inner: tuple[int, ...] = ()
+        if self.dtype.subdtype is not None:
+            # ('<f4', (2,)): rows of 2 float32, as np.empty(5, it) is (5, 2) and cv.npy reads
+            # an .npy header of it (a bare ValueError at the first block's copy-out before).
+            self.dtype, inner = self.dtype.subdtype
+            if self._given_shape:
+                self.shape = (*self.shape, *inner)
         if not self._given_shape:
-            self.shape = (rows, *row_shape)
+            self.shape = (rows, *row_shape, *inner)
         nbytes = math.prod(self.shape) * self.dtype.itemsize
         if nbytes > _MAX_FILE_BYTES:  # an OverflowError from ftruncate, after the part was made
             raise InputError(f"output {self.name} would be {self.shape} of {self.dtype}, "
@@ -260,11 +267,25 @@ class FileSink(Sink):
 
 def commit_all(sinks: Sequence[Sink]) -> None:
     """Make every output visible: each readied first, so that one refused (its file's place
-    taken by a folder, a full disk at the flush) leaves every earlier output as it was."""
+    taken by a folder, a full disk at the flush) leaves every earlier output as it was. A
+    Ctrl-C among the renames is held until the last is done, and then raised saying the
+    outputs were written (``errors.outputs_written``): raised between two, it left one new
+    file beside an old one, and the command said no output was written."""
+    from conveyor.errors import note_outputs_written
+    from conveyor.interrupts import deferred_sigint
+
     for sink in sinks:
         sink.prepare()
-    for sink in sinks:
-        sink.commit()
+    done = 0
+    try:
+        with deferred_sigint():
+            for sink in sinks:
+                sink.commit()
+                done += 1
+    except BaseException as exc:
+        if done == len(sinks):
+            note_outputs_written(exc)
+        raise
 
 
 def _out_dtype(name: str, dtype: Any) -> np.dtype | None:

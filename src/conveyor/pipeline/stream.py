@@ -198,6 +198,7 @@ def stream(
             files.output_target(trace, f"trace={trace!r}", probe=True)  # before any work
         sources: list[Source] = []
         sinks: list[Sink] = []
+        begun: list[FileSource] = []
         try:
             for i, a in enumerate(inputs):  # one by one: those made are closed if one fails
                 source = as_source(a, i)
@@ -225,7 +226,12 @@ def stream(
             for source in sources:
                 inner = source.inner if isinstance(source, image.ImageSource) else source
                 if isinstance(inner, FileSource):
-                    inner.begin()  # stamped now: a rewrite during the stream is seen
+                    inner.begin(this_stream)  # stamped now: a rewrite during it is seen
+                    begun.append(inner)
+            for where in _mapped_outputs(sinks) if begun else ():
+                for inner in begun:
+                    if files.same_file(where, inner.path):
+                        inner.writes_in_place(this_stream)
             validate.check_widths(sources, sinks)
             if trace is not None:
                 _check_trace(trace, sources, sinks, opts.args)
@@ -246,6 +252,8 @@ def stream(
                 sink.abort()
             raise
         finally:
+            for inner in begun:
+                inner.finish(this_stream)
             for source in sources:
                 source.close()
         if trace is not None:
@@ -385,6 +393,17 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
     if (callable(compute) and not isinstance(compute, Kernel)) or (
             isinstance(compute, Chain) and compute.has_callables):
         validate.check_byte_order(sources, sinks)
+
+
+def _mapped_outputs(sinks: list[Sink]) -> list[str]:
+    """The files that outputs of ``sinks`` map shared and writable (a ``np.memmap`` output:
+    in place where it is an input's file too)."""
+    arrays = [a for s in sinks if isinstance(a := getattr(s, "array", None), np.ndarray)
+              and overlap.file_backed(a)]
+    if not arrays:
+        return []
+    maps = overlap.read_maps()
+    return [where for a in arrays if (where := overlap.shared_file(a, maps)) is not None]
 
 
 def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev: Device,

@@ -9,6 +9,7 @@ A file that shrinks while it is read is an InputError, as a ``.npy``'s is.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -33,6 +34,10 @@ class ChunkedSource(Source):
         self.shape = (int(self.starts[-1]), *row_shape)
         self._load = load
         self._kept: dict[int, np.ndarray] = {}
+        # One load at a time: two streams of one cv.parquet object (threads, or one object
+        # given twice over two devices) called read_row_group on one ParquetFile at once,
+        # which hung, crashed or said the file was damaged (PyArrow's reader is not shared).
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Let go of the chunks kept (the file stays open: the source may be streamed again)."""
@@ -41,9 +46,13 @@ class ChunkedSource(Source):
     def _chunk(self, index: int) -> np.ndarray:
         chunk = self._kept.get(index)
         if chunk is None:
-            chunk = self._load(index)
-            self._kept = {k: v for k, v in self._kept.items() if k >= index - 1}
-            self._kept[index] = chunk
+            with self._lock:
+                chunk = self._kept.get(index)  # another reader's load, while this one waited
+                if chunk is None:
+                    chunk = self._load(index)
+                    kept = {k: v for k, v in self._kept.items() if k >= index - 1}
+                    kept[index] = chunk
+                    self._kept = kept
         return chunk
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
