@@ -93,6 +93,8 @@ def test_a_kernel_reading_a_long_table_streams_right(device):
 
     import conveyor as cv
 
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel (__constant, get_global_id)")
     count = 1500
     values = np.array([(-1) ** k * k * 0.37 for k in range(count)], np.float32)
     table = "{" + ", ".join(f"{v!r}f" for v in values.tolist()) + "}"

@@ -7,6 +7,7 @@ imported on first use, never at conveyor's import.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 DOMAIN = "conveyor"
@@ -34,6 +35,15 @@ def annotator(backend: str) -> Annotator | None:
     """An Annotator for a ``backend`` ("cuda" only) when ``nvtx`` imports, else None."""
     if backend != "cuda":
         return None
+    return _cuda_annotator()
+
+
+@functools.cache
+def _cuda_annotator() -> Annotator | None:
+    """Tried once per process: where ``nvtx`` is not installed, every CUDA stream tried to
+    import it again, each a search of ``sys.path`` (and of import hooks such as numba-cuda's)
+    from whichever thread streamed; three threads streaming at once hung in that search on
+    the H100 (session 19)."""
     try:
         import nvtx
     except Exception:  # not installed, or its library does not load: no ranges
