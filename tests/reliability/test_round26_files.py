@@ -45,7 +45,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only, kernel  # noqa: E402, F401
+from reliakit import first_device_only, kernel, opencl_c_only  # noqa: E402, F401
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import outputs_written  # noqa: E402
@@ -120,6 +120,7 @@ def test_a_ctrl_c_while_outputs_are_renamed_leaves_all_or_says_so(device, tmp_pa
     CPython runs handlers) must leave either every old file or every new one, and when the
     new ones are there the interrupt must say so (``outputs_written``), as one after the
     commit does. Today the first output is new, the second old, and nothing says so."""
+    opencl_c_only(device)
     k = device.compile(TWO_OUT, "two_out")
     x = np.arange(100, dtype=np.float32)
     paths = [tmp_path / "y.npy", tmp_path / "z.npy"]
@@ -252,6 +253,7 @@ def test_two_streams_never_load_one_parquet_sources_chunks_at_once(device, tmp_p
     (``ChunkedSource``'s lock). The first load waits (up to 1 s) for a second to enter beside
     it; with the lock none can, so the wait always runs out and the check cannot fail where
     the lock holds."""
+    opencl_c_only(device)
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     x = np.arange(4000, dtype=np.float64)
@@ -301,6 +303,7 @@ def test_an_npy_of_many_fields_written_by_np_save_is_read(device, tmp_path):
     """np.save writes a header past NumPy's default 10,000-byte limit for a record of 800
     fields; cv.npy said "is not a .npy file (... adjust max_header_size or allow_pickle ...):
     write it with np.save", which it was."""
+    opencl_c_only(device)
     fields = np.dtype([(f"f{i}", "<f4") for i in range(800)])
     a = np.zeros(4, fields)
     a["f5"] = [1, 2, 3, 4]
