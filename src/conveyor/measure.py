@@ -85,8 +85,8 @@ def naive_loop(device: Device, kernel: Kernel, inputs: list[np.ndarray], output:
     queue = device.create_queue()
     row_bytes = [a.nbytes // max(len(a), 1) for a in inputs]
     out_row_bytes = output.nbytes // max(len(output), 1)
-    dev_in = [device.alloc_device(block_rows * rb) for rb in row_bytes]
-    dev_out = device.alloc_device(block_rows * out_row_bytes)
+    dev_in = [device.alloc_device(max(block_rows * rb, 1)) for rb in row_bytes]
+    dev_out = device.alloc_device(max(block_rows * out_row_bytes, 1))
     try:
         started = time.perf_counter()
         for start in range(0, len(output), block_rows):

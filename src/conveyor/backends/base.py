@@ -120,6 +120,56 @@ class ImageLimits:
     formats: frozenset[tuple[int, np.dtype]]
 
 
+def check_nbytes(nbytes: Any, what: str) -> None:
+    """InputError unless ``nbytes`` is a whole number of at least 1 (what the pools say for
+    0 too): 0 and negative sizes were the driver's INVALID_BUFFER_SIZE, or pybind's TypeError
+    for -1, from ``alloc_device``/``alloc_pinned``."""
+    import numbers
+
+    from conveyor.errors import InputError
+
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
+        raise InputError(f"{what}: nbytes={nbytes!r} is not a whole number of bytes")
+    if nbytes < 1:
+        raise InputError(f"{what}: cannot allocate {int(nbytes)} bytes: ask for at least 1")
+
+
+#: The sampler modes ``Device.image_sampler`` takes (both backends map each to their own).
+SAMPLER_ADDRESSES = ("clamp_to_edge", "clamp", "repeat", "mirrored_repeat")
+SAMPLER_FILTERS = ("nearest", "linear")
+
+
+def check_image(device: Device, rows: int, columns: int, channels: int, dtype: Any) -> None:
+    """InputError, naming what the device has, for an image ``alloc_image`` cannot make: a
+    format not in ``image_limits().formats`` (a bare StopIteration before), or a size past
+    ``max_width``/``max_height`` or below one pixel (the driver's INVALID_OPERATION)."""
+    from conveyor.errors import InputError
+
+    limits = device.image_limits()
+    wanted = (channels, np.dtype(dtype))
+    if wanted not in limits.formats:
+        have = ", ".join(f"{c} x {d}" for c, d in sorted(limits.formats, key=str))
+        raise InputError(f"{device.name} has no image of {channels} channel(s) of "
+                         f"{np.dtype(dtype)}; its formats: {have}")
+    if not (1 <= rows <= limits.max_height and 1 <= columns <= limits.max_width):
+        raise InputError(f"an image of {rows} rows x {columns} columns: {device.name}'s images "
+                         f"are 1 to {limits.max_height} rows and 1 to {limits.max_width} "
+                         f"columns")
+
+
+def check_sampler(address: str, filter: str) -> None:
+    """InputError for a sampler mode ``image_sampler`` does not know (a bare KeyError
+    before), naming the ones it does."""
+    from conveyor.errors import InputError
+
+    if address not in SAMPLER_ADDRESSES:
+        raise InputError(f"image_sampler: address={address!r}: use one of "
+                         f"{', '.join(SAMPLER_ADDRESSES)}")
+    if filter not in SAMPLER_FILTERS:
+        raise InputError(f"image_sampler: filter={filter!r}: use one of "
+                         f"{', '.join(SAMPLER_FILTERS)}")
+
+
 def no_images(device: Device) -> Exception:
     """The InputError of a backend without image blocks (the base class's default; OpenCL
     and CUDA both have them)."""
@@ -412,11 +462,15 @@ class Device(Closeable, ABC):
 
     @abstractmethod
     def alloc_device(self, nbytes: int) -> DeviceBuffer:
-        """Allocate device memory now and make it resident; OutOfMemoryError if it cannot."""
+        """Allocate ``nbytes`` (at least 1) of device memory now and make it resident;
+        InputError for a size below 1 or past the device's largest allocation,
+        OutOfMemoryError if the device has not the memory."""
 
     @abstractmethod
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
-        """Allocate page-locked host memory, mapped for its whole life."""
+        """Allocate ``nbytes`` (at least 1) of page-locked host memory, mapped for its whole
+        life; InputError for a size below 1 (or, on OpenCL, past the device's largest
+        allocation), OutOfMemoryError if the host has not the memory."""
 
     def alloc_svm(self, nbytes: int) -> PinnedBuffer:
         """Fine-grained shared virtual memory; BackendError where the device has none."""
@@ -478,7 +532,8 @@ class Device(Closeable, ABC):
     def alloc_image(self, rows: int, columns: int, channels: int, dtype: np.dtype
                     ) -> DeviceImage:
         """A read-only 2-D image of ``rows`` x ``columns`` pixels (a format of
-        ``image_limits().formats``); OutOfMemoryError if it cannot be made."""
+        ``image_limits().formats``, within its sizes: InputError otherwise);
+        OutOfMemoryError if the device has not the memory."""
         raise no_images(self)
 
     def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:

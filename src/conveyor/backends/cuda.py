@@ -682,6 +682,7 @@ class Device(base.Device):
         return Queue(self)
 
     def alloc_device(self, nbytes: int) -> DeviceBuffer:
+        base.check_nbytes(nbytes, "alloc_device")
         self._current()
         err, ptr = driver.cuMemAlloc(max(nbytes, 1))
         if _code_name(err) == "CUDA_ERROR_OUT_OF_MEMORY":
@@ -690,6 +691,7 @@ class Device(base.Device):
         return DeviceBuffer(self, int(ptr), nbytes)
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
+        base.check_nbytes(nbytes, "alloc_pinned")
         self._current()
         if (nbytes >= _REGISTER_MIN_BYTES and config.pinned_alloc_mode() == "register"
                 and hostmem.fits(nbytes)):
@@ -821,11 +823,13 @@ class Device(base.Device):
                     ) -> base.DeviceImage:
         from conveyor.backends import cuda_images
 
+        base.check_image(self, rows, columns, channels, dtype)
         return cuda_images.alloc(self, rows, columns, channels, dtype)
 
     def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:
         from conveyor.backends import cuda_images
 
+        base.check_sampler(address, filter)
         return cuda_images.sampler(self, address, filter, normalized)
 
     def image_arguments(self, image: base.DeviceImage, sampler: Any) -> tuple[Any, ...]:

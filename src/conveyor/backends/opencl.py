@@ -673,6 +673,7 @@ class Device(base.Device):
 
     def alloc_device(self, nbytes: int) -> DeviceBuffer:
         _check_not_forked()
+        base.check_nbytes(nbytes, "alloc_device")
         if nbytes > self.max_alloc_bytes:
             raise InputError(
                 f"{nbytes} bytes is more than {self.name}'s largest allocation "
@@ -693,6 +694,7 @@ class Device(base.Device):
 
     def alloc_pinned(self, nbytes: int) -> base.PinnedBuffer:
         _check_not_forked()
+        base.check_nbytes(nbytes, "alloc_pinned")
         if nbytes > self.max_alloc_bytes:
             raise InputError(
                 f"{nbytes} bytes of pinned memory is more than {self.name}'s largest "
@@ -854,11 +856,13 @@ class Device(base.Device):
                     ) -> base.DeviceImage:
         from conveyor.backends import opencl_images
 
+        base.check_image(self, rows, columns, channels, dtype)
         return opencl_images.alloc(self, rows, columns, channels, dtype)
 
     def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:
         from conveyor.backends import opencl_images
 
+        base.check_sampler(address, filter)
         return opencl_images.sampler(self, address, filter, normalized)
 
     def _in_forked_child(self) -> bool:

@@ -83,6 +83,9 @@ def build(version: str) -> argparse.ArgumentParser:
     cache.add_argument("action", nargs="?", choices=("info", "clear"),
                        help="info: where it is, entries and size; clear: delete the entries")
     cache.set_defaults(usage_help=cache.format_help)  # a bare "conveyor cache" prints it
+    # The action is needed (a bare "conveyor cache" prints this help and exits 2): argparse
+    # wrote it "[{info,clear}]", as if it could be left out.
+    cache.usage = "conveyor cache [-h] {info,clear}"
     return parser
 
 
@@ -140,7 +143,8 @@ def _stream_options(sub: argparse.ArgumentParser, name: str) -> None:
                      help="staging threads, 1 to 1024 (default: chosen from the CPU count)")
     sub.add_argument("--trace", metavar="JSON", help="write a Chrome trace (opens in Perfetto)")
     sub.add_argument("--force", action="store_true",
-                     help="replace output, trace and plot files that already exist")
+                     help="replace output, trace and plot files that already exist"
+                     if name == "map" else "replace a trace file that already exists")
     sub.add_argument("--json", action="store_true",
                      help="print the result and the report's figures as one JSON object")
     sub.add_argument("-q", "--quiet", action="store_true",

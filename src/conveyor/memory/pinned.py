@@ -164,8 +164,8 @@ def empty(
     svm: bool = False,
 ) -> np.ndarray:
     """A new uninitialised C-ordered array in pinned memory (or fine-grained SVM with
-    ``svm=True``; BackendError where the device has none). OutOfMemoryError if it cannot be had.
-    """
+    ``svm=True``; BackendError where the device has none). InputError for a size past the
+    device's largest allocation; OutOfMemoryError if the host has not the memory."""
     svm = config.flag("svm", svm)  # "no" allocated shared virtual memory
     dt = config.dtype_of(dtype, "cv.pinned.empty's dtype")
     if dt.hasobject:
