@@ -85,11 +85,21 @@ class deferred_sigint:  # noqa: N801 - used as a function: ``with deferred_sigin
         region = _Region({})
         try:
             for signum in held:
-                region.previous[signum] = _signal.signal(signum, region.hold)
+                # Kept before the swap: a Ctrl-C as the swap returns (where CPython runs
+                # handlers) must find it to put back.
+                region.previous[signum] = _signal.getsignal(signum)
+                _signal.signal(signum, region.hold)
         except ValueError:  # not the main interpreter
             for signum, handler in region.previous.items():
                 _signal.signal(signum, handler)
             return
+        except BaseException:
+            # A Ctrl-C between two swaps (the SIGINT handler still the program's): every
+            # handler swapped so far goes back before it is raised, or the program's own
+            # SIGTERM/SIGUSR1 handler stayed replaced by ``hold`` for good.
+            for signum, handler in region.previous.items():
+                _signal.signal(signum, handler)
+            raise
         _region = self._mine = region
 
     def __exit__(self, *exc: object) -> None:

@@ -146,6 +146,7 @@ def _files_read(options: argparse.Namespace) -> list[tuple[str, str]]:
 def _headers_read(kernel_file: str) -> list[tuple[str, str]]:
     """("header", path) of each header the kernel file includes that exists; none where the
     file cannot be read yet (the command says why when it reads it)."""
+    from conveyor import config
     from conveyor.kernels.includes import included_headers
 
     path = Path(kernel_file)
@@ -153,7 +154,10 @@ def _headers_read(kernel_file: str) -> list[tuple[str, str]]:
         source = anchor_includes(read_kernel(path), path.parent)
     except InputError:
         return []
-    return [("header", found) for _, found, data in included_headers(source, ())
+    # An OpenCL build also searches PYOPENCL_BUILD_OPTIONS' -I folders (kernels/build.py
+    # kernel_headers): a header found there was written over by -o/--trace with --force.
+    forced = config.pyopencl_build_options().split() if path.suffix.lower() != ".cu" else []
+    return [("header", found) for _, found, data in included_headers(source, forced)
             if data is not None]
 
 

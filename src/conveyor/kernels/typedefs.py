@@ -127,7 +127,7 @@ def _vector_width(text: str) -> str | None:
     while end < len(text) and depth:
         depth += {"(": 1, ")": -1}.get(text[end], 0)
         end += 1
-    inner = text[match.end() : end - 1].replace(" ", "")
+    inner = re.sub(r"\s+", "", text[match.end() : end - 1])
     while inner.startswith("(") and inner.endswith(")") and _balanced(inner[1:-1]):
         inner = inner[1:-1]
     return inner if inner.isdigit() else "?"

@@ -206,15 +206,50 @@ class FileSource(Source):
         stands, until ``stream`` calls :meth:`finish`: closed when another stream of this
         source ended, it was opened again by this one's next read and stamped anew, so a
         rewrite between the two went unseen."""
-        self._hold()
+        fd = self._hold()
+        try:
+            with self._lock:
+                if self._streams and self._replaced(fd):
+                    raise InputError(
+                        f"{self.name} was replaced by another file while another stream of "
+                        f"this input reads the old one: make the input again (cv.npy / "
+                        f"cv.raw) to read the new file, or wait for that stream to end")
+                if self._in_place and stream not in self._streams:
+                    raise InputError(
+                        f"{self.name} is written in place by another stream now (a memmap of "
+                        f"it as that stream's output): its rows change under this one; "
+                        f"stream it once that stream has ended")
+                self._streams.add(stream)
+        finally:
+            self._let_go()
+
+    def _replaced(self, fd: int) -> bool:
+        """Whether the path names another file than the open descriptor (``os.replace``
+        of a new ``.npy`` over it since it was opened)."""
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return True
+        held = os.fstat(fd)
+        return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
+    def inode(self) -> int:
+        """The inode of the file this source reads (its open descriptor's, once begun)."""
         with self._lock:
-            self._streams.add(stream)
-        self._let_go()
+            fd = self._fd
+        return os.fstat(fd).st_ino if fd is not None else os.stat(self.path).st_ino
 
     def writes_in_place(self, stream: object) -> None:
         """``stream`` (begun) writes this file through a shared writable map of its own (a
-        memmap of the input as its output): the changes it makes are let pass."""
+        memmap of the input as its output): the changes it makes are let pass. InputError
+        while another stream reads it: that stream's rows would change under it (a rewrite
+        it must see), and the two cannot be told apart."""
         with self._lock:
+            if self._streams - {stream}:
+                raise InputError(
+                    f"{self.name} is read by another stream now, and this one writes it in "
+                    f"place (a memmap of it as an output): the other's rows would change "
+                    f"under it; run the in-place stream once the other has ended")
             self._in_place.add(stream)
 
     def finish(self, stream: object) -> None:
@@ -603,6 +638,11 @@ def _check_header_length(f: Any, version: tuple[int, int], target: Path) -> None
     if at + width + length > size:
         raise ValueError(f"its header length field says {length} bytes, past the file's end "
                          f"at {size} bytes")
+    if length > _MAX_HEADER:  # (NumPy's own words advise options cv.npy does not take)
+        raise InputError(f"{target}: its .npy header is {length} bytes, more than the "
+                         f"{_MAX_HEADER} conveyor reads (a record of tens of thousands of "
+                         f"fields): save fewer fields per file, or the fields as columns of "
+                         f"one numeric array")
 
 
 def _mapped_writable(st: os.stat_result) -> bool:

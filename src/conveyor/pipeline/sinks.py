@@ -138,12 +138,14 @@ class FileSink(Sink):
         if self.dtype.hasobject:
             raise InputError(f"output {self.name} has dtype {self.dtype}: use a numeric dtype")
         inner: tuple[int, ...] = ()
-        if self.dtype.subdtype is not None:
+        while self.dtype.subdtype is not None:
             # ('<f4', (2,)): rows of 2 float32, as np.empty(5, it) is (5, 2) and cv.npy reads
-            # an .npy header of it (a bare ValueError at the first block's copy-out before).
-            self.dtype, inner = self.dtype.subdtype
-            if self._given_shape:
-                self.shape = (*self.shape, *inner)
+            # an .npy header of it (a bare ValueError at the first block's copy-out before);
+            # nested ones ((('<f4', (2,)), (3,))) outer dimensions first, as NumPy nests them.
+            self.dtype, more = self.dtype.subdtype
+            inner = (*inner, *more)
+        if inner and self._given_shape:
+            self.shape = (*self.shape, *inner)
         if not self._given_shape:
             self.shape = (rows, *row_shape, *inner)
         nbytes = math.prod(self.shape) * self.dtype.itemsize

@@ -228,10 +228,10 @@ def stream(
                 if isinstance(inner, FileSource):
                     inner.begin(this_stream)  # stamped now: a rewrite during it is seen
                     begun.append(inner)
-            for where in _mapped_outputs(sinks) if begun else ():
-                for inner in begun:
-                    if files.same_file(where, inner.path):
-                        inner.writes_in_place(this_stream)
+            mapped = _mapped_outputs(sinks) if begun else set()
+            for inner in begun:
+                if inner.inode() in mapped:
+                    inner.writes_in_place(this_stream)
             validate.check_widths(sources, sinks)
             if trace is not None:
                 _check_trace(trace, sources, sinks, opts.args)
@@ -395,15 +395,22 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
         validate.check_byte_order(sources, sinks)
 
 
-def _mapped_outputs(sinks: list[Sink]) -> list[str]:
-    """The files that outputs of ``sinks`` map shared and writable (a ``np.memmap`` output:
-    in place where it is an input's file too)."""
+def _mapped_outputs(sinks: list[Sink]) -> set[int]:
+    """The inodes of the files that outputs of ``sinks`` map shared and writable (a
+    ``np.memmap`` output: in place where it is an input's file too). By inode, as
+    ``io._mapped_writable`` matches: /proc/self/maps writes a newline in a name as ``\\012``,
+    so a path never matched."""
     arrays = [a for s in sinks if isinstance(a := getattr(s, "array", None), np.ndarray)
               and overlap.file_backed(a)]
     if not arrays:
-        return []
+        return set()
     maps = overlap.read_maps()
-    return [where for a in arrays if (where := overlap.shared_file(a, maps)) is not None]
+    found = set()
+    for array in arrays:
+        low = overlap.byte_bounds(array)[0]
+        found |= {inode for start, end, _, _, private, (_, inode) in maps
+                  if start <= low < end and not private}
+    return found
 
 
 def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev: Device,
