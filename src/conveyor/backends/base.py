@@ -157,9 +157,10 @@ def check_image(device: Device, rows: int, columns: int, channels: int, dtype: A
                          f"columns")
 
 
-def check_sampler(address: str, filter: str) -> None:
+def check_sampler(address: str, filter: str, normalized: bool) -> None:
     """InputError for a sampler mode ``image_sampler`` does not know (a bare KeyError
-    before), naming the ones it does."""
+    before), naming the ones it does, and for "repeat"/"mirrored_repeat" without normalized
+    coordinates, which neither OpenCL nor CUDA has (the driver's INVALID_VALUE before)."""
     from conveyor.errors import InputError
 
     if address not in SAMPLER_ADDRESSES:
@@ -168,6 +169,9 @@ def check_sampler(address: str, filter: str) -> None:
     if filter not in SAMPLER_FILTERS:
         raise InputError(f"image_sampler: filter={filter!r}: use one of "
                          f"{', '.join(SAMPLER_FILTERS)}")
+    if address in ("repeat", "mirrored_repeat") and not normalized:
+        raise InputError(f"image_sampler: address={address!r} reads normalized coordinates "
+                         f"only: pass normalized=True, or address 'clamp_to_edge' or 'clamp'")
 
 
 def no_images(device: Device) -> Exception:

@@ -823,13 +823,14 @@ class Device(base.Device):
                     ) -> base.DeviceImage:
         from conveyor.backends import cuda_images
 
+        dtype = np.dtype(dtype)  # np.float32 or "float32" as well as np.dtype("float32")
         base.check_image(self, rows, columns, channels, dtype)
         return cuda_images.alloc(self, rows, columns, channels, dtype)
 
     def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:
         from conveyor.backends import cuda_images
 
-        base.check_sampler(address, filter)
+        base.check_sampler(address, filter, normalized)
         return cuda_images.sampler(self, address, filter, normalized)
 
     def image_arguments(self, image: base.DeviceImage, sampler: Any) -> tuple[Any, ...]:

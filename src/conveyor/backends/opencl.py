@@ -856,13 +856,14 @@ class Device(base.Device):
                     ) -> base.DeviceImage:
         from conveyor.backends import opencl_images
 
+        dtype = np.dtype(dtype)  # np.float32 or "float32" as well as np.dtype("float32")
         base.check_image(self, rows, columns, channels, dtype)
         return opencl_images.alloc(self, rows, columns, channels, dtype)
 
     def image_sampler(self, address: str, filter: str, normalized: bool) -> Any:
         from conveyor.backends import opencl_images
 
-        base.check_sampler(address, filter)
+        base.check_sampler(address, filter, normalized)
         return opencl_images.sampler(self, address, filter, normalized)
 
     def _in_forked_child(self) -> bool:

@@ -233,11 +233,13 @@ class FileSource(Source):
         held = os.fstat(fd)
         return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
 
-    def inode(self) -> int:
-        """The inode of the file this source reads (its open descriptor's, once begun)."""
+    def file_id(self) -> tuple[int, int]:
+        """(device, inode) of the file this source reads (its open descriptor's, once
+        begun)."""
         with self._lock:
             fd = self._fd
-        return os.fstat(fd).st_ino if fd is not None else os.stat(self.path).st_ino
+        st = os.fstat(fd) if fd is not None else os.stat(self.path)
+        return st.st_dev, st.st_ino
 
     def writes_in_place(self, stream: object) -> None:
         """``stream`` (begun) writes this file through a shared writable map of its own (a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -230,7 +231,7 @@ def stream(
                     begun.append(inner)
             mapped = _mapped_outputs(sinks) if begun else set()
             for inner in begun:
-                if inner.inode() in mapped:
+                if inner.file_id() in mapped:
                     inner.writes_in_place(this_stream)
             validate.check_widths(sources, sinks)
             if trace is not None:
@@ -395,21 +396,27 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
         validate.check_byte_order(sources, sinks)
 
 
-def _mapped_outputs(sinks: list[Sink]) -> set[int]:
-    """The inodes of the files that outputs of ``sinks`` map shared and writable (a
-    ``np.memmap`` output: in place where it is an input's file too). By inode, as
-    ``io._mapped_writable`` matches: /proc/self/maps writes a newline in a name as ``\\012``,
-    so a path never matched."""
+def _mapped_outputs(sinks: list[Sink]) -> set[tuple[int, int]]:
+    """(device, inode) of each file that outputs of ``sinks`` map shared and writable (a
+    ``np.memmap`` output: in place where it is an input's file too): the map's own numbers,
+    and its path's where that names the same inode (an overlay file system shows another
+    device in /proc/self/maps). Not by path alone: /proc/self/maps writes a newline in a name
+    as ``\\012``; not by inode alone: two file systems' files may share an inode number."""
     arrays = [a for s in sinks if isinstance(a := getattr(s, "array", None), np.ndarray)
               and overlap.file_backed(a)]
     if not arrays:
         return set()
-    maps = overlap.read_maps()
     found = set()
-    for array in arrays:
-        low = overlap.byte_bounds(array)[0]
-        found |= {inode for start, end, _, _, private, (_, inode) in maps
-                  if start <= low < end and not private}
+    for start, end, _, path, private, (device, inode) in overlap.read_maps():
+        if private or not any(start <= overlap.byte_bounds(a)[0] < end for a in arrays):
+            continue
+        found.add((device, inode))
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_ino == inode:
+            found.add((st.st_dev, st.st_ino))
     return found
 
 
