@@ -653,12 +653,13 @@ def _mapped_writable(st: os.stat_result) -> bool:
     ``/proc/self/maps`` cannot be read. Matched by inode alone: an overlay file system shows
     the lower device there, not ``st_dev`` (a match on another device's file only lets a
     change pass, as before this check existed)."""
+    inode = str(st.st_ino).encode()
     try:
-        with open("/proc/self/maps") as maps:
+        with open("/proc/self/maps", "rb") as maps:  # bytes: a name need not be UTF-8
             for line in maps:
                 fields = line.split(None, 5)
-                if (len(fields) >= 5 and fields[4] == str(st.st_ino)
-                        and fields[1][1] == "w" and fields[1][3] == "s"):
+                if (len(fields) >= 5 and fields[4] == inode
+                        and fields[1][1:2] == b"w" and fields[1][3:4] == b"s"):
                     return True
     except OSError:
         return False

@@ -298,16 +298,24 @@ def _any_file(regions: Sequence[_Region | None]) -> bool:
                for r in regions)
 
 
+def maps_lines() -> list[str]:
+    """The lines of ``/proc/self/maps`` (none where it cannot be read), each path as the file
+    system names it: read as bytes and split at ``\\n`` only (as text, a mapped file whose name
+    is not UTF-8 raised UnicodeDecodeError in every memmap stream, and ``splitlines`` also cut
+    at U+2028), the kernel's ``\\012`` for a newline in a name made a newline again."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    return [os.fsdecode(line).replace("\\012", "\n") for line in data.split(b"\n") if line]
+
+
 def _read_maps() -> list[Mapping]:
     """This process's file mappings: (start, end, file offset, path, private, (device,
     inode)); empty where the system has no /proc/self/maps."""
-    try:
-        with open("/proc/self/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
     maps = []
-    for line in lines:
+    for line in maps_lines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or not fields[5].startswith("/"):
             continue
