@@ -90,7 +90,7 @@ def check_counts_fit(kernel: Kernel, plan: Plan, first_row: int) -> None:
 def offset_arg(kernel: Kernel, offset: int) -> np.integer:
     """Block ``offset`` as the kernel's ``offset`` parameter takes it: a signed one (``long
     offset``) gets the offset itself, negative for rows before the whole array's row 0 (a
-    negative ``first_row``: conveyor.dask's margin rows); any other, the offset modulo
+    negative ``first_row``); any other, the offset modulo
     2**64, so a ``ulong offset``'s unsigned arithmetic still gives ``offset + i`` right.
     :func:`check_counts_fit` has checked that it fits."""
     params: Sequence[Any] = getattr(kernel, "params", ())
