@@ -299,16 +299,33 @@ def _any_file(regions: Sequence[_Region | None]) -> bool:
 
 
 def maps_lines() -> list[str]:
-    """The lines of ``/proc/self/maps`` (none where it cannot be read), each path as the file
-    system names it: read as bytes and split at ``\\n`` only (as text, a mapped file whose name
-    is not UTF-8 raised UnicodeDecodeError in every memmap stream, and ``splitlines`` also cut
-    at U+2028), the kernel's ``\\012`` for a newline in a name made a newline again."""
+    """The lines of ``/proc/self/maps`` (none where it cannot be read), read as bytes, split
+    at ``\\n`` only and decoded as the file system names files (as text, a mapped file whose
+    name is not UTF-8 raised UnicodeDecodeError in every memmap stream, and ``splitlines``
+    also cut at U+2028). A path's ``\\012`` may be a newline the kernel escaped or those four
+    characters: :func:`_map_path` tells them apart."""
     try:
         with open("/proc/self/maps", "rb") as f:
             data = f.read()
     except OSError:
         return []
-    return [os.fsdecode(line).replace("\\012", "\n") for line in data.split(b"\n") if line]
+    return [os.fsdecode(line) for line in data.split(b"\n") if line]
+
+
+def _map_path(text: str, inode: int) -> str:
+    """The path of a mapping whose text in ``/proc/self/maps`` is ``text``: the kernel writes
+    a newline in a name as ``\\012`` and leaves a backslash as it is, so ``a\\012b`` is either
+    name. The one that names the mapped inode now; the text as written where neither does
+    (a file deleted or replaced since it was mapped)."""
+    if "\\012" not in text:
+        return text
+    for candidate in (text, text.replace("\\012", "\n")):
+        try:
+            if os.stat(candidate).st_ino == inode:
+                return candidate
+        except OSError:
+            continue
+    return text
 
 
 def _read_maps() -> list[Mapping]:
@@ -322,7 +339,8 @@ def _read_maps() -> list[Mapping]:
         start, end = (int(x, 16) for x in fields[0].split("-"))
         major, _, minor = fields[3].partition(":")
         node = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-        maps.append((start, end, int(fields[2], 16), fields[5], fields[1][3:4] == "p", node))
+        path = _map_path(fields[5], node[1])
+        maps.append((start, end, int(fields[2], 16), path, fields[1][3:4] == "p", node))
     return maps
 
 
