@@ -164,9 +164,12 @@ class CastSource(Source):
         if rows is None:
             return None
         held = np.asarray(rows)
+        return self._cast(held, self.shape[0] if after else -len(held))
+
+    def _cast(self, held: np.ndarray, lo: int) -> np.ndarray:
+        """``held`` (rows from ``lo``) converted; InputError naming a value it cannot hold."""
         converted, bad = _convert(held, self.dtype)
         if bad is not None:
-            lo = self.shape[0] if after else -len(held)
             raise InputError(self._refusal(held, bad, lo))
         return converted
 
@@ -178,10 +181,7 @@ class CastSource(Source):
             rows.read_into(held)
         else:
             held = np.asarray(rows)
-        converted, bad = _convert(held, self.dtype)
-        if bad is not None:
-            raise InputError(self._refusal(held, bad, lo))
-        return converted
+        return self._cast(held, lo)
 
     def close(self) -> None:
         """Close the inner source."""

@@ -25,6 +25,7 @@ from conveyor.pipeline.step import (
     offset_arg,
     partial_of,
     release_temps,
+    signed_offset,
     unalias,
     warm_up_rows,
 )
@@ -45,6 +46,8 @@ class ChainStep(Step):
         for bound in chain.links:  # each kernel link's offset and n, before any block
             if bound.is_kernel:
                 check_counts_fit(bound.compute, plan, first_row)
+        self.signed = [bound.is_kernel and signed_offset(bound.compute)
+                       for bound in chain.links]
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> Event:
@@ -53,10 +56,11 @@ class ChainStep(Step):
         waits: Sequence[Event] = wait_for
         event: Event | None = None
         returned: list[Any] = []
-        for bound, args in zip(self.chain.links, self.link_args, strict=True):
+        for bound, args, signed in zip(self.chain.links, self.link_args, self.signed,
+                                       strict=True):
             if bound.is_kernel:
                 launch = [*(self._buffer(slot, ref) for ref in (*bound.reads, *bound.writes)),
-                          *args, offset_arg(bound.compute, offset), np.uint64(n)]
+                          *args, offset_arg(signed, offset), np.uint64(n)]
                 event = queue.launch(bound.compute, n, launch, wait_for=waits)
                 self.records.append((f"compute:{bound.title}", block.index, event, 0))
             else:

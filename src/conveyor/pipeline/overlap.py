@@ -79,7 +79,7 @@ def in_place_pairs(sources: Sequence[Source], sinks: Sequence[Sink]
                 # An output in a private (copy-on-write) map writes its own pages, never the
                 # file: compared by memory only. (An input in one still shows the file's
                 # bytes it has not written: compared by file too.)
-                region.file = _mapped_file(region.array, maps,
+                region.file = mapped_file(region.array, maps,
                                            shared_only=id(region) in written)
     for j, first in enumerate(outputs):
         for k in range(j + 1, len(outputs)):
@@ -344,7 +344,7 @@ def _read_maps() -> list[Mapping]:
     return maps
 
 
-def _mapped_file(array: np.ndarray, maps: list[Mapping], *, shared_only: bool = False
+def mapped_file(array: np.ndarray, maps: list[Mapping], *, shared_only: bool = False
                  ) -> FileRange | None:
     """The file bytes behind a file-backed array, or None (also, with ``shared_only``, for a
     private map)."""

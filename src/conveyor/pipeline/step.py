@@ -87,17 +87,21 @@ def check_counts_fit(kernel: Kernel, plan: Plan, first_row: int) -> None:
                 f"{first_row}), below its type's smallest value {info.min}: {fix}")
 
 
-def offset_arg(kernel: Kernel, offset: int) -> np.integer:
-    """Block ``offset`` as the kernel's ``offset`` parameter takes it: a signed one (``long
-    offset``) gets the offset itself, negative for rows before the whole array's row 0 (a
-    negative ``first_row``); any other, the offset modulo
-    2**64, so a ``ulong offset``'s unsigned arithmetic still gives ``offset + i`` right.
-    :func:`check_counts_fit` has checked that it fits."""
+def signed_offset(kernel: Kernel) -> bool:
+    """Whether the kernel's ``offset`` parameter (its last but one) is a signed integer
+    (``long offset``): read once per step, not per block."""
     params: Sequence[Any] = getattr(kernel, "params", ())
     dtype = params[-2].dtype if len(params) >= 2 else None
-    if dtype is not None and dtype.kind == "i":
-        return np.int64(offset)
-    return np.uint64(offset % (1 << 64))
+    return dtype is not None and dtype.kind == "i"
+
+
+def offset_arg(signed: bool, offset: int) -> np.integer:
+    """Block ``offset`` as the kernel's ``offset`` parameter takes it (``signed``: see
+    :func:`signed_offset`): a signed one gets the offset itself, negative for rows before the
+    whole array's row 0 (a negative ``first_row``); any other, the offset modulo 2**64, so a
+    ``ulong offset``'s unsigned arithmetic still gives ``offset + i`` right.
+    :func:`check_counts_fit` has checked that it fits."""
+    return np.int64(offset) if signed else np.uint64(offset % (1 << 64))
 
 
 class Step:
@@ -134,12 +138,14 @@ class KernelStep(Step):
         super().__init__(plan, args, records, first_row)
         self.kernel = kernel
         check_counts_fit(kernel, plan, first_row)
+        self.signed_offset = signed_offset(kernel)
 
     def enqueue(self, queue: Queue, slot: Slot, block: Block, wait_for: Sequence[Event]
                 ) -> Event:
         n = block.rows * self.row_items
         outputs = slot.dev_out if slot.scratch is None else [slot.scratch.values]
-        offset = offset_arg(self.kernel, (self.first_row + block.start) * self.row_items)
+        offset = offset_arg(self.signed_offset,
+                            (self.first_row + block.start) * self.row_items)
         inputs = image.launch_inputs(slot.dev_in)  # an image input: its image and sampler
         args = [*inputs, *outputs, *self.args, offset, np.uint64(n)]
         event = queue.launch(self.kernel, n, args, wait_for=wait_for)

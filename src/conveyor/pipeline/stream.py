@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -398,26 +397,17 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
 
 def _mapped_outputs(sinks: list[Sink]) -> set[tuple[int, int]]:
     """(device, inode) of each file that outputs of ``sinks`` map shared and writable (a
-    ``np.memmap`` output: in place where it is an input's file too): the map's own numbers,
-    and its path's where that names the same inode (an overlay file system shows another
-    device in /proc/self/maps). Not by path alone: /proc/self/maps writes a newline in a name
-    as ``\\012``; not by inode alone: two file systems' files may share an inode number."""
+    ``np.memmap`` output: in place where it is an input's file too), as
+    ``overlap.mapped_file`` names a mapped file (its path's numbers where the path still names
+    it, else the map's). Not by path: /proc/self/maps escapes a newline in a name; not by inode
+    alone: two file systems' files may share an inode number."""
     arrays = [a for s in sinks if isinstance(a := getattr(s, "array", None), np.ndarray)
               and overlap.file_backed(a)]
     if not arrays:
         return set()
-    found = set()
-    for start, end, _, path, private, (device, inode) in overlap.read_maps():
-        if private or not any(start <= overlap.byte_bounds(a)[0] < end for a in arrays):
-            continue
-        found.add((device, inode))
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if st.st_ino == inode:
-            found.add((st.st_dev, st.st_ino))
-    return found
+    maps = overlap.read_maps()
+    return {found[:2] for a in arrays
+            if (found := overlap.mapped_file(a, maps, shared_only=True)) is not None}
 
 
 def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev: Device,
