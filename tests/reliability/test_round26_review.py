@@ -164,6 +164,17 @@ def test_cuda_default_argument_with_a_shift():
                            ("n", False, "int32")]
 
 
+def test_cuda_default_argument_with_a_comparison():
+    """A default argument comparing at the top level (``int s = A < B``): its ``<`` follows a
+    name, was taken for a template bracket that never closed, and the parameters after it
+    merged into ``s`` (known since round twenty-seven; fixed in session 20: a ``<`` opens
+    template arguments only when a ``>`` closes it)."""
+    read = parse_params('#define A 1\n#define B 2\nextern "C" __global__ void '
+                        'k(float *o, int s = A < B, float *y, int n = x<y) {}', "k")
+    assert _read(read) == [("o", True, "float32"), ("s", False, "int32"),
+                           ("y", True, "float32"), ("n", False, "int32")]
+
+
 def test_cuda_default_argument_in_braces():
     read = parse_params('extern "C" __global__ void k(float *o, float2 w = {0.f, 1.f}, '
                         'int n = 0) {}', "k")

@@ -223,27 +223,49 @@ _CLOSES = {")": "(", "]": "[", "}": "{"}
 def _top_level(text: str, mark: str) -> Iterator[int]:
     """The positions of ``mark`` in ``text`` outside parentheses, brackets, braces and
     template arguments. A ``<`` opens template arguments only right after a name (``Pair<``,
-    not ``1 <<`` or ``a <=``) and outside parentheses, and a ``>`` closes only those (``->``,
+    not ``1 <<`` or ``a <=``), outside parentheses, and when a ``>`` closes it (``->``,
     ``>>`` of a shift inside ``aligned(64 >> 2)`` and a comparison in ``Flag<(2 > 1)>`` do
     not): one counter for every kind read ``1 << 4`` as two open brackets, and the whole
-    parameter list after it as one parameter."""
+    parameter list after it as one parameter; a ``<`` never closed (a default argument's
+    comparison, ``int s = A < B, float *y``) swallowed the parameters after it."""
+    templates = _closed_templates(text)
     stack: list[str] = []
     for i, char in enumerate(text):
         if char in "([{":
             stack.append(char)
         elif char in _CLOSES:
-            while stack and stack[-1] == "<":  # a "<" that was a comparison after all
-                stack.pop()
             if stack and stack[-1] == _CLOSES[char]:
                 stack.pop()
         elif char == "<":
-            if _opens_template(text, i) and (not stack or stack[-1] in "<{"):
+            if i in templates:
                 stack.append("<")
         elif char == ">":
             if stack and stack[-1] == "<" and text[i - 1 : i] != "-":
                 stack.pop()
         elif char == mark and not stack:
             yield i
+
+
+def _closed_templates(text: str) -> set[int]:
+    """The positions of the ``<`` that open template arguments: a ``<`` that may open them
+    (``_opens_template``) and that a ``>`` closes before the bracket around it does."""
+    stack: list[tuple[str, int]] = []
+    closed: set[int] = set()
+    for i, char in enumerate(text):
+        if char in "([{":
+            stack.append((char, i))
+        elif char in _CLOSES:
+            while stack and stack[-1][0] == "<":  # a "<" that was a comparison after all
+                stack.pop()
+            if stack and stack[-1][0] == _CLOSES[char]:
+                stack.pop()
+        elif char == "<":
+            if _opens_template(text, i) and (not stack or stack[-1][0] in "<{"):
+                stack.append(("<", i))
+        elif char == ">":
+            if stack and stack[-1][0] == "<" and text[i - 1 : i] != "-":
+                closed.add(stack.pop()[1])
+    return closed
 
 
 def _opens_template(text: str, at: int) -> bool:
