@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 _STATEMENT = re.compile(r"\btypedef\b([^;{}]*);")
 _TYPEDEF_ENUM = re.compile(
@@ -24,10 +25,9 @@ _FIXED_ENUM = re.compile(r"\benum\s+(\w+)\s*:\s*([\w ]+?)\s*[{;]")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
 # ext_vector_type(N); N may stand in parentheses of its own (``#define VW (4)``)
 _EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(")
-# A declarator: the type, its stars (with qualifiers of the pointer between or after them:
-# ``* restrict``, ``* const``), the name, array brackets.
-_DECLARATOR = re.compile(r"(.*?)((?:[\s*]|\b(?:const|volatile|restrict|__restrict__|__restrict)"
-                         r"\b)*)\b(\w+)\s*((?:\[[^\]]*\]\s*)*)")
+# Qualifiers that may stand between a declarator's type and its name (``* restrict``,
+# ``* const``): read by ``_declarator``.
+_QUALIFIER_WORDS = frozenset({"const", "volatile", "restrict", "__restrict__", "__restrict"})
 # A brace that opens no scope: ``extern "C" {`` (its string emptied by code_only): what is
 # declared inside is at file scope. (A namespace's is a scope: its typedef of a built-in
 # name is not what a kernel outside it reads.)
@@ -93,20 +93,20 @@ def _statement(body: str) -> list[tuple[str, str]]:
     parts = [without_attributes(part) for part in raw_parts]
     if any("(" in part for part in parts):  # a function (pointer) type: not a data type
         return []
-    first = _DECLARATOR.fullmatch(parts[0].strip())
-    if first is None or not first.group(1).strip():
+    first = _declarator(parts[0])
+    if first is None or not first.type:
         return []
     # Qualifiers before the first star are the pointee's (``float const *p``: const data).
-    base = f"{first.group(1)} {_stars(first)[0]}".strip()
+    base = " ".join(f"{first.type} {_stars(first)[0]}".split())
     # ext_vector_type before the first name is the base type's (every declarator's); after
     # a name, that declarator's own (``typedef float s, v4 __attribute__(...)``: s is float)
-    shared = _vector_width(raw_parts[0][:_name_at(raw_parts[0], first.group(3))])
+    shared = _vector_width(raw_parts[0][:_name_at(raw_parts[0], first.name)])
     pairs = []
     for index, (raw, part) in enumerate(zip(raw_parts, parts, strict=True)):
-        match = first if index == 0 else _DECLARATOR.fullmatch(part.strip())
-        if match is None or (index and match.group(1).strip()):
+        match = first if index == 0 else _declarator(part)
+        if match is None or (index and match.type):
             return []  # not a declarator list conveyor reads: leave the statement out
-        stars, name, array = _stars(match)[1].count("*"), match.group(3), match.group(4)
+        stars, name, array = _stars(match)[1].count("*"), match.name, match.arrays
         lanes = shared or _vector_width(raw[_name_at(raw, name):])
         target = base
         if lanes is not None and not stars and not array:
@@ -142,10 +142,55 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
-def _stars(match: re.Match[str]) -> tuple[str, str]:
+class Declarator(NamedTuple):
+    """One declarator of a ``typedef``: ``float const * restrict p[4]`` is type ``float``,
+    between `` const * restrict ``, name ``p``, arrays ``[4]``."""
+
+    type: str
+    between: str
+    name: str
+    arrays: str
+
+
+def _declarator(text: str) -> Declarator | None:
+    """``text`` read as a type, the stars and qualifiers after it, a name and array
+    brackets; None where it is not one. Read from the end in one pass: a regular expression
+    with a lazy type before a run of qualifiers backtracked for seconds on a hostile
+    ``typedef`` (2,000 ``const`` words and an unclosed ``[``), and its ``.`` stopped at a
+    line break (``typedef unsigned\\nint u32;`` was not read)."""
+    text = text.strip()
+    end = arrays_at = len(text)
+    while end and text[end - 1] == "]":  # array brackets, read from the last: "[4][2]"
+        arrays_at = text.rfind("[", 0, end - 1)
+        if arrays_at < 0 or "]" in text[arrays_at + 1 : end - 1]:
+            return None
+        end = len(text[:arrays_at].rstrip())
+    name_at = end
+    while name_at and (text[name_at - 1].isalnum() or text[name_at - 1] == "_"):
+        name_at -= 1
+    if name_at == end:
+        return None
+    at = name_at
+    while at:
+        if text[at - 1].isspace() or text[at - 1] == "*":
+            at -= 1
+            continue
+        word = at
+        while word and (text[word - 1].isalnum() or text[word - 1] == "_"):
+            word -= 1
+        if word == at or text[word:at] not in _QUALIFIER_WORDS:
+            break
+        at = word
+    if "[" in text[:at] or "]" in text[:at]:
+        return None
+    return Declarator(text[:at].strip(), text[at:name_at], text[name_at:end],
+                      text[arrays_at:])
+
+
+def _stars(match: Declarator) -> tuple[str, str]:
     """A declarator's text between its type and its name, cut at the first ``*``: the
     qualifiers of the type, then the stars with the pointer's own qualifiers."""
-    between = match.group(2)
+    between = match.between
     star = between.find("*")
     return (between, "") if star < 0 else (between[:star], between[star:])
 

@@ -25,9 +25,10 @@ written into a temporary file renamed at the end.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -312,20 +313,44 @@ def maps_lines() -> list[str]:
     return [os.fsdecode(line) for line in data.split(b"\n") if line]
 
 
-def _map_path(text: str, inode: int) -> str:
+def _map_path(text: str, span: str, node: tuple[int, int]) -> str:
     """The path of a mapping whose text in ``/proc/self/maps`` is ``text``: the kernel writes
-    a newline in a name as ``\\012`` and leaves a backslash as it is, so ``a\\012b`` is either
-    name. The one that names the mapped inode now; the text as written where neither does
-    (a file deleted or replaced since it was mapped)."""
+    a newline in a name as ``\\012`` and leaves a backslash as it is, so each ``\\012`` is
+    a newline or those four characters. The link ``/proc/self/map_files/<span>`` names the
+    file exactly where it can be read (it needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE);
+    else the reading that names the mapped (device, inode), then one that names the inode
+    alone (an overlay's files show another device in the maps than in ``stat``); the text as
+    written where none does (a file deleted or replaced since it was mapped)."""
     if "\\012" not in text:
         return text
-    for candidate in (text, text.replace("\\012", "\n")):
+    try:
+        linked = os.readlink(f"/proc/self/map_files/{span}")
+        if os.stat(linked).st_ino == node[1]:
+            return linked
+    except OSError:
+        pass
+    found = []
+    for candidate in _readings(text):
         try:
-            if os.stat(candidate).st_ino == inode:
-                return candidate
+            stat = os.stat(candidate)
         except OSError:
             continue
-    return text
+        if (stat.st_dev, stat.st_ino) == node:
+            return candidate
+        if stat.st_ino == node[1]:
+            found.append(candidate)
+    return found[0] if found else text
+
+
+def _readings(text: str, most: int = 8) -> Iterator[str]:
+    """``text`` with each ``\\012`` read as written or as a newline: every mix of the two
+    for up to ``most`` of them (a name may hold both), else only all of one or the other."""
+    pieces = text.split("\\012")
+    if len(pieces) - 1 > most:
+        yield from (text, "\n".join(pieces))
+        return
+    for mix in itertools.product(("\\012", "\n"), repeat=len(pieces) - 1):
+        yield pieces[0] + "".join(sep + piece for sep, piece in zip(mix, pieces[1:], strict=True))
 
 
 def _read_maps() -> list[Mapping]:
@@ -339,7 +364,7 @@ def _read_maps() -> list[Mapping]:
         start, end = (int(x, 16) for x in fields[0].split("-"))
         major, _, minor = fields[3].partition(":")
         node = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-        path = _map_path(fields[5], node[1])
+        path = _map_path(fields[5], f"{start:x}-{end:x}", node)
         maps.append((start, end, int(fields[2], 16), path, fields[1][3:4] == "p", node))
     return maps
 
