@@ -8,7 +8,14 @@
 - **A slow read**: the same expression, a lazy type before a run of qualifiers, backtracked
   for seconds on a hostile ``typedef`` of 2,000 ``const`` words and an unclosed ``[`` (3.5 s
   on this machine for one statement). The declarator is read from its end in one pass now
-  (``typedefs._declarator``).
+  (``typedefs._declarator``). Three more expressions did the same: ``enum E : a`` followed by
+  20,000 spaces and no ``{`` (4.6 s; 10.4 s after ``typedef``), ``using x = a`` and 20,000
+  spaces (1.9 s), read with possessive quantifiers now; and a source read from a file whose
+  ``#include`` is followed by 50,000 continued lines took 136 s to anchor its includes
+  (each continued line was tried as a directive's start; it starts none).
+- **Not anchored**: ``#define \\`` continued onto the next line before its name left the
+  header it names unanchored, so a header beside the kernel's file was looked for in the
+  current directory (``includes._QUOTED_DEFINE``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
 from reliakit import first_device_only, pocl_only  # noqa: E402, F401
 
 import conveyor as cv  # noqa: E402
+from conveyor.kernels.includes import anchor_includes  # noqa: E402
 from conveyor.kernels.signature import parse_params  # noqa: E402
 from conveyor.kernels.typedefs import declared  # noqa: E402
 
@@ -59,3 +67,26 @@ def test_hostile_typedef_is_read_in_one_pass():
     assert list(many) == ["x"] and many["x"].split() == ["float"] + ["const"] * 20000
     assert declared("typedef float const * restrict const p, q[4];") == {
         "p": "float const *", "q": "float const []"}
+
+
+def test_hostile_enum_and_using_declarations_are_read_in_one_pass():
+    """Not a timing: at these sizes the old expressions took minutes."""
+    spaces = " " * 200_000
+    assert declared(f"enum E : a{spaces}b") == {}
+    assert declared(f"typedef enum E : a{spaces}b") == {}
+    assert declared(f"using x = a{spaces}b") == {}
+    assert declared("typedef enum E : unsigned  short { A } e16; using fp = float *"
+                    " __restrict__ ; enum F : long long\n{ B };") == {
+        "e16": "unsigned short", "enum E": "unsigned short", "fp": "float * __restrict__",
+        "enum F": "long long"}
+
+
+def test_continued_lines_start_no_directive(tmp_path):
+    (tmp_path / "h.h").write_text("#define K 1\n")
+    many = "#include" + "\\\n" * 50_000 + "x"
+    assert anchor_includes(many, tmp_path) == many
+    head = str(tmp_path / "h.h")
+    assert anchor_includes('x \\\n#include "h.h"\n', tmp_path) == 'x \\\n#include "h.h"\n'
+    assert anchor_includes('#define \\\nH "h.h"\n#include H\n', tmp_path) == (
+        f'#define \\\nH "{head}"\n#include H\n')
+    assert anchor_includes('#include \\\n "h.h"\n', tmp_path) == f'#include \\\n "{head}"\n'

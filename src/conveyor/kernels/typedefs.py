@@ -17,12 +17,15 @@ import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-_STATEMENT = re.compile(r"\btypedef\b([^;{}]*);")
+# Possessive quantifiers (``*+``, ``++``: Python 3.11) where a lazy run before optional
+# spaces backtracked quadratically: ``enum E : a`` and 20,000 spaces with no ``{`` took 4.6 s.
+# Types they capture keep their trailing spaces: read them through ``_words``.
+_STATEMENT = re.compile(r"\btypedef\b([^;{}]*+);")
 _TYPEDEF_ENUM = re.compile(
-    r"\btypedef\s+enum\s*(?:\w+\s*)?(?::\s*([\w ]+?)\s*)?\{[^{}]*\}\s*(\w+)\s*;")
+    r"\btypedef\s++enum\s*+(?:\w++\s*+)?(?::\s*+([\w ]++)\s*+)?\{[^{}]*+\}\s*+(\w++)\s*+;")
 # ``enum tag : type`` (C23, clang's extension): an enum of a fixed type, not int
-_FIXED_ENUM = re.compile(r"\benum\s+(\w+)\s*:\s*([\w ]+?)\s*[{;]")
-_USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;{}()]+?)\s*;")
+_FIXED_ENUM = re.compile(r"\benum\s++(\w++)\s*+:\s*+([\w ]++)\s*+[{;]")
+_USING = re.compile(r"\busing\s++(\w++)\s*+=\s*+([^;{}()]++);")
 # ext_vector_type(N); N may stand in parentheses of its own (``#define VW (4)``)
 _EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(")
 # Qualifiers that may stand between a declarator's type and its name (``* restrict``,
@@ -75,14 +78,20 @@ def _depths(text: str) -> list[tuple[int, int]]:
 
 def _declarations(text: str) -> list[tuple[int, str, str]]:
     """(position, name, type) of each declaration, in no particular order."""
-    found = [(m.start(), m.group(1), m.group(2)) for m in _USING.finditer(text)]
+    found = [(m.start(), m.group(1), _words(m.group(2))) for m in _USING.finditer(text)]
     # typedef enum { A, B } mode; (its braces keep it from _STATEMENT)
-    found += [(m.start(), m.group(2), m.group(1) or "enum")
+    found += [(m.start(), m.group(2), _words(m.group(1) or "enum"))
               for m in _TYPEDEF_ENUM.finditer(text)]
-    found += [(m.start(), f"enum {m.group(1)}", m.group(2)) for m in _FIXED_ENUM.finditer(text)]
+    found += [(m.start(), f"enum {m.group(1)}", _words(m.group(2)))
+              for m in _FIXED_ENUM.finditer(text)]
     for match in _STATEMENT.finditer(text):
         found += [(match.start(), name, target) for name, target in _statement(match.group(1))]
     return found
+
+
+def _words(text: str) -> str:
+    """``text`` with its runs of white space made one space, and none at its ends."""
+    return " ".join(text.split())
 
 
 def _statement(body: str) -> list[tuple[str, str]]:
@@ -97,7 +106,7 @@ def _statement(body: str) -> list[tuple[str, str]]:
     if first is None or not first.type:
         return []
     # Qualifiers before the first star are the pointee's (``float const *p``: const data).
-    base = " ".join(f"{first.type} {_stars(first)[0]}".split())
+    base = _words(f"{first.type} {_stars(first)[0]}")
     # ext_vector_type before the first name is the base type's (every declarator's); after
     # a name, that declarator's own (``typedef float s, v4 __attribute__(...)``: s is float)
     shared = _vector_width(raw_parts[0][:_name_at(raw_parts[0], first.name)])
