@@ -31,6 +31,7 @@ from conveyor.backends.base import Device, PinnedBuffer
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
 from conveyor.interrupts import deferred_sigint
+from conveyor.memory import hostmem
 from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.io import ArraySource, Source
 from conveyor.pipeline.plan import Block, Plan
@@ -215,7 +216,15 @@ def rows_around(source: Source, lo: int, hi: int, h: int, boundary: Boundary = "
     own rows where they exist, pad rows past its ends (a window at an end of the array gets
     the array's pad rows, which under "reflect" and "periodic" are rows the window lacks).
     For a stream of rows ``lo:hi`` alone (``Source.beside``): the same values with only those
-    rows streamed, so a reduction counts no neighbour (conveyor.dask.stream)."""
+    rows streamed, so a reduction counts no neighbour (conveyor.dask.stream). InputError,
+    before anything is allocated, where the host could not hold them (``halo=2**62`` was
+    NumPy's "array is too big" on a Dask worker, where one local stream is refused)."""
+    row_bytes = math.prod(source.shape[1:]) * source.dtype.itemsize
+    needed, host = 2 * h * (row_bytes + 8), hostmem.total()
+    if host is not None and needed > host:
+        raise InputError(
+            f"halo={h} rows on each side of rows {lo}:{hi} of {source.name} would take about "
+            f"{needed} bytes of host memory, more than the host's {host}: use a smaller halo")
     return (_rows_at(source, np.arange(lo - h, lo), boundary),
             _rows_at(source, np.arange(hi, hi + h), boundary))
 

@@ -310,6 +310,7 @@ def make_plan(
     pool_limit: int | None = None,
     pinned_limit: int | None = None,
     block_cap: str = "image",
+    windowed: bool = False,
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits (beside
     ``resident_bytes`` of resident arrays, counted against the same limit). Blocks have at
@@ -317,7 +318,9 @@ def make_plan(
     device's image height for image inputs, its constant buffer for ``__constant`` inputs).
     Without a ``memory_limit``, the ring fits half the device's memory and the device
     pool's own ``limit`` (``pool_limit``), where one is set, and the pinned staging rings fit
-    the pinned pool's ``limit`` (``pinned_limit``)."""
+    the pinned pool's ``limit`` (``pinned_limit``). ``windowed``: the inputs are a window
+    of a larger input, with the rows around it given beside them (``Source.beside``), so a
+    halo longer than the window reaches real rows, not only the boundary's."""
     if not inputs:
         raise InputError("a stream needs at least one input array")
     if depth < 1:
@@ -407,7 +410,8 @@ def make_plan(
         depth = min(depth, -(-rows // block_rows))
     footprint = depth * _slot_footprint(block_rows, halo, inputs, outputs, scratch_row_bytes,
                                         partial_bytes, temp_row_bytes)
-    if halo > rows > 0 and ((halo > block_rows and rows > block_rows) or footprint > limit):
+    if halo > rows > 0 and not windowed and (
+            (halo > block_rows and rows > block_rows) or footprint > limit):
         # halo=2**40 on 1000 rows was "more than a block (1 rows)": the blocks had shrunk to
         # one row for the halo's sake, and a larger block_bytes was no help.
         why = (f"blocks with that many rows on either side do not fit the memory limit of "

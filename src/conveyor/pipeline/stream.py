@@ -468,6 +468,8 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         resident_bytes=residents.nbytes if residents is not None else 0,
         max_block_rows=max_rows,
         block_cap=cap,
+        windowed=any(side is not None for s in sources
+                     for side in getattr(s, "beside", (None, None))),
     )
     check_host_memory(plan, dev)
     empty = open_sinks(sinks, plan, reduction, dev.spec, opts.depth)
