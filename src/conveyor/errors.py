@@ -62,19 +62,40 @@ class CompileError(ConveyorError):
 # The names compilers give the source they were handed: PoCL writes it to a temporary file
 # (tempfile_XXXX.cl in its kernel cache), NVRTC calls it default_program, NVIDIA's OpenCL
 # <kernel>, AMD's comgr .../CompileSource; each is followed by a line number (NVRTC's summary
-# line also quotes it: 'in the compilation of "default_program"').
+# line also quotes it: 'in the compilation of "default_program"'). A file name's folders are
+# found by name_source, not here: a path before the name, read by the expression, made each
+# position of a long word in the log (a source line the compiler quotes) scan to the word's
+# end: a 40,000-character line took 2 minutes.
 _COMPILER_SOURCE_NAMES = re.compile(
-    r"(?:[^\s:'\"]*/)?tempfile_\w+\.cl(?=[:(])"
+    r"(?<!\w)\w++\.cl(?=[:(])"  # a word ending .cl: its tempfile_ part, if any
     r"|\bdefault_program(?=\(\d)"
     r'|(?<=")default_program(?=")'
     r"|<kernel>(?=:\d)"
-    r"|(?:[^\s:'\"]*/)?CompileSource(?=:\d)"
+    r"|CompileSource(?=:\d)"
 )
+#: What ends the folders before a compiler's file name (tempfile_*.cl, CompileSource).
+_NOT_PATH = ":'\""
 
 
 def name_source(log: str, source_name: str) -> str:
-    """``log`` with the compiler's name for the source replaced by ``source_name``."""
-    return _COMPILER_SOURCE_NAMES.sub(lambda _: source_name, log)
+    """``log`` with the compiler's name for the source (with its folders) replaced by
+    ``source_name``."""
+    out, done = [], 0
+    for match in _COMPILER_SOURCE_NAMES.finditer(log):
+        start, text = match.start(), match.group()
+        if text.endswith(".cl"):
+            inside = text.find("tempfile_")
+            if inside < 0 or inside + len("tempfile_.cl") == len(text):
+                continue
+            start += inside
+        if text[0] != "<" and not text.startswith("default_program") and start > done \
+                and log[start - 1] == "/":
+            while start > done and not (log[start - 1].isspace() or log[start - 1] in _NOT_PATH):
+                start -= 1
+        out += [log[done:start], source_name]
+        done = match.end()
+    out.append(log[done:])
+    return "".join(out)
 
 
 class OutOfMemoryError(ConveyorError):

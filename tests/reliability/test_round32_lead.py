@@ -13,6 +13,11 @@
   spaces (1.9 s), read with possessive quantifiers now; and a source read from a file whose
   ``#include`` is followed by 50,000 continued lines took 136 s to anchor its includes
   (each continued line was tried as a directive's start; it starts none).
+- **A hang on a build error**: the expression that names the compiler's file for the
+  source in a build log (``errors.name_source``) read a path before the name, so each
+  position of a long word scanned to its end: a log quoting a 40,000-character source line
+  took 136 s, a 200,000-character one would take an hour. The folders are found after the
+  name now, from its end.
 - **Not anchored**: ``#define \\`` continued onto the next line before its name left the
   header it names unanchored, so a header beside the kernel's file was looked for in the
   current directory (``includes._QUOTED_DEFINE``).
@@ -29,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
 from reliakit import first_device_only, pocl_only  # noqa: E402, F401
 
 import conveyor as cv  # noqa: E402
+from conveyor.errors import name_source  # noqa: E402
 from conveyor.kernels.includes import anchor_includes  # noqa: E402
 from conveyor.kernels.signature import parse_params  # noqa: E402
 from conveyor.kernels.typedefs import declared  # noqa: E402
@@ -90,3 +96,14 @@ def test_continued_lines_start_no_directive(tmp_path):
     assert anchor_includes('#define \\\nH "h.h"\n#include H\n', tmp_path) == (
         f'#define \\\nH "{head}"\n#include H\n')
     assert anchor_includes('#include \\\n "h.h"\n', tmp_path) == f'#include \\\n "{head}"\n'
+
+
+def test_a_build_log_quoting_a_long_line_is_named_in_one_pass():
+    """Not a timing: a 200,000-character word took the old expression about an hour."""
+    for word in ("a/" * 100_000, "x" * 200_000, "tempfile_" * 20_000):
+        log = f"/tmp/kcache/tempfile_Ab1.cl:1:7: error: {word}\n"
+        assert name_source(log, "k.cl") == f"k.cl:1:7: error: {word}\n"
+    log = ('/tmp/pocl/tempfile_AbC.cl:3:5: error: x\nin the compilation of "default_program"\n'
+           "default_program(4): error\n<kernel>:2:1: w\n/opt/rocm/CompileSource:5:1 y.cl: no")
+    assert name_source(log, "k.cl") == ('k.cl:3:5: error: x\nin the compilation of "k.cl"\n'
+                                        "k.cl(4): error\nk.cl:2:1: w\nk.cl:5:1 y.cl: no")

@@ -22,9 +22,10 @@ from typing import NamedTuple
 # Types they capture keep their trailing spaces: read them through ``_words``.
 _STATEMENT = re.compile(r"\btypedef\b([^;{}]*+);")
 _TYPEDEF_ENUM = re.compile(
-    r"\btypedef\s++enum\s*+(?:\w++\s*+)?(?::\s*+([\w ]++)\s*+)?\{[^{}]*+\}\s*+(\w++)\s*+;")
+    r"\btypedef\s++enum\s*+(?:\w++\s*+)?(?::\s*+(\w++(?:\s++\w++)*+)\s*+)?\{[^{}]*+\}\s*+(\w++)"
+    r"\s*+;")
 # ``enum tag : type`` (C23, clang's extension): an enum of a fixed type, not int
-_FIXED_ENUM = re.compile(r"\benum\s++(\w++)\s*+:\s*+([\w ]++)\s*+[{;]")
+_FIXED_ENUM = re.compile(r"\benum\s++(\w++)\s*+:\s*+(\w++(?:\s++\w++)*+)\s*+[{;]")
 _USING = re.compile(r"\busing\s++(\w++)\s*+=\s*+([^;{}()]++);")
 # ext_vector_type(N); N may stand in parentheses of its own (``#define VW (4)``)
 _EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(")
@@ -120,7 +121,12 @@ def _statement(body: str) -> list[tuple[str, str]]:
         target = base
         if lanes is not None and not stars and not array:
             # typedef float v4 __attribute__((ext_vector_type(4))): float4 (or unknown)
-            target = f"{base}{lanes}" if lanes in _LANES else f"{base} []"
+            # the lanes go on the type's words, not its qualifiers (float const: const float4)
+            words = base.split()
+            qualifiers = [w for w in words if w in _QUALIFIER_WORDS]
+            plain = " ".join(w for w in words if w not in _QUALIFIER_WORDS)
+            target = " ".join([*qualifiers, f"{plain}{lanes}" if lanes in _LANES
+                               else f"{plain} []"])
         pairs.append((name, target + " *" * stars + (" []" if array else "")))
     return pairs
 
@@ -294,7 +300,8 @@ def _top_level(text: str, mark: str) -> Iterator[int]:
             if i in templates:
                 stack.append("<")
         elif char == ">":
-            if stack and stack[-1] == "<" and text[i - 1 : i] != "-":
+            if stack and stack[-1] == "<" and text[i - 1 : i] != "-" \
+                    and text[i + 1 : i + 2] != "=":
                 stack.pop()
         elif char == mark and not stack:
             yield i
@@ -302,7 +309,8 @@ def _top_level(text: str, mark: str) -> Iterator[int]:
 
 def _closed_templates(text: str) -> set[int]:
     """The positions of the ``<`` that open template arguments: a ``<`` that may open them
-    (``_opens_template``) and that a ``>`` closes before the bracket around it does."""
+    (``_opens_template``) and that a ``>`` closes before the bracket around it does (not the
+    ``>`` of ``->`` or ``>=``: ``int lo = W < 8, int hi = H >= 2`` are two parameters)."""
     stack: list[tuple[str, int]] = []
     closed: set[int] = set()
     for i, char in enumerate(text):
@@ -317,7 +325,8 @@ def _closed_templates(text: str) -> set[int]:
             if _opens_template(text, i) and (not stack or stack[-1][0] in "<{"):
                 stack.append(("<", i))
         elif char == ">":
-            if stack and stack[-1][0] == "<" and text[i - 1 : i] != "-":
+            if stack and stack[-1][0] == "<" and text[i - 1 : i] != "-" \
+                    and text[i + 1 : i + 2] != "=":
                 closed.add(stack.pop()[1])
     return closed
 
