@@ -171,8 +171,10 @@ def test_map_blocks_halo_merges_chunks_smaller_than_the_halo(two_workers):
     got = cvd.map_blocks(cvd.kernel(STENCIL, "sten"), da.from_array(x, chunks=1), halo=2,
                          device=SPEC).compute()
     np.testing.assert_array_equal(got, _stencil_reference(x, {"mode": "edge"}))
-    with pytest.raises(cv.InputError, match="halo=2 is more than"):
-        cvd.map_blocks(cvd.kernel(STENCIL, "sten"), da.from_array(x[:1]), halo=2)
+    # a halo longer than the array runs it as one chunk, padded as cv.stream pads it
+    one = cvd.map_blocks(cvd.kernel(STENCIL, "sten"), da.from_array(x[:1]), halo=2,
+                         device=SPEC).compute()
+    np.testing.assert_array_equal(one, _stencil_reference(x[:1], {"mode": "edge"}))
     with pytest.raises(cv.InputError, match="boundary='wrap'"):
         cvd.map_blocks(cvd.kernel(STENCIL, "sten"), da.from_array(x), halo=2, boundary="wrap")
 
@@ -186,6 +188,42 @@ def test_reduce_is_numpy_and_one_local_stream(two_workers, op):
     assert got == getattr(np, op)(values)
     assert got == _local(ROWS, "rows", [x], reduce=op).result
     assert type(got) is type(_local(ROWS, "rows", [x], reduce=op).result)
+
+
+# Halo 2 over ints, each row's value a long: a sum, min or max of it reads every row's pad.
+ISTENCIL = """
+__kernel void isten(__global const int* x, __global long* y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = (long)x[i] * 3 - 5L * x[i + 2] + 7L * x[i + 4] + (long)((offset + i) % 5);
+}
+"""
+
+
+@pytest.mark.parametrize(("boundary", "chunks"), [
+    ("nearest", 7), ("reflect", (1, 1, 5, 2, 11)), ("periodic", 3), ("none", (9, 1, 10)),
+    (-4, 6)])
+def test_reduce_with_a_halo_is_one_local_stream(two_workers, boundary, chunks):
+    """Each chunk folds its own rows only, its neighbours' rows (dask's overlap) given as its
+    halo; chunks smaller than the halo are merged first, as map_blocks does."""
+    x = ((np.arange(20, dtype=np.int32) * 7919) % 101) - 50
+    for op in ("sum", "min", "max"):
+        got = cvd.reduce(cvd.kernel(ISTENCIL, "isten"), da.from_array(x, chunks=chunks), op,
+                         halo=2, boundary=boundary, device=SPEC).compute()
+        local = _local(ISTENCIL, "isten", [x], reduce=op, halo=2,
+                       boundary="nearest" if boundary == "none" else boundary).result
+        assert got == local, (op, got, local)
+
+
+def test_reduce_and_map_blocks_with_a_halo_longer_than_the_array(two_workers):
+    x = np.array([5, -3, 8], dtype=np.int32)
+    for boundary in ("nearest", "reflect", "periodic", 9):
+        local = _local(ISTENCIL, "isten", [x], outputs=[np.int64], halo=4, boundary=boundary)
+        mapped = cvd.map_blocks(cvd.kernel(ISTENCIL, "isten"), da.from_array(x, chunks=1),
+                                halo=4, boundary=boundary, device=SPEC).compute()
+        np.testing.assert_array_equal(mapped, local.outputs[0])
+        total = cvd.reduce(cvd.kernel(ISTENCIL, "isten"), da.from_array(x, chunks=2), "sum",
+                           halo=4, boundary=boundary, device=SPEC).compute()
+        assert total == local.outputs[0].sum()
 
 
 def test_map_blocks_refuses_a_constant_its_dtype_cannot_hold(two_workers):

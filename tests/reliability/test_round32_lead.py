@@ -107,3 +107,14 @@ def test_a_build_log_quoting_a_long_line_is_named_in_one_pass():
            "default_program(4): error\n<kernel>:2:1: w\n/opt/rocm/CompileSource:5:1 y.cl: no")
     assert name_source(log, "k.cl") == ('k.cl:3:5: error: x\nin the compilation of "k.cl"\n'
                                         "k.cl(4): error\nk.cl:2:1: w\nk.cl:5:1 y.cl: no")
+
+
+def test_the_command_is_not_told_to_reduce_with_a_python_callable():
+    """``conveyor reduce`` runs kernels only: the library's advice for a dtype the built-in
+    fold does not take ("or reduce with a Python callable") is left out of its message."""
+    from conveyor.cli.words import cli_terms
+
+    said = cli_terms("cannot reduce elements of dtype float16 on the device (the built-in fold "
+                     "takes bool, float32): have the kernel write its values as float32 "
+                     "(declare that buffer float*), or reduce with a Python callable", ())
+    assert said.endswith("(declare that buffer float*)") and "callable" not in said

@@ -51,6 +51,9 @@ _RULES: list[_Rule] = [
     (re.compile(r"\bleave device= out\b"), "leave --device out"),
     (re.compile(r"stream them as separate inputs"),
      "give each as its own input: -i FILE:COLUMN"),
+    # The command runs kernels only: it has no Python callable to reduce with.
+    (re.compile(r"declare that buffer float\*\), or reduce with a Python callable"),
+     "declare that buffer float*)"),
     # reduce= is --op (its values are the same words).
     (re.compile(r"\breduce='(\w+)'"), r"--op \1"),
     # --arg gives numbers only: the command has no way to pass an array or cv.resident.

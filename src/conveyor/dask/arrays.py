@@ -62,38 +62,16 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
     from conveyor.pipeline.options import count
 
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
-    _check_boundary(boundary)
     data = _rows(da, arrays)
+    _check_halo(h, boundary, data)
     if isinstance(job.compute, KernelSpec):
         job.compute.check_count(len(data), len(job.args), "map_blocks")
     first = data[0]
-    if h and not isinstance(boundary, str):
-        from conveyor.pipeline.halo import constant
-
-        for i, a in enumerate(data):  # dask pads: refuse what a local stream refuses
-            constant(boundary, a.dtype, f"input {i}")
     out_dtype = (_output_dtype(dtype) if dtype is not None
                  else _default_dtype(job, len(data), first))
-    if h:
-        if h > first.shape[0]:
-            raise InputError(f"halo={h} is more than the array's {first.shape[0]} rows: dask's "
-                             f"overlap needs halo <= rows (use cv.stream locally)")
-        # dask's overlap needs chunks of at least the depth: merge small ones first, as it
-        # would itself, so that the chunks counted here are the chunks it extends.
-        rows = da.overlap.ensure_minimum_chunksize(h, first.chunks[0])
-        data = [a.rechunk({0: rows}) for a in data]
-        first = data[0]
-    chunks = tuple(int(c) for c in first.chunks[0])
-    starts = tuple(int(s) for s in np.concatenate([[0], np.cumsum(chunks, dtype=np.int64)]))
-    befores = (0,) * len(chunks)
-    if h:
-        at_ends = h if boundary != "none" else 0
-        befores = tuple(at_ends if i == 0 else h for i in range(len(chunks)))
-        data = [da.overlap.overlap(a, depth={k: (h if k == 0 else 0) for k in range(a.ndim)},
-                                   boundary={k: boundary for k in range(a.ndim)})
-                for a in data]
+    data, chunks, starts, befores, pads = _overlapped(da, data, h, boundary)
     chunk_fn = functools.partial(_map_chunk, job=job, halo=h, dtype=out_dtype,
-                                 defaulted=dtype is None)
+                                 defaulted=dtype is None, boundary=pads)
     out_ind = _index(first.ndim, "o")
     pairs: list[Any] = []
     for i, a in enumerate(data):
@@ -106,7 +84,8 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
 
 
 def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum", *,
-           args: Sequence[Any] = (), device: Any = None, **options: Any) -> Any:
+           args: Sequence[Any] = (), halo: int = 0, boundary: Any = "nearest",
+           device: Any = None, **options: Any) -> Any:
     """A 0-d dask array: ``compute`` reduced over ``array`` with ``op``; ``.compute()`` gives
     what ``cv.stream(compute, [array], reduce=op).result`` gives.
 
@@ -115,12 +94,18 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
     array); ``da.reduction`` folds the chunks' partials in chunk order, with the host folds
     ``cv.stream`` uses (sum, min, max, or any ``f(a, b)`` with a callable). A number or an
     array comes back as is; any other partial (a list, say) in a 0-d object array
-    (``result[()]``). Arguments as in :func:`map_blocks`.
+    (``result[()]``). Arguments as in :func:`map_blocks`: with ``halo=h`` each chunk's
+    stream reads its neighbours' rows (dask's overlap) and folds its own rows only, so the
+    result is ``cv.stream(compute, [array], reduce=op, halo=h, boundary=...)``'s.
     """
     da = _dask_array()
     job = as_job(compute, device, args, _stream_options(options))
     op = check_op(job, op, "op")
+    from conveyor.pipeline.options import count
+
+    h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
     (data,) = _rows(da, (array,))
+    _check_halo(h, boundary, [data])
     if isinstance(job.compute, KernelSpec):
         job.compute.check_count(1, len(job.args), "reduce")
     from conveyor.pipeline import reduce as reducing
@@ -137,13 +122,14 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
 
         empty = np.empty((0,), object)
         return da.from_delayed(dask.delayed(_final(fold))(empty), shape=(), dtype=object)
-    starts = tuple(int(s) for s in np.concatenate([[0], np.cumsum(kept, dtype=np.int64)]))
-    chunk_fn = functools.partial(_reduce_chunk, job=job, op=op)
+    (data,), chunks, starts, befores, pads = _overlapped(da, [data], h, boundary)
+    chunk_fn = functools.partial(_reduce_chunk, job=job, op=op, halo=h, boundary=pads)
     ind = _index(data.ndim, "i")
-    where = _per_chunk(kept, [(i, starts[i], kept[i]) for i in range(len(kept))])
+    where = _per_chunk(chunks, [(i, starts[i], befores[i], chunks[i])
+                                for i in range(len(chunks))])
     partials = da.blockwise(chunk_fn, ("r",), data, ind, where, ("r",), dtype=object,
                             concatenate=True, align_arrays=False,
-                            adjust_chunks={"r": (1,) * len(kept)},
+                            adjust_chunks={"r": (1,) * len(chunks)},
                             meta=np.empty((0,), object))
     return da.reduction(partials, chunk=_keep, combine=fold, aggregate=_final(fold),
                         dtype=object, concatenate=True, meta=np.empty((), object))
@@ -158,41 +144,53 @@ _DEFAULTED = ("a type its source chooses by the device's macros, where the clien
 _ASKED = "and map_blocks was asked for dtype={wanted}: pass dtype=np.{dtype}, or leave it out"
 
 
-def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bool = False
-               ) -> np.ndarray:
+def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bool = False,
+               boundary: Any = None) -> np.ndarray:
     """On a worker: stream chunk ``i`` (rows ``lo:lo + count`` of the whole array). With a
     halo each block is the chunk extended by dask's overlap (``before`` rows in front, as
     many after where the chunk has neighbours or dask padded the array's end): only the
     chunk's own rows are streamed, those rows given beside them as its halo, so the compute
-    sees the offsets of the array's rows alone, as one local stream does."""
+    sees the offsets of the array's rows alone, as one local stream does. A ``boundary``
+    given: the chunk is the whole array, padded by its stream."""
     *data, (i, lo, before, count) = blocks
-    inputs: list[Any] = list(data)
-    if halo:
-        from conveyor.pipeline import validate
-        from conveyor.pipeline.io import ArraySource
-
-        inputs = []
-        for k, block in enumerate(data):
-            source = ArraySource(validate.as_input(block[before : before + count], k),
-                                 f"input {k}")
-            after = block.shape[0] - before - count
-            source.beside = (block[before - halo : before] if before else None,
-                             block[before + count : before + count + halo] if after else None)
-            inputs.append(source)
-    report = run(job, inputs, [dtype], first_row=lo, halo=halo,
+    report = run(job, _chunk_inputs(data, before, count, halo, boundary), [dtype],
+                 first_row=lo, halo=halo, boundary="nearest" if boundary is None else boundary,
                  where=f"chunk {i} (rows {lo}:{lo + count})",
                  defaulted={0: _DEFAULTED if defaulted else _ASKED})
     result: np.ndarray = report.outputs[0]
     return result
 
 
-def _reduce_chunk(block: np.ndarray, where: tuple[int, int, int], *, job: Job, op: Any
-                  ) -> np.ndarray:
+def _chunk_inputs(data: list[Any], before: int, count: int, halo: int, boundary: Any
+                  ) -> list[Any]:
+    """A chunk's inputs: its blocks as given, or (with a halo dask's overlap made) each
+    block's own rows with the overlap's rows beside them (``Source.beside``)."""
+    if not halo or boundary is not None:
+        return list(data)
+    from conveyor.pipeline import validate
+    from conveyor.pipeline.io import ArraySource
+
+    inputs = []
+    for k, block in enumerate(data):
+        source = ArraySource(validate.as_input(block[before : before + count], k), f"input {k}")
+        after = block.shape[0] - before - count
+        source.beside = (block[before - halo : before] if before else None,
+                         block[before + count : before + count + halo] if after else None)
+        inputs.append(source)
+    return inputs
+
+
+def _reduce_chunk(block: np.ndarray, where: tuple[int, int, int, int], *, job: Job, op: Any,
+                  halo: int = 0, boundary: Any = None) -> np.ndarray:
+    """On a worker: chunk ``i``'s partial (its own rows folded; with a halo, the overlap's
+    rows beside them, as in :func:`_map_chunk`)."""
     from conveyor.pipeline.fold import halves_kept_wide
 
-    i, lo, count = where
+    i, lo, before, count = where
     with halves_kept_wide():  # a chunk's total is a partial: cast once, by the aggregate
-        report = run(job, [block], [], first_row=lo, reduce=op,
+        report = run(job, _chunk_inputs([block], before, count, halo, boundary), [],
+                     first_row=lo, reduce=op, halo=halo,
+                     boundary="nearest" if boundary is None else boundary,
                      where=f"chunk {i} (rows {lo}:{lo + count})")
     partial = np.empty((1,), object)
     partial[0] = report.result
@@ -229,6 +227,47 @@ def _final(fold: Callable[..., np.ndarray]) -> Callable[..., Any]:
 
 
 # -- on the client ----------------------------------------------------------------------------
+def _overlapped(da: Any, data: list[Any], h: int, boundary: Any
+                ) -> tuple[list[Any], tuple[int, ...], tuple[int, ...], tuple[int, ...], Any]:
+    """The inputs as the chunks' tasks take them, with each chunk's rows (the output's
+    chunks), first rows, and rows of dask's overlap in front; and the boundary each chunk's
+    own stream pads with (None: dask's overlap gives every halo row). A halo longer than
+    the array (which dask's overlap cannot give: it needs chunks of at least the depth) runs
+    the array as one chunk, padded by its stream, as ``cv.stream(halo=h)`` takes it."""
+    pads = None
+    if h:
+        total = int(data[0].shape[0])
+        if h > total:
+            data = [a.rechunk({0: (total,)}) for a in data]
+            pads = "nearest" if boundary == "none" else boundary
+        else:
+            # dask's overlap needs chunks of at least the depth: merge small ones first, as
+            # it would itself, so that the chunks counted here are the chunks it extends.
+            rows = da.overlap.ensure_minimum_chunksize(h, data[0].chunks[0])
+            data = [a.rechunk({0: rows}) for a in data]
+    chunks = tuple(int(c) for c in data[0].chunks[0])
+    starts = tuple(int(s) for s in np.concatenate([[0], np.cumsum(chunks, dtype=np.int64)]))
+    befores = (0,) * len(chunks)
+    if h and pads is None:
+        at_ends = h if boundary != "none" else 0
+        befores = tuple(at_ends if i == 0 else h for i in range(len(chunks)))
+        data = [da.overlap.overlap(a, depth={k: (h if k == 0 else 0) for k in range(a.ndim)},
+                                   boundary={k: boundary for k in range(a.ndim)})
+                for a in data]
+    return data, chunks, starts, befores, pads
+
+
+def _check_halo(h: int, boundary: Any, data: list[Any]) -> None:
+    """Refuse what a local stream refuses: an unknown boundary, a constant an input's dtype
+    cannot hold."""
+    _check_boundary(boundary)
+    if h and not isinstance(boundary, str):
+        from conveyor.pipeline.halo import constant
+
+        for i, a in enumerate(data):  # dask pads: refuse what a local stream refuses
+            constant(boundary, a.dtype, f"input {i}")
+
+
 def _per_chunk(chunks: tuple[int, ...], values: Sequence[tuple[int, ...]]) -> Any:
     """A blockwise argument that gives chunk i's ``values[i]`` (its index and rows) as a
     literal in its task: no task of its own per chunk (as ``da.arange`` would add), and no

@@ -302,7 +302,8 @@ def cached_kernels() -> int:
 
 
 def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, where: str,
-        halo: int = 0, reduce: Any = None, defaulted: dict[int, str] | None = None) -> Any:
+        halo: int = 0, boundary: Any = "nearest", reduce: Any = None,
+        defaulted: dict[int, str] | None = None) -> Any:
     """One ``cv.stream`` of ``job`` on this worker; the Report. A failure is raised as is,
     with a note naming ``where`` (the chunk and its rows) and this worker. ``defaulted``:
     the outputs conveyor.dask made itself, of a dtype read on the client from the kernel's
@@ -314,8 +315,8 @@ def run(job: Job, inputs: list[Any], outputs: list[Any], *, first_row: int, wher
         dev, compute = resolve(job)
         if defaulted and isinstance(job.compute, KernelSpec):
             _check_defaulted(compute, len(inputs), outputs, defaulted)
-        return cv.stream(compute, inputs, outputs, device=dev, halo=halo, reduce=reduce,
-                         args=job.args, first_row=first_row, **job.options)
+        return cv.stream(compute, inputs, outputs, device=dev, halo=halo, boundary=boundary,
+                         reduce=reduce, args=job.args, first_row=first_row, **job.options)
     except BaseException as exc:
         failure = _an_exception(exc)
         failure.add_note(f"conveyor.dask: {where}, on worker {worker_name()}")

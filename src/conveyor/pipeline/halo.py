@@ -152,6 +152,16 @@ def pad_index(rows: int, positions: np.ndarray, mode: str) -> np.ndarray:
     return np.where(folded < rows, folded, 2 * rows - 1 - folded)
 
 
+def _read_once(source: Source) -> bool:
+    """Whether ``source`` is read once, in order (``cv.iterate``), also under the wrappers
+    that check or convert its rows as they are read (a bool iterable read through a
+    ``bool*`` is wrapped: its back pad rows were made before the first block, and the
+    iterable had run to its end)."""
+    while not isinstance(source, IterSource) and getattr(source, "inner", None) is not None:
+        source = source.inner  # type: ignore[attr-defined]
+    return isinstance(source, IterSource)
+
+
 class Pads:
     """The ``h`` rows before and after one input under ``boundary``, read once per end
     (the few rows they repeat, in one copy). The rows after an input read once, in order
@@ -163,7 +173,8 @@ class Pads:
         self.rows = rows
         self.h = h
         self.boundary = boundary
-        if isinstance(source, IterSource) and boundary == "periodic":
+        read_once = _read_once(source)
+        if read_once and boundary == "periodic":
             raise InputError(f"boundary='periodic' with {source.name}: the rows before the "
                              f"first block are the input's last rows, and an iterable is read "
                              f"once, in order: pass an array or a file, or another boundary")
@@ -173,7 +184,7 @@ class Pads:
         self._back: np.ndarray | None = None
         if back is not None:
             self._back = self._given(back, "after")
-        elif not isinstance(source, IterSource):
+        elif not read_once:
             self._back = self._make(np.arange(rows, rows + h, dtype=np.int64))
 
     def front(self) -> np.ndarray:

@@ -41,6 +41,7 @@ _C_TYPES = {
     "float32": "float", "float64": "double", "int32": "int", "uint32": "uint",
     "int64": "long", "uint64": "ulong", "int16": "short", "uint16": "ushort",
     "int8": "char", "uint8": "uchar",
+    "bool": "uchar",  # a bool is one byte of 0 or 1 (a sum folds into int64: a count)
 }  # fmt: skip
 _CUDA_TYPES = {
     "float": "float", "double": "double", "int": "int", "uint": "unsigned int",
