@@ -347,13 +347,19 @@ def test_guard_reductions_of_one_element_and_of_none(device):
     assert got == 0 and got.dtype == np.sum(np.zeros(0, np.int8)).dtype
 
 
-def test_guard_bool_values_are_refused_by_the_device_fold_with_what_to_do(device):
-    # guard: a kernel writing bool flags for reduce= is an InputError naming the dtype
+def test_guard_bool_values_are_counted_by_the_device_fold(device):
+    # guard: a kernel writing bool flags for reduce= counts them as np.sum does (refused
+    # until session 20), any nonzero byte a True; min/max are bools
     k = compiled(device, """__kernel void flag(__global const float *x, __global bool *r,
-        ulong offset, ulong n) { ulong i = get_global_id(0); if (i < n) r[i] = x[i] > 0.5f; }""",
+        ulong offset, ulong n) { ulong i = get_global_id(0);
+        if (i < n) ((__global uchar *)r)[i] = x[i] > 0.5f ? (uchar)(1 + i % 7) : 0; }""",
                  "flag")
-    with pytest.raises(cv.InputError, match="bool"):
-        cv.stream(k, [np.ones(100, np.float32)], reduce="sum", device=device)
+    x = (np.arange(100, dtype=np.float32) % 3) / 2
+    flags = x > 0.5
+    got = cv.stream(k, [x], reduce="sum", device=device, block_bytes=64).result
+    assert got == flags.sum() and np.asarray(got).dtype == np.int64
+    assert cv.stream(k, [x], reduce="max", device=device).result is np.True_
+    assert cv.stream(k, [x], reduce="min", device=device).result is np.False_
 
 
 def test_guard_kernel_reduction_with_a_halo_folds_only_the_block(device):

@@ -41,7 +41,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only  # noqa: E402, F401 (autouse: first device only)
+from reliakit import (  # noqa: E402, F401 (first_device_only: autouse, first device only)
+    first_device_only,
+    opencl_c_only,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
@@ -72,6 +75,7 @@ def test_an_iterable_of_bools_through_a_bool_pointer_takes_a_halo(device):
     IterSource)`` to read the rows after the input late, but ``validate.guard_bools`` has
     wrapped the source in an ``io.BoolChecked``, so the back pad rows are read before the
     first block, the iterable runs to its end and the first block's rows are gone."""
+    opencl_c_only(device)
     k = device.compile(BSTEN, "bsten")
     want = _sten_reference(BITS, "edge")
     got = cv.stream(k, [BITS], [np.int32], halo=1, device=device).outputs[0]
@@ -90,6 +94,7 @@ def test_a_periodic_iterable_of_bools_is_refused_for_being_periodic(device):
     that says why (its last rows would be needed first); a bool one read through ``bool*``
     gets the misleading "read once, in order: rows 0: are gone" instead (same cause:
     ``Pads`` does not see the IterSource inside the ``BoolChecked``)."""
+    opencl_c_only(device)
     k = device.compile(BSTEN, "usten")
     with pytest.raises(InputError, match="periodic"):
         cv.stream(k, [cv.iterate(iter([BITS.view(np.uint8)]), len(BITS))], [np.int32],
@@ -115,6 +120,7 @@ def test_a_bool_valued_reduction_counts_as_numpy_does(device):
     devices, conveyor.dask, the command). ``reduce.partial_dtype`` plans an int64 count for a
     bool sum, but ``reduce._C_TYPES`` (reduce.py:40) has no bool, so ``kernel_source``
     refuses it. Right: the count, as ``np.sum`` gives it (and min/max: False/True)."""
+    opencl_c_only(device)
     k = device.compile(FLAGS, "flag")
     empty = cv.stream(k, [np.zeros(0, np.int32)], reduce="sum", device=device).result
     assert empty == 0 and np.asarray(empty).dtype == np.int64  # holds today
@@ -153,6 +159,7 @@ def test_dask_map_blocks_takes_a_halo_longer_than_the_array(device):
     with 1 to 3 rows and halo 3). The array is then one chunk with nothing beside it: its
     stream can take the pad rows of the whole array as its halo (``halo.rows_around`` makes
     them) without dask's overlap."""
+    opencl_c_only(device)
     da = pytest.importorskip("dask.array")
     dask = pytest.importorskip("dask")
     import conveyor.dask as cvd
@@ -188,6 +195,7 @@ def test_dask_reduce_takes_a_halo_as_the_other_roads_do(device):
     rest to ``_stream_options``), and the message does not say what to use instead.
     ``map_blocks`` already gives each chunk its neighbours' rows (``Source.beside``); the
     reduction's chunks can take them the same way."""
+    opencl_c_only(device)
     da = pytest.importorskip("dask.array")
     dask = pytest.importorskip("dask")
     import conveyor.dask as cvd

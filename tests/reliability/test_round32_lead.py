@@ -29,9 +29,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only, pocl_only  # noqa: E402, F401
+from reliakit import first_device_only, opencl_c_only, pocl_only  # noqa: E402, F401
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import name_source  # noqa: E402
@@ -118,3 +119,47 @@ def test_the_command_is_not_told_to_reduce_with_a_python_callable():
                      "takes bool, float32): have the kernel write its values as float32 "
                      "(declare that buffer float*), or reduce with a Python callable", ())
     assert said.endswith("(declare that buffer float*)") and "callable" not in said
+
+
+# -- the command line: --halo for reduce, --boundary for both (missing until session 20) ----------
+STEN = """__kernel void sten(__global const float *x, __global float *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = x[i] - 2.0f * x[i + 1] + 4.0f * x[i + 2];
+}
+"""
+
+
+def _padded(x: np.ndarray, boundary) -> np.ndarray:
+    if isinstance(boundary, str):
+        mode = {"nearest": "edge", "reflect": "symmetric", "periodic": "wrap"}[boundary]
+        p = np.pad(x, 1, mode=mode)  # type: ignore[call-overload]
+    else:
+        p = np.pad(x, 1, mode="constant", constant_values=boundary)
+    return p[:-2] - 2 * p[1:-1] + 4 * p[2:]
+
+
+def test_the_command_takes_a_boundary_and_a_reduction_takes_a_halo(device, tmp_path, capsys):
+    from conveyor.cli import main
+
+    opencl_c_only(device)
+    (tmp_path / "k.cl").write_text(STEN)
+    x = np.arange(11, dtype=np.float32) ** 2 - 30
+    np.save(tmp_path / "x.npy", x)
+    common = [str(tmp_path / "k.cl"), "--kernel", "sten", "-i", str(tmp_path / "x.npy"),
+              "--device", device.spec, "--halo", "1", "--block-bytes", "16", "--no-progress"]
+    for boundary in ("nearest", "reflect", "periodic", "-4", "2.5"):
+        out = tmp_path / f"y{boundary}.npy"
+        assert main(["map", *common, "--boundary", boundary, "-o", str(out)]) == 0
+        value = boundary if boundary[0].isalpha() else float(boundary)
+        np.testing.assert_array_equal(np.load(out), _padded(x, value))
+        capsys.readouterr()
+        assert main(["reduce", *common, "--boundary", boundary, "--op", "max", "-q"]) == 0
+        assert float(capsys.readouterr().out) == _padded(x, value).max()
+    with pytest.raises(SystemExit) as usage:  # argparse's exit for bad usage
+        main(["map", *common, "--boundary", "wrap", "-o", str(tmp_path / "w.npy")])
+    assert usage.value.code == 2
+    assert "'wrap': give nearest, reflect, periodic" in capsys.readouterr().err
+    assert main(["map", *common, "--boundary", "1e40", "-o", str(tmp_path / "b.npy")]) == 2
+    said = capsys.readouterr().err
+    assert "--boundary 1e+40" in said and "boundary=" not in said, said
+    assert not (tmp_path / "w.npy").exists() and not (tmp_path / "b.npy").exists()

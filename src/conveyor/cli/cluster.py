@@ -62,7 +62,7 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
     with connect(options.scheduler, options.cluster) as client:
         report = stream(spec, sources, outputs, client=client, reduce=reduce,
                         args=[_number(a) for a in options.args],
-                        halo=getattr(options, "halo", 0), device=device,
+                        halo=options.halo, boundary=options.boundary, device=device,
                         depth=options.depth, block_bytes=options.block_bytes,
                         memory_limit=options.memory_limit, workers=options.workers)
     if options.json:

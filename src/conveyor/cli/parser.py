@@ -104,11 +104,14 @@ def _stream_options(sub: argparse.ArgumentParser, name: str) -> None:
                      metavar="FILE", help="input file, repeat for more: .npy; .parquet or "
                      ".arrow/.feather as FILE:COLUMN (FILE:A,B for a 2-D input); anything "
                      "else is raw binary (give --dtype)")
+    sub.add_argument("--halo", type=_natural, default=0, metavar="H",
+                     help="extra rows before and after each input block")
+    sub.add_argument("--boundary", type=_boundary, default="nearest", metavar="MODE",
+                     help="the halo's rows past either end: nearest (the edge row, the "
+                          "default), reflect, periodic, or a number")
     if name == "map":
         sub.add_argument("-o", "--output", action="append", required=True, dest="outputs",
                          metavar="FILE.npy", help="output .npy file (repeat for more)")
-        sub.add_argument("--halo", type=_natural, default=0, metavar="H",
-                         help="extra rows before and after each input block")
         sub.add_argument("--plot", metavar="PNG", help="write a timeline figure "
                          "(needs matplotlib: pip install 'conveyor[plot]')")
     else:
@@ -205,6 +208,22 @@ def _workers(text: str) -> int:
                                          f"{MAX_WORKERS} (staging threads; a few saturate "
                                          f"host memory copies)")
     return value
+
+
+def _boundary(text: str) -> str | int | float:
+    """``--boundary``: a mode's name, or the number the rows past either end hold."""
+    if text in ("nearest", "reflect", "periodic"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give nearest, reflect, periodic, or a number (the value of the "
+            f"rows past either end)") from exc
 
 
 def _natural(text: str) -> int:

@@ -103,20 +103,22 @@ class ClusterReport:
 
 def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = None, *,
            client: Any = None, reduce: str | Callable[[Any, Any], Any] | None = None,
-           args: Sequence[Any] = (), halo: int = 0, device: Any = None,
-           **options: Any) -> ClusterReport:
+           args: Sequence[Any] = (), halo: int = 0, boundary: Any = "nearest",
+           device: Any = None, **options: Any) -> ClusterReport:
     """Stream files through ``compute`` on every worker of ``client``'s cluster.
 
     ``inputs`` are ``.npy`` paths, ``cv.npy(path)`` or ``cv.raw(path, dtype, shape)``;
     ``outputs`` ``.npy`` paths, ``cv.npy_out`` or ``cv.raw_out`` (dtype default: the kernel's
     output parameter type, else input 0's). Each worker runs one stream over its own row
     range (``offset`` is the row in the whole file, ``halo`` rows come from the neighbouring
-    ranges, the file's ends repeat the edge row as in ``cv.stream``); ``reduce`` folds every
+    ranges, the file's ends are padded under ``boundary`` as in ``cv.stream``: "nearest"
+    repeats the edge row, "reflect", "periodic", a constant; "none" is "nearest", as for
+    :func:`conveyor.dask.map_blocks`); ``reduce`` folds every
     range's result in row order. Outputs appear only when every range succeeded. ``client``
     defaults to the current ``distributed`` client. ``compute``, ``args``, ``device`` and
     ``options`` as in :func:`conveyor.dask.map_blocks`.
     """
-    from conveyor.dask.arrays import _stream_options
+    from conveyor.dask.arrays import _check_boundary, _stream_options
     from conveyor.pipeline.io import as_source
     from conveyor.pipeline.options import as_inputs, as_outputs, count
     from conveyor.pipeline.sinks import as_sink
@@ -124,6 +126,8 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     started = time.perf_counter()
     job = as_job(compute, device, args, _stream_options(options))
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
+    _check_boundary(boundary)
+    pads = "nearest" if isinstance(boundary, str) and boundary == "none" else boundary
     if reduce is not None:
         reduce = check_op(job, reduce, "reduce")
     client = _client(client)
@@ -140,6 +144,10 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
         if ref[2][0] != total:
             raise InputError(f"input {i} {ref[0]} has {ref[2][0]} rows but input 0 has "
                              f"{total}: inputs must agree on axis 0")
+        if h and not isinstance(pads, str):  # refuse what a local stream refuses
+            from conveyor.pipeline.halo import constant
+
+            constant(pads, np.dtype(ref[1]), f"input {i}")
     wanted = as_outputs(outputs)
     if reduce is not None and wanted:
         raise InputError("with reduce=, pass no outputs")
@@ -176,7 +184,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
                      for i, out in enumerate(wanted) if isinstance(out, str | os.PathLike)}
         ranges = _ranges(total, _workers(client))
         futures = [
-            client.submit(_stream_range, job, refs, out_refs, lo, hi, h, reduce, defaulted,
+            client.submit(_stream_range, job, refs, out_refs, lo, hi, h, reduce, defaulted, pads,
                           workers=[addr], allow_other_workers=True, pure=False,
                           key=f"conveyor-rows-{lo}-{hi}-{os.urandom(6).hex()}")
             for addr, (lo, hi) in ranges
@@ -203,11 +211,11 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
 
 
 def _stream_range(job: Job, refs: list[InputRef], out_refs: list[FileRef], lo: int, hi: int,
-                  halo: int, reduce: Any, defaulted: dict[int, str] | None = None
-                  ) -> dict[str, Any]:
+                  halo: int, reduce: Any, defaulted: dict[int, str] | None = None,
+                  boundary: Any = "nearest") -> dict[str, Any]:
     """On a worker: stream rows ``lo:hi`` from the input files into the same rows of the
     output files. With a halo, the ``halo`` rows each side (the neighbouring ranges' rows,
-    the edge row repeated past the file's ends, as one local stream has them) are read
+    pad rows under ``boundary`` past the file's ends, as one local stream has them) are read
     first and given beside the range's rows (``halo.rows_around``): only the range's rows
     are streamed, so a reduction counts each row of the file once."""
     from conveyor.pipeline.fold import halves_kept_wide
@@ -219,13 +227,13 @@ def _stream_range(job: Job, refs: list[InputRef], out_refs: list[FileRef], lo: i
         for ref, source in zip(refs, sources, strict=True):
             whole = _range_source(ref, 0, total)
             try:
-                source.beside = rows_around(whole, lo, hi, halo)
+                source.beside = rows_around(whole, lo, hi, halo, boundary)
             finally:
                 whole.close()
     sinks = [RangeSink(ref, lo, hi) for ref in out_refs]
     with halves_kept_wide():  # a range's total is a partial: the client casts the total once
         report = run(job, list(sources), list(sinks), first_row=lo, halo=halo,
-                     reduce=reduce, where=f"rows {lo}:{hi} of {refs[0][0]}",
+                     boundary=boundary, reduce=reduce, where=f"rows {lo}:{hi} of {refs[0][0]}",
                      defaulted=defaulted)
     return {"rows": (lo, hi), "worker": worker_name(), "seconds": report.seconds,
             "blocks": report.blocks, "partial": report.result}

@@ -94,13 +94,15 @@ def kernel_source(backend: str, element: np.dtype, op: str, acc: np.dtype | None
         "min": f"acc = (v < acc{nan}) ? v : acc;",
         "max": f"acc = (v > acc{nan}) ? v : acc;",
     }
+    # a bool byte other than 0 is True, as np.sum counts it (a kernel may store any byte)
+    read = "(x[j] != 0)" if element.kind == "b" else "x[j]"
     name = f"conveyor_reduce_{op}_{element.name}_{acc.name}"
     body = f"""
     {{
         {t_acc} acc = ({t_acc})0;
         int first = 1;
         for (unsigned long long j = i; j < n; j += parts) {{
-            {t_acc} v = ({t_acc})x[j];
+            {t_acc} v = ({t_acc}){read};
             if (first) {{ acc = v; first = 0; }} else {{ {fold[op]} }}
         }}
         partial[i] = acc;
