@@ -21,6 +21,7 @@ from typing import Any
 
 from conveyor.kernels.argtypes import warn_once as _warn_once
 from conveyor.kernels.includes import include_dirs
+from conveyor.kernels.signature import without_comments
 
 
 def expand(source: str, options: Sequence[str] = (), macros: tuple[tuple[str, str], ...] = (),
@@ -84,7 +85,8 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
             pre.add_path(str(path))
         # C joins a line ending in a backslash to the next before it finds comments (phase 2):
         # "// note \" makes the next line a comment too, which pcpp read as code.
-        pre.parse(collapse_tables(re.sub(r"\\\r?\n", "", source)), "kernel")
+        pre.parse(collapse_tables(without_comments(re.sub(r"\\\r?\n", "", source))),
+                  "kernel")
         out = io.StringIO()
         pre.write(out)
     except Exception as exc:  # pcpp fails on some inputs: read the unexpanded source

@@ -20,13 +20,15 @@ from typing import NamedTuple
 # Possessive quantifiers (``*+``, ``++``: Python 3.11) where a lazy run before optional
 # spaces backtracked quadratically: ``enum E : a`` and 20,000 spaces with no ``{`` took 4.6 s.
 # Types they capture keep their trailing spaces: read them through ``_words``.
-_STATEMENT = re.compile(r"\btypedef\b([^;{}]*+);")
+# A declaration that no ";" ends is matched too (and skipped), so that the search goes on
+# after it: one that had to end in ";" was sought from each "typedef" of a run of them.
+_STATEMENT = re.compile(r"\btypedef\b([^;{}]*+)(;?)")
 _TYPEDEF_ENUM = re.compile(
     r"\btypedef\s++enum\s*+(?:\w++\s*+)?(?::\s*+(\w++(?:\s++\w++)*+)\s*+)?\{[^{}]*+\}\s*+(\w++)"
     r"\s*+;")
 # ``enum tag : type`` (C23, clang's extension): an enum of a fixed type, not int
 _FIXED_ENUM = re.compile(r"\benum\s++(\w++)\s*+:\s*+(\w++(?:\s++\w++)*+)\s*+[{;]")
-_USING = re.compile(r"\busing\s++(\w++)\s*+=\s*+([^;{}()]++);")
+_USING = re.compile(r"\busing\s++(\w++)\s*+=\s*+([^;{}()]++)(;?)")
 # ext_vector_type(N); N may stand in parentheses of its own (``#define VW (4)``)
 _EXT_VECTOR = re.compile(r"(?<![A-Za-z0-9])_*ext_vector_type_*\s*\(")
 # Qualifiers that may stand between a declarator's type and its name (``* restrict``,
@@ -79,13 +81,16 @@ def _depths(text: str) -> list[tuple[int, int]]:
 
 def _declarations(text: str) -> list[tuple[int, str, str]]:
     """(position, name, type) of each declaration, in no particular order."""
-    found = [(m.start(), m.group(1), _words(m.group(2))) for m in _USING.finditer(text)]
+    found = [(m.start(), m.group(1), _words(m.group(2))) for m in _USING.finditer(text)
+             if m.group(3)]
     # typedef enum { A, B } mode; (its braces keep it from _STATEMENT)
     found += [(m.start(), m.group(2), _words(m.group(1) or "enum"))
               for m in _TYPEDEF_ENUM.finditer(text)]
     found += [(m.start(), f"enum {m.group(1)}", _words(m.group(2)))
               for m in _FIXED_ENUM.finditer(text)]
     for match in _STATEMENT.finditer(text):
+        if not match.group(2):
+            continue
         found += [(match.start(), name, target) for name, target in _statement(match.group(1))]
     return found
 

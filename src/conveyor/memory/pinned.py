@@ -231,10 +231,17 @@ def zeros(
     device: Device | str | None = None,
     svm: bool = False,
 ) -> np.ndarray:
-    """Like :func:`empty`, filled with zeros."""
+    """Like :func:`empty`, filled with zeros: every byte, as ``np.zeros`` makes them (a fill
+    with the number 0 made ``b'0'`` of text, a TypeError of a void dtype, and left a record's
+    padding holding the pool's earlier bytes)."""
     out = empty(shape, dtype, device=device, svm=svm)
-    out.fill(0)
+    _bytes(out).fill(0)
     return out
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous ``array``, as a 1-D uint8 view."""
+    return array.reshape(-1).view(np.uint8)
 
 
 def empty_like(array: Any, *, device: Device | str | None = None) -> np.ndarray:
@@ -263,7 +270,10 @@ def asarray(array: Any, *, device: Device | str | None = None) -> np.ndarray:
     if is_pinned(source, dev) and source.flags.c_contiguous:
         return source
     out = empty(source.shape, source.dtype, device=dev)
-    np.copyto(out, source)
+    if source.dtype.names:  # a record's padding too, not only its fields (the pool's bytes)
+        _bytes(out)[...] = _bytes(np.ascontiguousarray(source))
+    else:
+        np.copyto(out, source)
     return out
 
 

@@ -464,9 +464,13 @@ def raw_source(path: PathLike, dtype: Any, shape: Sequence[int] | int | None, of
     except (TypeError, ValueError, SyntaxError):  # NumPy parses strings: "f4,(" is a SyntaxError
         raise InputError(f"raw input {path}: {names[0]} {dtype!r} is not a NumPy dtype: give "
                          f"a numeric dtype, e.g. float32") from None
-    if dt.kind not in "biufc" or dt.itemsize == 0:  # not text, dates, records or objects
+    sub: tuple[int, ...] = ()
+    if dt.subdtype is not None:  # rows of its elements, as raw_out writes a sub-array dtype
+        dt, sub = dt.subdtype[0], tuple(dt.subdtype[1])
+    if dt.hasobject or dt.itemsize == 0 or (dt.kind not in "biufc" and not dt.names):
+        # not text, dates or objects; records are read as raw_out writes them
         raise InputError(f"raw input {path}: dtype {dt} is not a numeric dtype: give "
-                         f"{names[0]} a numeric dtype, e.g. float32")
+                         f"{names[0]} a numeric or record dtype, e.g. float32")
     file_size = target.stat().st_size
     if not file_size and _holds_bytes(target):
         raise InputError(f"raw input {path} says it has 0 bytes but holds data (a /proc, /sys "
@@ -481,7 +485,7 @@ def raw_source(path: PathLike, dtype: Any, shape: Sequence[int] | int | None, of
         raise InputError(f"raw input {path} has {file_size} bytes and offset={offset!r} "
                          f"{where}: give the byte where the data starts, from 0 to "
                          f"{file_size}")
-    dims = _raw_dims(path, shape)
+    dims = _raw_dims(path, shape) + list(sub)
     _check_dims(path, dims, names[1], dt)
     size = file_size - start
     row_bytes = math.prod(dims[1:]) * dt.itemsize

@@ -18,8 +18,8 @@ from conveyor.kernels.argcast import caster
 from conveyor.kernels.signature import Param
 from conveyor.pipeline.plan import ArraySpec
 from conveyor.pipeline.reduce import BUILTIN_OPS
+from conveyor.pipeline.structs import check_fields, struct_source
 from conveyor.pipeline.structs import check_struct as _check_layout
-from conveyor.pipeline.structs import struct_source
 
 
 def _foreign(value: Any, role: str) -> str | None:
@@ -515,6 +515,9 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
                          f"receives {what},", dtype, source, param.base,
                          native_order_fix(given, dtype), output=what.startswith("output"))
             return
+        # a plain array for a struct the source defines: the records' dtype to pass
+        check_fields(f"kernel parameter {param.name!r} ({param.type_text}), which receives "
+                     f"{what},", dtype, source, param.base)
         if dtype.kind == "c":  # no C scalar is complex ("complex64*" was advised)
             part = f"f{dtype.itemsize // 2}"
             raise InputError(
