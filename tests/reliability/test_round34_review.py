@@ -33,7 +33,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only  # noqa: E402, F401 (autouse: first device only)
+from reliakit import (  # noqa: E402, F401 (first_device_only: autouse, first device only)
+    first_device_only,
+    opencl_c_only,
+)
 
 import conveyor as cv  # noqa: E402
 
@@ -87,6 +90,7 @@ def test_a_file_stream_takes_a_boundary_as_map_blocks_and_reduce_do(client, devi
     ``files._stream_range`` calls ``halo.rows_around(whole, lo, hi, halo)``, which takes a
     boundary, and ``worker.run`` passes one since round thirty-two: only ``files.stream``
     lacks the parameter."""
+    opencl_c_only(device)
     x = ((np.arange(30, dtype=np.int32) * 7919) % 101) - 50
     np.save(tmp_path / "x.npy", x)
     for boundary in ("reflect", "periodic", -4):
@@ -111,6 +115,7 @@ def test_a_dask_reduce_of_flags_with_a_halo_is_one_local_stream(device):
     ``conveyor.dask.reduce`` with a halo: uneven chunks, 1-row and empty chunks (merged
     before dask's overlap), a halo past the array (one chunk, padded by its stream), small
     blocks; each equal to one local stream and NumPy, dtype included."""
+    opencl_c_only(device)
     x = ((np.arange(11, dtype=np.int32) * 37) % 19) - 9
     k = device.compile(SRC, "iflag")
     cases = [(1, "nearest", (3, 1, 0, 7)), (2, "reflect", (1, 1, 1, 8)),
@@ -138,6 +143,7 @@ def test_map_blocks_past_the_array_with_two_inputs_and_edge_constants(device):
     (dask's overlap), two inputs of two dtypes chunked apart, constants at uint64's edge
     (exact bytes: a float on the way would round them); a constant one input's dtype cannot
     hold is refused on the client, as locally."""
+    opencl_c_only(device)
 
     def take(a, b, y, *, queue, offset, n):  # row i: the halo's first rows of each input
         rows = y.shape[0]
