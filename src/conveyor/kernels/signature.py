@@ -45,25 +45,52 @@ _QUALIFIERS = {
 # "kernel void s(" was read as kernel s's parameters), blanked by code_only.
 # An unclosed comment runs to the end of the source, as the compiler reads it: a comment
 # that had to close rescanned the rest of the source from each "/*" (600 KB of "/* ": minutes).
-_NOT_CODE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)',
+# An #include's <name> is kept as it is: "//" in <sub//t.h> is no comment.
+_NOT_CODE = re.compile(r'#[ \t]*include[ \t]*<[^>\n]*>'
+                       r'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)',
                        re.S)
 
 
 def without_comments(source: str) -> str:
-    """``source`` (its continued lines joined) with each comment made a space and the line
-    breaks it held, string and character literals kept: what a preprocessor reads, in one
-    pass (pcpp's lexer rescanned an unclosed comment from each "/*": 100 KB took 486 s)."""
-    def blank(match: re.Match[str]) -> str:
+    """``source`` (its continued lines joined) with each comment made one space, string and
+    character literals and include names kept: what a preprocessor reads, in one pass (pcpp's
+    lexer rescanned an unclosed comment from each "/*": 100 KB took 486 s). The line breaks
+    a comment held follow the first line break after it, so a comment inside a directive
+    (``#define REAL /* a\\n b */ double``) does not end the directive, and the lines after
+    it keep their numbers."""
+    out, at, pending = [], 0, 0
+    for match in _NOT_CODE.finditer(source):
+        out.append(_after_break(source[at : match.start()], pending))
+        if pending and "\n" in source[at : match.start()]:
+            pending = 0
         text = match.group(0)
-        return text if text[0] in "\"'" else " " + "\n" * text.count("\n")
-    return _NOT_CODE.sub(blank, source)
+        if text[0] == "#":  # <sub//t.h> is <sub/t.h>, which pcpp's lexer reads as a name
+            out.append(re.sub(r"/{2,}", "/", text))
+        elif text[0] in "\"'":
+            out.append(text)
+        else:
+            out.append(" ")
+            pending += text.count("\n")
+        at = match.end()
+    rest = source[at:]
+    out.append(_after_break(rest, pending) if "\n" in rest else rest + "\n" * pending)
+    return "".join(out)
+
+
+def _after_break(text: str, breaks: int) -> str:
+    """``text`` with ``breaks`` more line breaks after its first one (as it is without one)."""
+    if not breaks or "\n" not in text:
+        return text
+    first = text.index("\n") + 1
+    return text[:first] + "\n" * breaks + text[first:]
 
 
 def code_only(source: str) -> str:
     """``source`` with its comments blanked and its string and character literals emptied."""
     def blank(match: re.Match[str]) -> str:
         text = match.group(0)
-        return '""' if text[0] == '"' else "' '" if text[0] == "'" else " "
+        return ('""' if text[0] == '"' else "' '" if text[0] == "'" else
+                text if text[0] == "#" else " ")
     # Lines ending in a backslash joined first, as C does before it finds comments: a "//"
     # comment so continued swallows the next line.
     return _NOT_CODE.sub(blank, re.sub(r"\\\r?\n", "", source))

@@ -78,8 +78,12 @@ def _members(source: str, type_name: str
     body = None
     # possessive runs: "typedef struct", 400,000 spaces and a tag tried every split of the
     # spaces between two \s* (17 s for 100 KB)
-    for pattern in (rf"\bstruct\s++{name}\s*+\{{([^{{}}]*+)\}}",
-                    rf"\btypedef\s++struct\b\s*+(?:\w++\s*+)?\{{([^{{}}]*+)\}}\s*+{name}\s*+;"):
+    tagged = rf"\bstruct\s++{name}\s*+\{{([^{{}}]*+)\}}"
+    typedef = rf"\btypedef\s++struct\b\s*+(?:\w++\s*+)?\{{([^{{}}]*+)\}}\s*+{name}\s*+;"
+    # a typedef's name and a struct tag are apart in C: "rec" is the typedef where one is
+    # defined, "struct rec" the tag (struct rec {...} beside typedef struct {...} rec)
+    for pattern in ((tagged, typedef) if type_name.strip().startswith("struct")
+                    else (typedef, tagged)):
         found = re.search(pattern, source)
         if found:
             body = found.group(1)
@@ -99,7 +103,7 @@ def _members(source: str, type_name: str
                 from conveyor.kernels.typedefs import declared
 
                 aliases = declared(source)
-            ctype = _resolved(ctype, aliases)
+            ctype = None if _attributed(source, ctype) else _resolved(ctype, aliases)
         if ctype is None or ctype not in C_SIZES:
             return None
         for declarator in rest.split(","):
@@ -145,6 +149,18 @@ def _c_type(words: list[str]) -> str | None:
     if len(base) == 1 and not (signed or unsigned):
         return base[0]  # float, double, half, bool
     return None
+
+
+def _attributed(source: str, name: str) -> bool:
+    """Whether a typedef of ``name`` in ``source`` carries an attribute or an alignment
+    (``typedef float vfloat __attribute__((aligned(16)));``): the type's words do not give its
+    layout then, and the struct is not judged."""
+    for match in re.finditer(r"\btypedef\b[^;{}]*+;", source):
+        text = match.group(0)
+        if re.search(rf"\b{re.escape(name)}\b", text) and re.search(
+                r"__attribute__|\b_?[Aa]lignas\b|__declspec|__align__", text):
+            return True
+    return False
 
 
 def _resolved(name: str, aliases: dict[str, str]) -> str | None:
@@ -266,6 +282,12 @@ def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str
     if layout is None or wanted is None:
         return
     name, size = layout[0], wanted.itemsize
+    if packs(source):  # #pragma pack(2), a packed struct: conveyor does not lay them out
+        raise InputError(
+            f"{where} points to struct {name!r}, but the array holds {dtype}, which has no "
+            f"fields, so the kernel would read its bytes as records: pass a structured array "
+            f"laid out as the compiler lays out the struct (the source packs structs, which "
+            f"conveyor does not lay out), with the fields filled in")
     raise InputError(
         f"{where} points to struct {name!r} of {size} bytes, but the array holds {dtype}, "
         f"which has no fields, so the kernel would read its bytes as records: pass a "
