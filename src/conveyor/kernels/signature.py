@@ -68,9 +68,12 @@ def without_comments(source: str) -> str:
             out.append(re.sub(r"/{2,}", "/", text))
         elif text[0] in "\"'":
             out.append(text)
-        else:
+        elif pending or source[source.rfind("\n", 0, match.start()) + 1 : match.start()] \
+                .lstrip().startswith("#"):  # on a directive's line: it goes on after it
             out.append(" ")
             pending += text.count("\n")
+        else:  # in code, its line breaks where they were (__LINE__ after it)
+            out.append(" " + "\n" * text.count("\n"))
         at = match.end()
     rest = source[at:]
     out.append(_after_break(rest, pending) if "\n" in rest else rest + "\n" * pending)
@@ -163,44 +166,45 @@ class Param:
 def parse_params(source: str, name: str) -> tuple[Param, ...]:
     """The parameters of kernel ``name`` in ``source``; InputError if no such kernel."""
     read = _read(source)
-    text, heads = read.text, read.heads.get(name, ())
+    heads = read.heads.get(name, ())
     # The definition (its ")" followed by "{"), not a prototype before it, whose parameters
     # may be named where the definition's are not (PoCL, asked an unnamed one's name, crashed).
-    start = next((end for end in heads if _defines_body(text, end, read.pairs)),
-                 heads[0] if heads else None)
-    if start is None:
+    head = next((h for h in heads if h[1]), heads[0] if heads else None)
+    if head is None:
         found = kernel_names(source)
         listing = ", ".join(found) if found else "none"
         raise InputError(f"no kernel named {name!r} in the source; kernels found: {listing}")
-    close = read.pairs.get(start - 1, len(text) - 1)  # unclosed: to the end, as before
-    body = text[start : close].strip()
+    body = head[0].strip()
     if not body or body == "void":
         return ()
     return tuple(_parse_one(part, read.names, read.pointers) for part in split_top(body))
 
 
 class _Source(NamedTuple):
-    """What parse_params reads of a source once for all its kernels: the code, where each
-    parenthesis closes, each kernel head's end by name, the typedef tables."""
+    """What parse_params reads of a source once for all its kernels: each kernel head's
+    parameter text and whether a body follows it, by name, and the typedef tables (not the
+    source's code: the cache would keep it)."""
 
-    text: str
-    pairs: dict[int, int]
-    heads: dict[str, tuple[int, ...]]
+    heads: dict[str, tuple[tuple[str, bool], ...]]
     names: dict[str, str]
     pointers: dict[str, str]
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _read(source: str) -> _Source:
     """``source`` read for parse_params, once: the size check reads every kernel of a source
     twice, and read the whole source again each time (751 small kernels: 28 s)."""
     text = code_only(source)
-    heads: dict[str, list[int]] = {}
+    pairs = _paren_pairs(text)
+    heads: dict[str, list[tuple[str, bool]]] = {}
     for match in re.finditer(_KERNEL_HEAD + r"(\w+)\s*\(", text):
-        heads.setdefault(match.group(1), []).append(match.end())
+        close = pairs.get(match.end() - 1)
+        body = text[match.end() : len(text) - 1 if close is None else close]  # unclosed: all
+        heads.setdefault(match.group(1), []).append(
+            (body, _defines_body(text, match.end(), pairs)))
     table = declared(text, _built_in)  # read once for both kinds of typedef
-    return _Source(text, _paren_pairs(text), {k: tuple(v) for k, v in heads.items()},
-                   _element_typedefs(table), _pointer_typedefs(table))
+    return _Source({k: tuple(v) for k, v in heads.items()}, _element_typedefs(table),
+                   _pointer_typedefs(table))
 
 
 def typedefs(source: str) -> dict[str, str]:

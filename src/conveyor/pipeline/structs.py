@@ -155,10 +155,16 @@ def _attributed(source: str, name: str) -> bool:
     """Whether a typedef of ``name`` in ``source`` carries an attribute or an alignment
     (``typedef float vfloat __attribute__((aligned(16)));``): the type's words do not give its
     layout then, and the struct is not judged."""
+    from conveyor.kernels.typedefs import without_attributes
+
     for match in re.finditer(r"\btypedef\b[^;{}]*+;", source):
         text = match.group(0)
-        if re.search(rf"\b{re.escape(name)}\b", text) and re.search(
-                r"__attribute__|\b_?[Aa]lignas\b|__declspec|__align__", text):
+        if not re.search(r"__attribute__|\b_?[Aa]lignas\b|__declspec|__align__", text):
+            continue
+        # the name as a declarator (before ";" or ","), not as the type it names: a
+        # typedef of real4 from real leaves real's own members judged
+        if re.search(rf"\b{re.escape(name)}\s*(?:\[[^\]]*\]\s*)*[;,]",
+                     without_attributes(text)):
             return True
     return False
 
