@@ -121,3 +121,14 @@ def test_linear_inputs_that_held():
     many = "/* */ " * 50_000 + KERNEL
     assert _is_float_pointer_x(parse_params(many, "k"))
     assert code_only('x = "' + "a" * 300_000) == 'x = "' + "a" * 300_000
+
+
+def test_a_line_of_many_comments_is_read_in_one_pass():
+    """Session 20's re-read: deciding whether each comment sat on a directive's line looked
+    back to the line's start, quadratic on one long line of comments (not a timing: at this
+    size the old reading took minutes)."""
+    from conveyor.kernels.signature import without_comments
+
+    hostile = "/**/" * 300_000 + "\n" + KERNEL
+    assert without_comments(hostile) == " " * 300_000 + "\n" + KERNEL
+    assert without_comments("/**/ #define A /*\n*/ 1\nB\n") == "  #define A   1\n\nB\n"

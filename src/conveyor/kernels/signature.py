@@ -59,25 +59,50 @@ def without_comments(source: str) -> str:
     (``#define REAL /* a\\n b */ double``) does not end the directive, and the lines after
     it keep their numbers."""
     out, at, pending = [], 0, 0
+    line = _Line()
     for match in _NOT_CODE.finditer(source):
-        out.append(_after_break(source[at : match.start()], pending))
-        if pending and "\n" in source[at : match.start()]:
+        code = source[at : match.start()]
+        out.append(_after_break(code, pending))
+        if pending and "\n" in code:
             pending = 0
+        line.read(code)
         text = match.group(0)
         if text[0] == "#":  # <sub//t.h> is <sub/t.h>, which pcpp's lexer reads as a name
             out.append(re.sub(r"/{2,}", "/", text))
+            line.read(text)
         elif text[0] in "\"'":
             out.append(text)
-        elif pending or source[source.rfind("\n", 0, match.start()) + 1 : match.start()] \
-                .lstrip().startswith("#"):  # on a directive's line: it goes on after it
+            line.read(text)
+        elif pending or line.directive:  # on a directive's line: it goes on after it
             out.append(" ")
             pending += text.count("\n")
         else:  # in code, its line breaks where they were (__LINE__ after it)
             out.append(" " + "\n" * text.count("\n"))
+            if "\n" in text:
+                line.read("\n")
         at = match.end()
     rest = source[at:]
     out.append(_after_break(rest, pending) if "\n" in rest else rest + "\n" * pending)
     return "".join(out)
+
+
+class _Line:
+    """Whether the line being read is a directive (its first token, comments aside, a
+    ``#``), kept as text is read: looking back to each comment's line start was quadratic
+    on one long line of comments."""
+
+    def __init__(self) -> None:
+        self.started, self.directive = False, False
+
+    def read(self, text: str) -> None:
+        """Read ``text`` (code, a literal, an include name) on from the line so far."""
+        if "\n" in text:
+            self.started, self.directive = False, False
+            text = text[text.rindex("\n") + 1 :]
+        if not self.started:
+            head = text.lstrip()
+            if head:
+                self.started, self.directive = True, head.startswith("#")
 
 
 def _after_break(text: str, breaks: int) -> str:
