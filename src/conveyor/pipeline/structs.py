@@ -12,6 +12,7 @@ really uses is never refused.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -155,18 +156,23 @@ def _attributed(source: str, name: str) -> bool:
     """Whether a typedef of ``name`` in ``source`` carries an attribute or an alignment
     (``typedef float vfloat __attribute__((aligned(16)));``): the type's words do not give its
     layout then, and the struct is not judged."""
+    return name in _attributed_names(source)
+
+
+@functools.lru_cache(maxsize=4)
+def _attributed_names(source: str) -> frozenset[str]:
+    """The names that ``source``'s typedefs with an attribute or an alignment declare (as
+    declarators, before ";" or ",": a typedef of real4 from real leaves real out), read once
+    per source (per member, each read the whole source)."""
     from conveyor.kernels.typedefs import without_attributes
 
-    for match in re.finditer(r"\btypedef\b[^;{}]*+;", source):
+    found: set[str] = set()
+    for match in re.finditer(r"\btypedef\b([^;{}]*+)(;?)", source):
         text = match.group(0)
-        if not re.search(r"__attribute__|\b_?[Aa]lignas\b|__declspec|__align__", text):
-            continue
-        # the name as a declarator (before ";" or ","), not as the type it names: a
-        # typedef of real4 from real leaves real's own members judged
-        if re.search(rf"\b{re.escape(name)}\s*(?:\[[^\]]*\]\s*)*[;,]",
-                     without_attributes(text)):
-            return True
-    return False
+        if match.group(2) and re.search(r"__attribute__|\b_?[Aa]lignas\b|__declspec|__align__",
+                                        text):
+            found.update(re.findall(r"(\w+)\s*(?:\[[^\]]*\]\s*)*[;,]", without_attributes(text)))
+    return frozenset(found)
 
 
 def _resolved(name: str, aliases: dict[str, str]) -> str | None:
