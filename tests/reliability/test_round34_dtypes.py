@@ -239,9 +239,6 @@ _COPY = """__kernel void cp(__global const {t} *x, __global {t} *y, ulong offset
 }}"""
 
 
-@pytest.mark.xfail(strict=True, reason="records, bytes or str for a scalar pointer are refused "
-                   "with the advice a.astype(np.T), which NumPy refuses (records: TypeError; "
-                   "b'a' as uint8: ValueError): the message says nothing that works")
 @pytest.mark.parametrize(("ctype", "array"), [
     ("float", np.zeros(4, [("a", "<f4"), ("b", "<f4")])),
     ("uchar", np.array([b"a", b"b", b"c", b"d"], "S1")),

@@ -359,13 +359,29 @@ def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
                 )
 
 
+def _array_fix(have: np.dtype | None, want: np.dtype) -> str:
+    """How to give an array of ``have`` the dtype ``want``, in a call that works: records
+    and text cannot be cast with ``a.astype`` (NumPy raises), so a field, or the bytes."""
+    if have is not None and have.names:
+        field = have.names[0]
+        return (f"pass one field of the records as an array of {want} (e.g. "
+                f"np.ascontiguousarray(a[{field!r}], dtype=np.{want})), or declare the "
+                f"parameter a pointer to a struct of the records' fields")
+    if have is not None and have.kind in "SV" and have.itemsize == want.itemsize:
+        return f"pass its bytes as {want}: a.view(np.{want})"
+    if have is not None and have.kind in "SUV":
+        return (f"pass numbers of {want}: a dtype of {have} holds text or bytes, which "
+                f"conveyor does not convert")
+    return f"pass an array of {want} (e.g. a.astype(np.{want}))"
+
+
 def _file_in_fix(source: Any, want: np.dtype) -> str:
     """How to give input ``source`` the dtype ``want``: convert the array, or, for a file
     given by path (an array the caller never held), write a converted copy and pass that."""
     from conveyor.pipeline.io import FileSource
 
     if not isinstance(source, FileSource):
-        return f"pass an array of {want} (e.g. a.astype(np.{want}))"
+        return _array_fix(getattr(source, "dtype", None), want)
     path, copy = str(source.path), f"as_{want}.npy"
     if source.is_npy:
         return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
