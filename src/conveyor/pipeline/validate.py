@@ -370,8 +370,8 @@ def _array_fix(have: np.dtype | None, want: np.dtype) -> str:
     if have is not None and have.kind in "SV" and have.itemsize == want.itemsize:
         return f"pass its bytes as {want}: a.view(np.{want})"
     if have is not None and have.kind in "SUV":
-        return (f"pass numbers of {want}: a dtype of {have} holds text or bytes, which "
-                f"conveyor does not convert")
+        return (f"pass an array of {want} (a dtype of {have} holds text or bytes, which "
+                f"conveyor does not convert: make numbers of it first)")
     return f"pass an array of {want} (e.g. a.astype(np.{want}))"
 
 
