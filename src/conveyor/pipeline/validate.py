@@ -363,10 +363,12 @@ def _array_fix(have: np.dtype | None, want: np.dtype) -> str:
     """How to give an array of ``have`` the dtype ``want``, in a call that works: records
     and text cannot be cast with ``a.astype`` (NumPy raises), so a field, or the bytes."""
     if have is not None and have.names:
-        field = have.names[0]
-        return (f"pass one field of the records as an array of {want} (e.g. "
-                f"np.ascontiguousarray(a[{field!r}], dtype=np.{want})), or declare the "
-                f"parameter a pointer to a struct of the records' fields")
+        fields: Any = have.fields
+        numeric = [name for name in have.names if fields[name][0].base.kind in "biuf"]
+        example = (f" (e.g. np.ascontiguousarray(a[{numeric[0]!r}], dtype=np.{want}))"
+                   if numeric else "")  # a text or nested field does not convert
+        return (f"pass one numeric field of the records as an array of {want}{example}, or "
+                f"declare the parameter a pointer to a struct of the records' fields")
     if have is not None and have.kind in "SV" and have.itemsize == want.itemsize:
         return f"pass its bytes as {want}: a.view(np.{want})"
     if have is not None and have.kind in "SUV":
