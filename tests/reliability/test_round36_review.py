@@ -25,7 +25,8 @@ from conveyor.kernels.signature import parse_params  # noqa: E402
 PACKED = np.dtype([("a", "i1"), ("v", "f4")])
 
 
-# structs._attributed(source, "real") is True where ANY typedef mentioning the word "real"
+# structs._attributed(source, "real") (since folded into _attributed_names) was True where
+# ANY typedef mentioning the word "real"
 # carries an attribute, also one that merely names real as its target (typedef real vreal
 # __attribute__((aligned(16))), typedef real __attribute__((ext_vector_type(4))) real4).
 # Then every struct with a plain `real` member is unjudged: 5-byte records run as 8-byte

@@ -104,7 +104,9 @@ def _members(source: str, type_name: str
                 from conveyor.kernels.typedefs import declared
 
                 aliases = declared(source)
-            ctype = None if _attributed(source, ctype) else _resolved(ctype, aliases)
+            # a typedef with an attribute or an alignment (aligned(16)): its words do not
+            # give its layout, and the struct is not judged
+            ctype = None if ctype in _attributed_names(source) else _resolved(ctype, aliases)
         if ctype is None or ctype not in C_SIZES:
             return None
         for declarator in rest.split(","):
@@ -150,13 +152,6 @@ def _c_type(words: list[str]) -> str | None:
     if len(base) == 1 and not (signed or unsigned):
         return base[0]  # float, double, half, bool
     return None
-
-
-def _attributed(source: str, name: str) -> bool:
-    """Whether a typedef of ``name`` in ``source`` carries an attribute or an alignment
-    (``typedef float vfloat __attribute__((aligned(16)));``): the type's words do not give its
-    layout then, and the struct is not judged."""
-    return name in _attributed_names(source)
 
 
 @functools.lru_cache(maxsize=4)
