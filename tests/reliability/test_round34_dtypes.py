@@ -76,14 +76,8 @@ STRUCT_MISFITS = {
 
 
 # const, typedef'd and two-word members are read since session 20 (structs._member_type)
-_UNREAD = pytest.mark.xfail(strict=True, reason="records laid out otherwise than the kernel's "
-                            "struct (a nested struct, a vector member) are not checked: wrong "
-                            "values, no error")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_UNREAD)
-                                  if c in ("nested_packed", "float4_member") else c
-                                  for c in sorted(STRUCT_MISFITS)])
+# nested structs and vector members are laid out since session 21 (pipeline/clayout.py)
+@pytest.mark.parametrize("case", sorted(STRUCT_MISFITS))
 def test_records_that_misfit_the_struct_are_refused_or_read_right(device, case):
     opencl_c_only(device)
     decl, dtype, field = STRUCT_MISFITS[case]

@@ -4,15 +4,14 @@ NumPy packs a structured dtype's fields unless ``align=True``; C pads a struct's
 their alignment. Records of ``[('a', 'u1'), ('b', 'f4')]`` are 5 bytes, ``struct { uchar a;
 float b; }`` is 8: the kernel then reads every record but the first from the wrong bytes,
 with no error (OpenCL reports no pointee sizes). :func:`check_struct` compares the two where
-the struct can be read from the kernel's source: its definition there, with members of plain
-scalar types (arrays of them too). Anything else (a struct from a header or a macro, nested
-structs, bit fields, a source that mentions ``pack``) is not judged, so a layout the kernel
-really uses is never refused.
+the struct can be read from the kernel's source (pipeline/clayout.py: its definition there,
+with members of scalar, vector and nested struct types, and arrays of them). Anything else
+(a struct from a header or a macro, bit fields, unions, a source that mentions ``pack``) is
+not judged, so a layout the kernel really uses is never refused.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from typing import Any
@@ -20,31 +19,10 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
+from conveyor.pipeline.clayout import C_DTYPES, CType, c_dtype, c_layout, struct_type
 
-#: Scalar C types of OpenCL C and CUDA C (LP64) whose size is also their alignment.
-C_SIZES = {
-    "char": 1, "uchar": 1, "signed char": 1, "unsigned char": 1, "int8_t": 1, "uint8_t": 1,
-    "bool": 1, "short": 2, "ushort": 2, "unsigned short": 2, "int16_t": 2, "uint16_t": 2,
-    "half": 2, "__half": 2, "int": 4, "uint": 4, "unsigned int": 4, "unsigned": 4,
-    "int32_t": 4, "uint32_t": 4, "float": 4, "long": 8, "ulong": 8, "unsigned long": 8,
-    "long long": 8, "unsigned long long": 8, "int64_t": 8, "uint64_t": 8, "double": 8,
-    "size_t": 8,
-}
-
-#: NumPy's type of each scalar C type of C_SIZES, for the dtype a message advises.
-C_DTYPES = {
-    "char": "i1", "signed char": "i1", "int8_t": "i1", "uchar": "u1", "unsigned char": "u1",
-    "uint8_t": "u1", "bool": "?", "short": "<i2", "int16_t": "<i2", "ushort": "<u2",
-    "unsigned short": "<u2", "uint16_t": "<u2", "half": "<f2", "__half": "<f2", "int": "<i4",
-    "int32_t": "<i4", "uint": "<u4", "unsigned int": "<u4", "unsigned": "<u4",
-    "uint32_t": "<u4", "float": "<f4", "long": "<i8", "long long": "<i8", "int64_t": "<i8",
-    "ulong": "<u8", "unsigned long": "<u8", "unsigned long long": "<u8", "uint64_t": "<u8",
-    "double": "<f8", "size_t": "<u8",
-}
-
-_MEMBER = re.compile(r"((?:(?:unsigned|signed)\s+)?(?:long\s+long|\w+))\s+(.+)", re.S)
-_DECLARATOR = re.compile(r"\s*(\w+)\s*((?:\[\s*\d+\s*\]\s*)*)")
-
+__all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "spell",
+           "struct_source"]
 
 def packs(source: str) -> bool:
     """True when ``source`` (its code: see :func:`struct_source`) packs a struct, with
@@ -68,212 +46,99 @@ def struct_source(kernel: Any) -> str | None:
     return code_only(expanded_source(kernel.device, source, options))
 
 
-def _members(source: str, type_name: str
-             ) -> tuple[str, list[tuple[str, str, tuple[int, ...]]]] | None:
-    """(name, members) of the struct ``type_name`` from its definition in ``source``
-    (``struct name { ... }`` or ``typedef struct { ... } name;``): each member as (field
-    name, C scalar type, array dimensions); None where that cannot be read exactly."""
-    name = re.sub(r"^struct\s+", "", type_name.strip())
-    if not re.fullmatch(r"\w+", name):
-        return None
-    body = None
-    # possessive runs: "typedef struct", 400,000 spaces and a tag tried every split of the
-    # spaces between two \s* (17 s for 100 KB)
-    tagged = rf"\bstruct\s++{name}\s*+\{{([^{{}}]*+)\}}"
-    typedef = rf"\btypedef\s++struct\b\s*+(?:\w++\s*+)?\{{([^{{}}]*+)\}}\s*+{name}\s*+;"
-    # a typedef's name and a struct tag are apart in C: "rec" is the typedef where one is
-    # defined, "struct rec" the tag (struct rec {...} beside typedef struct {...} rec)
-    for pattern in ((tagged, typedef) if type_name.strip().startswith("struct")
-                    else (typedef, tagged)):
-        found = re.search(pattern, source)
-        if found:
-            body = found.group(1)
-            break
-    if body is None or ":" in body or "(" in body:  # bit fields, attributes: not judged
-        return None
-    members = []
-    aliases: dict[str, str] | None = None
-    for member in filter(None, (m.strip() for m in body.split(";"))):
-        words = [w for w in member.split() if w not in ("const", "volatile")]
-        matched = _MEMBER.fullmatch(" ".join(words))
-        if matched is None:
-            return None
-        ctype, rest = _member_type(words)
-        if ctype is not None and ctype not in C_SIZES:  # a typedef's name (count_t c)
-            if aliases is None:
-                from conveyor.kernels.typedefs import declared
-
-                aliases = declared(source)
-            # a typedef with an attribute or an alignment (aligned(16)): its words do not
-            # give its layout, and the struct is not judged
-            ctype = None if ctype in _attributed_names(source) else _resolved(ctype, aliases)
-        if ctype is None or ctype not in C_SIZES:
-            return None
-        for declarator in rest.split(","):
-            parts = _DECLARATOR.fullmatch(declarator)
-            if parts is None:
-                return None
-            dims = tuple(int(n) for n in re.findall(r"\d+", parts.group(2)))
-            members.append((parts.group(1), ctype, dims))
-    return (name, members) if members else None
-
-
-#: The words of C's integer and floating types, in any order (``long unsigned int``).
-_TYPE_WORDS = frozenset({"signed", "unsigned", "char", "short", "int", "long", "float",
-                         "double", "half", "bool"})
-
-
-def _member_type(words: list[str]) -> tuple[str | None, str]:
-    """A member's type as a key of C_SIZES (``long int``: ``long``; ``unsigned``: ``unsigned
-    int``), or its one word where it is no C type word (a typedef's name), and the text of
-    its declarators; None where the words name no type conveyor reads (``long double``)."""
-    count = 0
-    while count < len(words) - 1 and words[count] in _TYPE_WORDS:
-        count += 1
-    if count == 0:
-        return words[0], " ".join(words[1:])
-    return _c_type(words[:count]), " ".join(words[count:])
-
-
-def _c_type(words: list[str]) -> str | None:
-    """The C_SIZES key that C's type words ``words`` name, in whatever order; None where they
-    name none (``long double``, ``unsigned float``)."""
-    unsigned, signed = "unsigned" in words, "signed" in words
-    base = sorted(w for w in words if w not in ("signed", "unsigned"))
-    if unsigned and signed:
-        return None
-    if base == ["char"]:
-        return "unsigned char" if unsigned else "signed char" if signed else "char"
-    for key, name in ((["int", "short"], "short"), (["short"], "short"),
-                      (["int", "long", "long"], "long long"), (["long", "long"], "long long"),
-                      (["int", "long"], "long"), (["long"], "long"), (["int"], "int"), ([], "int")):
-        if base == key:
-            return f"unsigned {name}" if unsigned else name
-    if len(base) == 1 and not (signed or unsigned):
-        return base[0]  # float, double, half, bool
-    return None
-
-
-@functools.lru_cache(maxsize=4)
-def _attributed_names(source: str) -> frozenset[str]:
-    """The names that ``source``'s typedefs with an attribute or an alignment declare (as
-    declarators, before ";" or ",": a typedef of real4 from real leaves real out), read once
-    per source (per member, each read the whole source)."""
-    from conveyor.kernels.typedefs import without_attributes
-
-    found: set[str] = set()
-    for match in re.finditer(r"\btypedef\b([^;{}]*+)(;?)", source):
-        text = match.group(0)
-        if match.group(2) and re.search(r"__attribute__|\b_?[Aa]lignas\b|__declspec|__align__",
-                                        text):
-            found.update(re.findall(r"(\w+)\s*(?:\[[^\]]*\]\s*)*[;,]", without_attributes(text)))
-    return frozenset(found)
-
-
-def _resolved(name: str, aliases: dict[str, str]) -> str | None:
-    """A typedef's name as the C_SIZES key it stands for (through typedefs of typedefs);
-    None where it stands for none (a struct, a pointer, a vector)."""
-    for _ in range(16):
-        target = aliases.get(name)
-        if target is None:
-            return name if name in C_SIZES else None
-        words = [w for w in target.split() if w not in ("const", "volatile")]
-        if not words or any(not w.isidentifier() for w in words):
-            return None
-        found = (_c_type(words) if all(w in _TYPE_WORDS for w in words) else
-                 words[0] if len(words) == 1 else None)
-        if found is None:
-            return None
-        name = found
-    return None
-
-
-def c_layout(source: str, type_name: str
-             ) -> tuple[str, int, list[int], list[int]] | None:
-    """(name, size, member offsets, member sizes) of the struct ``type_name`` as C lays it
-    out, from its definition in ``source`` (``struct name { ... }`` or ``typedef struct { ...
-    } name;``); None where that cannot be read exactly."""
-    found = _members(source, type_name)
-    if found is None:
-        return None
-    name, members = found
-    offset, largest, offsets, sizes = 0, 1, [], []
-    for _, ctype, dims in members:
-        size = C_SIZES[ctype]
-        count = math.prod(dims)
-        offset = -(-offset // size) * size
-        offsets.append(offset)
-        sizes.append(size * count)
-        offset += size * count
-        largest = max(largest, size)
-    return name, -(-offset // largest) * largest, offsets, sizes
-
-
-def c_dtype(source: str, type_name: str) -> np.dtype | None:
-    """The structured dtype of the struct ``type_name`` as ``source`` defines it, its fields
-    named as the members and padded as C pads them (``align=True``; NumPy's packed layout
-    where the source mentions ``pack``); None where :func:`c_layout` cannot read it."""
-    found = _members(source, type_name)
-    if found is None:
-        return None
-    fields = [(field, C_DTYPES[ctype], dims) if dims else (field, C_DTYPES[ctype])
-              for field, ctype, dims in found[1]]
-    try:
-        return np.dtype(fields, align=not packs(source))
-    except (TypeError, ValueError):  # a member named twice: the kernel would not build
-        return None
-
-
 def spell(dtype: np.dtype) -> str:
-    """``dtype`` (structured) as the ``np.dtype(...)`` call that makes it, for messages."""
+    """``dtype`` (structured) as the ``np.dtype(...)`` call that makes it, for messages:
+    a list of fields where NumPy's own placing gives its offsets (packed, or with
+    ``align=True``), else names, formats, offsets and itemsize. Nested records are spelled
+    the same way."""
     described: Any = dtype.fields or {}
-    fields: list[tuple[Any, ...]] = []
-    for field in dtype.names or ():
+    names = list(dtype.names or ())
+    formats = []  # each field's element type spelled, and its shape
+    for field in names:
         ftype = described[field][0]
-        if ftype.subdtype is not None:
-            fields.append((field, ftype.subdtype[0].str.lstrip("|"), ftype.subdtype[1]))
-        else:
-            fields.append((field, ftype.str.lstrip("|")))
-    return f"np.dtype({fields}{', align=True' if dtype.isalignedstruct else ''})"
+        base, shape = ftype.subdtype if ftype.subdtype is not None else (ftype, ())
+        formats.append((spell(base) if base.names else repr(base.str.lstrip("|")), shape))
+    plain = [(field, described[field][0]) for field in names]
+    for align in (True, False):
+        if np.dtype(plain, align=align) == dtype:
+            listed = ", ".join(f"({field!r}, {one}, {shape!r})" if shape else
+                               f"({field!r}, {one})"
+                               for field, (one, shape) in zip(names, formats, strict=True))
+            return f"np.dtype([{listed}]{', align=True' if align else ''})"
+    listed = ", ".join(f"({one}, {shape!r})" if shape else one for one, shape in formats)
+    offsets = [described[field][1] for field in names]
+    return (f"np.dtype({{'names': {names!r}, 'formats': [{listed}], 'offsets': {offsets!r}, "
+            f"'itemsize': {dtype.itemsize}}}{', align=True' if dtype.isalignedstruct else ''})")
 
 
-def _member_misfit(name: str, fields: list[tuple[str, np.dtype, int]], source: str,
-                   type_name: str, offsets: list[int], sizes: list[int]) -> str | None:
-    """What, beside the offsets and the size, keeps records of ``fields`` (name, dtype,
-    offset) from being read as the struct's members, or None: a member no field covers (a
-    view of some fields keeps the stride but not the others: the kernel read the hidden or
-    stale bytes), a field named as another member than the one at its bytes, or a numeric
-    field of another kind or size than its member (a float32 for an int: its bits)."""
-    found = _members(source, type_name)
-    if found is None:
-        return None
-    members = found[1]
+def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
+    """(name, dtype, offset) of each field of structured ``dtype``, in order."""
+    described: Any = dtype.fields or {}
+    return [(field, described[field][0], described[field][1]) for field in dtype.names or ()]
+
+
+def _placed_misfit(dtype: np.dtype, struct: CType) -> str | None:
+    """What keeps the records of ``dtype`` from being placed as ``struct``'s members: with
+    as many fields as members, a field at another offset; another record size. None when
+    both agree."""
+    name = struct.name.removeprefix("struct ")
+    fields = _fields(dtype)
+    if len(fields) == len(struct.members):
+        for number, ((field, ftype, at), member) in enumerate(
+                zip(fields, struct.members, strict=True)):
+            if at != member.offset:
+                return (f"field {field!r} ({ftype}) lies at byte {at}, where C puts member "
+                        f"{number + 1} of struct {name!r} at byte {member.offset}")
+    if struct.size != dtype.itemsize:
+        return f"C lays out struct {name!r} in {struct.size} bytes"
+    return None
+
+
+def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
+    """What, beside the offsets and the size, keeps records of ``dtype`` from being read as
+    ``struct``'s members, or None: a member no field covers (a view of some fields keeps the
+    stride but not the others: the kernel read the hidden or stale bytes), a field named as
+    another member than the one at its bytes, a numeric field of another kind or size than
+    its member (a float32 for an int: its bits; 3 floats for a float4), or a nested record
+    that misfits its member's struct."""
+    name = struct.name.removeprefix("struct ")
+    fields = _fields(dtype)
+    members = struct.members
+    pairs = list(zip(fields, members, strict=True)) if len(fields) == len(members) else []
+    for (field, ftype, _), member in pairs:
+        base = ftype.subdtype[0] if ftype.subdtype is not None else ftype
+        if member.ctype.members and base.names:  # a nested struct's record, judged first
+            inner = _placed_misfit(base, member.ctype) or _member_misfit(base, member.ctype)
+            if inner is not None:
+                return f"in field {field!r} (member {member.field!r} of struct {name!r}), {inner}"
     covered = sorted((at, at + ftype.itemsize) for _, ftype, at in fields)
-    for (member, _, _), at, size in zip(members, offsets, sizes, strict=True):
-        reach = at
+    for member in members:
+        reach = at = member.offset
         for lo, hi in covered:
             if lo <= reach < hi:
                 reach = hi
-        if reach < at + size:
-            return (f"no field covers member {member!r} (bytes {at} to {at + size - 1}), so "
-                    f"the kernel would read bytes the records do not hold")
-    if len(fields) != len(members):
-        return None
-    names = {member: number for number, (member, _, _) in enumerate(members)}
-    for number, ((field, ftype, _), (member, ctype, dims)) in enumerate(
-            zip(fields, members, strict=True)):
+        if reach < at + member.extent:
+            return (f"no field covers member {member.field!r} (bytes {at} to "
+                    f"{at + member.extent - 1}), so the kernel would read bytes the records "
+                    f"do not hold")
+    names = {member.field: number for number, member in enumerate(members)}
+    for number, ((field, ftype, _), member) in enumerate(pairs):
         other = names.get(field)
         if other is not None and other != number:
-            return (f"field {field!r} lies where C puts member {member!r}, and member "
+            return (f"field {field!r} lies where C puts member {member.field!r}, and member "
                     f"{field!r} is elsewhere in struct {name!r}")
-        base = ftype.subdtype[0] if ftype.subdtype is not None else ftype
-        want = np.dtype(C_DTYPES[ctype])
-        count = math.prod(ftype.subdtype[1]) if ftype.subdtype is not None else 1
+        base, shape = ftype.subdtype if ftype.subdtype is not None else (ftype, ())
+        ctype, dims = member.ctype, member.dims
+        if ctype.members:  # a nested struct: its records were judged above
+            continue
+        want = np.dtype(C_DTYPES[ctype.scalar or ctype.element or "char"])
+        lanes = ctype.size // want.itemsize  # a vector's lanes, its padding lane too
+        counts = {lanes * math.prod(dims)} | ({ctype.lanes} if not dims else set())
         if base.kind in "biuf" and (base.kind != want.kind or base.itemsize != want.itemsize
-                                    or count != math.prod(dims)):
-            return (f"field {field!r} holds {ftype} where member {member!r} of struct "
-                    f"{name!r} is {ctype}{''.join(f'[{d}]' for d in dims)}, so the kernel "
-                    f"would read its bytes as another type")
+                                    or math.prod(shape) not in counts):
+            return (f"field {field!r} holds {ftype} where member {member.field!r} of struct "
+                    f"{name!r} is {ctype.name}{''.join(f'[{d}]' for d in dims)}, so the "
+                    f"kernel would read its bytes as another type")
     return None
 
 
@@ -284,11 +149,11 @@ def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str
     define the struct so that :func:`c_layout` reads it (a header, a macro)."""
     if dtype.names or source is None:
         return
-    layout = c_layout(source, type_name)
+    struct = struct_type(source, type_name)
     wanted = c_dtype(source, type_name)
-    if layout is None or wanted is None:
+    if struct is None or wanted is None:
         return
-    name, size = layout[0], wanted.itemsize
+    name, size = struct.name.removeprefix("struct "), wanted.itemsize
     if packs(source):  # #pragma pack(2), a packed struct: conveyor does not lay them out
         raise InputError(
             f"{where} points to struct {name!r}, but the array holds {dtype}, which has no "
@@ -314,35 +179,22 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     converted)."""
     if not dtype.names or source is None or packs(source):
         return
-    layout = c_layout(source, type_name)
-    if layout is None:
+    struct = struct_type(source, type_name)
+    wanted = c_dtype(source, type_name)
+    if struct is None or wanted is None:
         return
-    name, size, offsets, sizes = layout
-    described: Any = dtype.fields or {}
-    fields = [(field, described[field][0], described[field][1]) for field in dtype.names]
-    misfit = None
-    if len(fields) == len(offsets):
-        for number, ((field, ftype, at), want) in enumerate(zip(fields, offsets, strict=True)):
-            if at != want:
-                misfit = (f"field {field!r} ({ftype}) lies at byte {at}, where C puts member "
-                          f"{number + 1} of struct {name!r} at byte {want}")
-                break
-    if misfit is None and size != dtype.itemsize:
-        misfit = f"C lays out struct {name!r} in {size} bytes"
+    verb = "ask for" if output else "pass"
+    misfit = _placed_misfit(dtype, struct)
     if misfit is None:
-        members = _member_misfit(name, fields, source, type_name, offsets, sizes)
-        wanted = c_dtype(source, type_name)
-        if members is None or wanted is None:
+        members = _member_misfit(dtype, struct)
+        if members is None:
             return
-        verb = "ask for" if output else "pass"
         raise InputError(f"{where} has structured dtype {dtype}, but {members}: {verb} "
                          f"records of the struct's own dtype, {spell(wanted)}, with each "
                          f"field filled by its name")
+    fields = _fields(dtype)
     aligned = np.dtype([(field, ftype) for field, ftype, _ in fields], align=True)
-    placed: Any = aligned.fields or {}
-    same_members = [ftype.itemsize for _, ftype, _ in fields] == sizes
-    if same_members and aligned.itemsize == size and \
-            [placed[field][1] for field, _, _ in fields] == offsets:
+    if aligned == wanted:
         plain = all(not ftype.names and ftype.subdtype is None for _, ftype, _ in fields)
         listed = ([(field, ftype.str) for field, ftype, _ in fields] if plain
                   else "<the same fields>")
@@ -351,8 +203,8 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
                f"or np.empty(shape, dt)), which pads the fields as C does" if output else
                f"pass a.astype({padded}), which pads the fields as C does")
     else:
-        fix = (f"give the dtype the struct's members in order (byte sizes {sizes} at offsets "
-               f"{offsets}, {size} bytes in all; np.dtype(..., align=True) pads as C does)")
+        fix = (f"{verb} records of the struct's own dtype, {spell(wanted)} (its members at "
+               f"offsets {[m.offset for m in struct.members]}, {struct.size} bytes in all)")
     raise InputError(
         f"{where} has structured dtype {dtype} of {dtype.itemsize} bytes, but {misfit}, so "
         f"the kernel would {'write' if output else 'read'} each record "
