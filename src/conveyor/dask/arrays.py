@@ -63,7 +63,7 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
 
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
     data = _rows(da, arrays)
-    _check_halo(h, boundary, [a.dtype for a in data])
+    boundary = _check_halo(h, boundary, [a.dtype for a in data])
     if isinstance(job.compute, KernelSpec):
         job.compute.check_count(len(data), len(job.args), "map_blocks")
     first = data[0]
@@ -105,7 +105,7 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
 
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
     (data,) = _rows(da, (array,))
-    _check_halo(h, boundary, [data.dtype])
+    boundary = _check_halo(h, boundary, [data.dtype])
     if isinstance(job.compute, KernelSpec):
         job.compute.check_count(1, len(job.args), "reduce")
     from conveyor.pipeline import reduce as reducing
@@ -257,15 +257,22 @@ def _overlapped(da: Any, data: list[Any], h: int, boundary: Any
     return data, chunks, starts, befores, pads
 
 
-def _check_halo(h: int, boundary: Any, dtypes: Sequence[np.dtype]) -> None:
-    """Refuse what a local stream refuses: an unknown boundary, a constant that the dtype
-    of an input (``dtypes``, in order) cannot hold."""
+def _check_halo(h: int, boundary: Any, dtypes: Sequence[np.dtype]) -> Any:
+    """``boundary`` as the pads take it (a constant as ``cv.stream`` reads it: a Fraction as a
+    float, a long double past float64's range refused); InputError for what a local stream
+    refuses: an unknown boundary, a constant that the dtype of an input (``dtypes``, in
+    order) cannot hold."""
     _check_boundary(boundary)
-    if h and not isinstance(boundary, str):
-        from conveyor.pipeline.halo import constant
+    if not h or isinstance(boundary, str):
+        return boundary
+    from conveyor.pipeline.halo import constant
+    from conveyor.pipeline.options import _boundary
 
-        for i, dtype in enumerate(dtypes):  # dask pads: refuse what a local stream refuses
-            constant(boundary, dtype, f"input {i}")
+    value = _boundary(boundary)
+    assert not isinstance(value, str)  # _check_boundary let no other string through
+    for i, dtype in enumerate(dtypes):  # dask pads: refuse what a local stream refuses
+        constant(value, dtype, f"input {i}")
+    return value
 
 
 def _per_chunk(chunks: tuple[int, ...], values: Sequence[tuple[int, ...]]) -> Any:

@@ -118,7 +118,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     defaults to the current ``distributed`` client. ``compute``, ``args``, ``device`` and
     ``options`` as in :func:`conveyor.dask.map_blocks`.
     """
-    from conveyor.dask.arrays import _check_halo, _stream_options
+    from conveyor.dask.arrays import _check_boundary, _check_halo, _stream_options
     from conveyor.pipeline.io import as_source
     from conveyor.pipeline.options import as_inputs, as_outputs, count
     from conveyor.pipeline.sinks import as_sink
@@ -126,7 +126,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     started = time.perf_counter()
     job = as_job(compute, device, args, _stream_options(options))
     h = count("halo", halo, 0, "0 or more rows", "an int of 0 or more (rows each side)")
-    pads = "nearest" if isinstance(boundary, str) and boundary == "none" else boundary
+    _check_boundary(boundary)  # named before the cluster is looked for
     if reduce is not None:
         reduce = check_op(job, reduce, "reduce")
     client = _client(client)
@@ -143,7 +143,8 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
         if ref[2][0] != total:
             raise InputError(f"input {i} {ref[0]} has {ref[2][0]} rows but input 0 has "
                              f"{total}: inputs must agree on axis 0")
-    _check_halo(h, boundary, [np.dtype(ref[1]) for ref in refs])
+    boundary = _check_halo(h, boundary, [np.dtype(ref[1]) for ref in refs])
+    pads = "nearest" if isinstance(boundary, str) and boundary == "none" else boundary
     wanted = as_outputs(outputs)
     if reduce is not None and wanted:
         raise InputError("with reduce=, pass no outputs")

@@ -359,22 +359,36 @@ def check_byte_order(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
                 )
 
 
-def _array_fix(have: np.dtype | None, want: np.dtype) -> str:
-    """How to give an array of ``have`` the dtype ``want``, in a call that works: records
-    and text cannot be cast with ``a.astype`` (NumPy raises), so a field, or the bytes."""
+def _converted(have: np.dtype | None, want: np.dtype, expr: str) -> str | None:
+    """The NumPy call that makes the array ``expr`` (of ``have``) one of ``want``: records
+    and text cannot be cast with ``.astype`` (NumPy raises), so a numeric field, or the
+    bytes viewed; None where no call does (text, records of no numeric field)."""
     if have is not None and have.names:
         fields: Any = have.fields
         numeric = [name for name in have.names if fields[name][0].base.kind in "biuf"]
-        example = (f" (e.g. np.ascontiguousarray(a[{numeric[0]!r}], dtype=np.{want}))"
-                   if numeric else "")  # a text or nested field does not convert
+        return (f"np.ascontiguousarray({expr}[{numeric[0]!r}], dtype=np.{want})" if numeric
+                else None)  # a text or nested field does not convert
+    if have is not None and have.kind in "SV" and have.itemsize == want.itemsize:
+        return f"{expr}.view(np.{want})"
+    if have is not None and have.kind in "SUV":
+        return None
+    return f"{expr}.astype(np.{want})"
+
+
+def _array_fix(have: np.dtype | None, want: np.dtype) -> str:
+    """How to give an array of ``have`` the dtype ``want``, in a call that works (see
+    :func:`_converted`)."""
+    call = _converted(have, want, "a")
+    if have is not None and have.names:
+        example = f" (e.g. {call})" if call else ""
         return (f"pass one numeric field of the records as an array of {want}{example}, or "
                 f"declare the parameter a pointer to a struct of the records' fields")
-    if have is not None and have.kind in "SV" and have.itemsize == want.itemsize:
-        return f"pass its bytes as {want}: a.view(np.{want})"
-    if have is not None and have.kind in "SUV":
+    if have is not None and have.kind in "SV" and call is not None:
+        return f"pass its bytes as {want}: {call}"
+    if call is None:
         return (f"pass an array of {want} (a dtype of {have} holds text or bytes, which "
                 f"conveyor does not convert: make numbers of it first)")
-    return f"pass an array of {want} (e.g. a.astype(np.{want}))"
+    return f"pass an array of {want} (e.g. {call})"
 
 
 def _file_in_fix(source: Any, want: np.dtype) -> str:
@@ -384,19 +398,28 @@ def _file_in_fix(source: Any, want: np.dtype) -> str:
 
     if not isinstance(source, FileSource):
         return _array_fix(getattr(source, "dtype", None), want)
-    path, copy = str(source.path), f"as_{want}.npy"
-    if source.is_npy:
-        return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
-                f"np.save({copy!r}, np.load({path!r}, mmap_mode='r').astype(np.{want}))")
-    return (f"{path} holds {source.dtype}: write a copy of it as {want} and pass that: "
-            f"np.save({copy!r}, {_fromfile(source, source.dtype)}.astype(np.{want}))")
+    path, copy, have = str(source.path), f"as_{want}.npy", source.dtype
+    read = (f"np.load({path!r}, mmap_mode='r')" if source.is_npy
+            else _fromfile(source, have))
+    call = _converted(have, want, read)
+    if call is None:
+        return (f"{path} holds {have}, text or bytes that conveyor does not convert: make "
+                f"numbers of it first, write them as {want} and pass that file")
+    what = "one numeric field of it" if have.names else "a copy of it"
+    also = (", or declare the parameter a pointer to a struct of the records' fields"
+            if have.names else "")
+    return (f"{path} holds {have}: write {what} as {want} and pass that: "
+            f"np.save({copy!r}, {call}){also}")
 
 
 def _fromfile(source: Any, dtype: np.dtype) -> str:
     """The NumPy call that reads raw file input ``source``'s values as ``dtype``."""
+    from conveyor.pipeline.structs import spell
+
     offset = f", offset={source.offset}" if source.offset else ""
     shape = f".reshape({source.shape})" if len(source.shape) > 1 else ""
-    return f"np.fromfile({str(source.path)!r}, {dtype.str!r}{offset}){shape}"
+    spelled = spell(dtype) if dtype.names else repr(dtype.str)
+    return f"np.fromfile({str(source.path)!r}, {spelled}{offset}){shape}"
 
 
 def native_order_fix(source: Any, dtype: np.dtype) -> str:
