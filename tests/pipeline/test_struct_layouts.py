@@ -211,3 +211,26 @@ def test_a_struct_nested_too_deep_or_holding_itself_is_not_read():
 def test_vector_layouts_by_language(name, lang, want):
     found = clayout.vector(name, lang)
     assert (None if found is None else (found.size, found.align, found.data)) == want
+
+
+def test_a_struct_tag_the_compiler_lays_out_otherwise_is_refused_at_its_build(device):
+    # sizeof(struct rec), not sizeof(rec) (no type where only the tag is defined, so the
+    # compiler could not evaluate the check and the build went on without it)
+    if device.backend == "cuda" or "Portable Computing Language" not in device.info.platform:
+        pytest.skip("PoCL's compiler defines __clang__, which conveyor's preprocessor does not")
+    src = """struct rec {
+#ifdef __clang__
+  double a;
+#else
+  float a;
+#endif
+  float b;
+};
+__kernel void use(__global const struct rec *x, __global double *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = x[i].a;
+}"""
+    with pytest.raises(InputError, match=r"use\.x: conveyor laid out struct rec from its "
+                                         r"definition in 8 bytes, but the compiler's "
+                                         r"sizeof\(struct rec\) differs"):
+        device.compile(src, "use")

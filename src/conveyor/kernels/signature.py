@@ -177,6 +177,15 @@ class Param:
         """The type as a short C spelling: ``float*``, ``real*``, ``ulong``."""
         return (self.base or "?") + ("*" if self.is_pointer else "")
 
+    @property
+    def struct_name(self) -> str:
+        """The pointee's or value's type as C names it for ``sizeof``: ``struct rec`` where
+        written with its tag (a tag is no type name on its own in C, and a typedef of the
+        same name may be another type), else ``base``."""
+        if self.base and re.search(rf"\bstruct\s+{re.escape(self.base)}\b", self.type_text):
+            return f"struct {self.base}"
+        return self.base
+
     def describe(self) -> str:
         """The type with what conveyor resolved it to, for messages: ``real* (float64)``."""
         if self.dtype is None:

@@ -110,10 +110,13 @@ def checks(source: str, expanded: str) -> list[Check]:
                     enum = name.startswith("enum") or ours.spelled.startswith("enum")
                     names = (_ENUM_C_TYPES if enum else _C_TYPES).get(str(ours.dtype), ())
             else:  # a struct: the size of the layout records are checked against
-                layout = c_layout(code, ours.base) if layouts else None
+                layout = c_layout(code, ours.struct_name) if layouts else None
                 if layout is None:
                     continue  # an opaque type (image2d_t, sampler_t), or one not read
                 size = layout[1]
+                # sizeof(rec) of a struct known only by its tag is no type: the compiler
+                # could not evaluate the check, and the build went on without it
+                name = raw.struct_name
             if (name, size) not in seen:
                 seen.add((name, size))
                 found.append((f"{kernel}.{ours.name or '(unnamed)'}", name, size, names))
@@ -163,6 +166,17 @@ def build(device: Device, source: str, expanded: str, options: Sequence[str]) ->
                     f"but the compiler makes it another size or type (a value past int's "
                     f"range, or a fixed type conveyor did not read): declare the parameter "
                     f"with a built-in type of the enum's size (int, long, uchar...)")
+            from conveyor.pipeline.clayout import struct_type
+
+            if not names and struct_type(code_only(expanded), text) is not None:
+                raise InputError(
+                    f"kernel parameter {where}: conveyor laid out {text} from its definition "
+                    f"in {size} bytes, but the compiler's sizeof({text}) differs: a macro the "
+                    f"compiler predefines (such as __clang__) chooses its members, or the "
+                    f"source lays it out in a way conveyor does not read, so conveyor would "
+                    f"pass records of the wrong size; choose the members with -D options, "
+                    f"or declare the struct __attribute__((packed)) with explicit padding "
+                    f"members")
             raise InputError(
                 f"kernel parameter {where}: conveyor read its type {text} as {size} bytes"
                 f"{kind}, but the compiler's sizeof({text}){other} differs: the source "

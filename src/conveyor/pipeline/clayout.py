@@ -159,35 +159,76 @@ def vector(name: str, lang: str | None) -> CType | None:
 
 
 class _Source(NamedTuple):
-    """What one source's struct reading needs, read once: its struct definitions by tag
-    and by typedef name (the first of each), its typedefs, its attributed typedef names, the
-    vector language, and the types read so far."""
+    """What one source's struct reading needs, read once: its file-scope struct definitions
+    by tag and by typedef name (the first of each, as its members' text and the alignment
+    an ``aligned(N)`` after its brace asks for; None for another attribute there), its
+    typedefs, its attributed typedef names, the vector language, and the types read so
+    far."""
 
-    tagged: dict[str, str]
-    typedefs: dict[str, str]
+    tagged: dict[str, tuple[str, int] | None]
+    typedefs: dict[str, tuple[str, int] | None]
     aliases: dict[str, str]
     attributed: frozenset[str]
     lang: str | None
     read: dict[str, CType | None]
 
 
+#: What makes a struct's layout other than its members': an attribute or an alignment
+#: written after its closing brace (``} __attribute__((aligned(16)));``).
+_ATTRIBUTE = re.compile(r"__attribute__|_?[Aa]lignas|__declspec|__align__")
+
+
 @functools.lru_cache(maxsize=4)
 def _source(code: str) -> _Source:
     """``code`` read for its structs (per source, not per member: each read scans all of
-    it)."""
-    from conveyor.kernels.typedefs import declared
+    it). Only definitions at file scope count: a function's own ``struct rec`` is not the
+    one a kernel parameter names."""
+    import bisect
 
-    tagged: dict[str, str] = {}
-    typedefs: dict[str, str] = {}
+    from conveyor.kernels.typedefs import _depths, declared, without_attributes
+
+    depths = _depths(code)
+
+    def at_file_scope(position: int) -> bool:
+        before = bisect.bisect_left(depths, (position, -1))
+        return not before or depths[before - 1][1] == 0
+
+    tagged: dict[str, tuple[str, int] | None] = {}
+    typedefs: dict[str, tuple[str, int] | None] = {}
     # possessive runs: "typedef struct", 400,000 spaces and a tag tried every split of the
     # spaces between two \s* (17 s for 100 KB)
-    for found in re.finditer(r"\bstruct\s++(\w++)\s*+\{([^{}]*+)\}", code):
-        tagged.setdefault(found.group(1), found.group(2))
-    for found in re.finditer(r"\btypedef\s++struct\b\s*+(?:\w++\s*+)?\{([^{}]*+)\}\s*+"
-                             r"(\w++)\s*+;", code):
-        typedefs.setdefault(found.group(2), found.group(1))
+    for found in re.finditer(r"\bstruct\s++(\w++)\s*+\{([^{}]*+)\}([^;{}]*+)", code):
+        if at_file_scope(found.start()):
+            aligned = _aligned(found.group(3))
+            tagged.setdefault(found.group(1), None if aligned is None
+                              else (found.group(2), aligned))
+    for found in re.finditer(r"\btypedef\s++struct\b\s*+(?:\w++\s*+)?\{([^{}]*+)\}"
+                             r"([^;{}]*+);", code):
+        if not at_file_scope(found.start()):
+            continue
+        after = found.group(2)
+        aligned = _aligned(after)
+        for declarator in without_attributes(after).split(","):
+            name = re.fullmatch(r"\s*(\w+)\s*", declarator)  # not *ptr_t, not arr_t[2]
+            if name:
+                typedefs.setdefault(name.group(1), None if aligned is None
+                                    else (found.group(1), aligned))
     return _Source(tagged, typedefs, declared(code), _attributed_names(code), language(code),
                    {})
+
+
+def _aligned(after: str) -> int | None:
+    """The alignment that the text after a struct's closing brace asks for: 1 where it
+    holds no attribute, N for ``__attribute__((aligned(N)))``, None for any other attribute
+    or alignment (its layout is not read)."""
+    if _ATTRIBUTE.search(after) is None:
+        return 1
+    found = re.fullmatch(r"\s*__attribute__\s*\(\(\s*(?:__)?aligned(?:__)?\s*\(\s*(\d+)\s*\)"
+                         r"\s*\)\)\s*(?:\w+\s*)?", after)
+    if found is None:
+        return None
+    value = int(found.group(1))
+    return value if 0 < value <= 4096 and value & (value - 1) == 0 else None
 
 
 def _attributed_names(code: str) -> frozenset[str]:
@@ -240,21 +281,23 @@ def _struct(src: _Source, type_name: str, depth: int, reading: set[str]) -> CTyp
         # is defined, "struct rec" the tag (struct rec {...} beside typedef struct {...} rec)
         tables = ((src.tagged, src.typedefs) if type_name.startswith("struct")
                   else (src.typedefs, src.tagged))
+        # None: another attribute after its brace, or no definition at all
         body = next((table[name] for table in tables if name in table), None)
     reading.add(type_name)
-    found = None if body is None else _laid_out(src, name, body, depth, reading)
+    found = None if body is None else _laid_out(src, name, *body, depth, reading)
     reading.discard(type_name)
     src.read[type_name] = found
     return found
 
 
-def _laid_out(src: _Source, name: str, body: str, depth: int, reading: set[str]
-               ) -> CType | None:
-    """The struct ``name`` of members ``body`` placed as C places them, or None."""
+def _laid_out(src: _Source, name: str, body: str, aligned: int, depth: int,
+              reading: set[str]) -> CType | None:
+    """The struct ``name`` of members ``body`` placed as C places them, aligned to at least
+    ``aligned``, or None."""
     if ":" in body or "(" in body:  # bit fields, attributes: not judged
         return None
     members: list[Member] = []
-    offset, align = 0, 1
+    offset, align = 0, aligned
     for text in filter(None, (m.strip() for m in body.split(";"))):
         words = [w for w in text.split() if w not in ("const", "volatile")]
         if not words:
@@ -295,13 +338,14 @@ def _named(src: _Source, name: str, depth: int, reading: set[str]) -> CType | No
     """The type that the one name ``name`` stands for: a scalar, a vector, a struct, through
     the source's typedefs (of typedefs); None where it stands for another thing."""
     for _ in range(16):
-        if name in C_SIZES:
-            return CType(name, C_SIZES[name], C_SIZES[name], C_SIZES[name], scalar=name)
         if name.startswith("struct "):
             return _struct(src, name, depth + 1, reading)
         if name in src.attributed:
             return None  # aligned(16), a vector extension: its words do not give its layout
+        # the source's own typedef first: "typedef short int32_t" is 2 bytes
         target = src.aliases.get(name)
+        if target is None and name in C_SIZES:
+            return CType(name, C_SIZES[name], C_SIZES[name], C_SIZES[name], scalar=name)
         if target is None:
             return vector(name, src.lang) or _struct(src, name, depth + 1, reading)
         words = [w for w in target.split() if w not in ("const", "volatile")]

@@ -443,8 +443,8 @@ def _check(param: Param, index: int, handle: Resident, source: str | None) -> No
 
         # A dtype without fields for a struct the source defines (float32 for rec*): the
         # kernel read the floats' bytes as records, with no error.
-        structs.check_fields(where, handle.dtype, source, param.base)
-        validate.check_struct(where, handle.dtype, source, param.base)
+        structs.check_fields(where, handle.dtype, source, param.struct_name)
+        validate.check_struct(where, handle.dtype, source, param.struct_name)
 
 
 def _device_array(value: Any, kernel: Kernel, param: Param, index: int) -> Any:
@@ -489,8 +489,8 @@ def _device_array(value: Any, kernel: Kernel, param: Param, index: int) -> Any:
         from conveyor.pipeline import validate
 
         source = structs.struct_source(kernel)
-        structs.check_fields(where, dtype, source, param.base)
-        validate.check_struct(where, dtype, source, param.base)
+        structs.check_fields(where, dtype, source, param.struct_name)
+        validate.check_struct(where, dtype, source, param.struct_name)
     if not contiguous or not at_start:
         raise InputError(f"{where} receives {_described(value)}, a view that is not "
                          f"C-contiguous from the start of its buffer: the kernel would read "

@@ -25,10 +25,32 @@ __all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "spel
            "struct_source"]
 
 def packs(source: str) -> bool:
-    """True when ``source`` (its code: see :func:`struct_source`) packs a struct, with
-    ``__attribute__((packed))`` or ``#pragma pack``: the word in a comment did not count."""
-    return bool(re.search(r"__attribute__\s*\(\(\s*(?:__)?packed(?:__)?\b|"
-                          r"#\s*pragma\s+pack\b", source))
+    """True when ``source`` (its code: see :func:`struct_source`) may pack a struct: a
+    ``packed`` attribute anywhere in an ``__attribute__((...))`` list (``aligned(1),
+    packed``), ``#pragma pack``, or a ``_Pragma`` operator (whose text :func:`struct_source`
+    blanked); the word in a comment did not count."""
+    if re.search(r"#\s*pragma\s+pack\b|\b_Pragma\s*\(", source):
+        return True
+    return any(re.search(r"\b(?:__)?packed(?:__)?\b", text) for text in _attributes(source))
+
+
+def _attributes(source: str) -> list[str]:
+    """The text of each outermost ``__attribute__(...)`` of ``source``, to its balanced
+    close (or the end), in one pass: one nested in another is read as part of it."""
+    found: list[str] = []
+    end = 0
+    parens = re.compile(r"[()]")
+    for match in re.finditer(r"__attribute__\s*+\(", source):
+        if match.start() < end:
+            continue
+        depth, end = 1, len(source)
+        for paren in parens.finditer(source, match.end()):
+            depth += 1 if paren.group() == "(" else -1
+            if not depth:
+                end = paren.end()
+                break
+        found.append(source[match.end():end])
+    return found
 
 
 def struct_source(kernel: Any) -> str | None:

@@ -553,12 +553,12 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
     if param.dtype is None:
         if dtype.kind == "V":  # a structured array for a struct pointer: its layout only
             check_struct(f"kernel parameter {param.name!r} ({param.type_text}), which "
-                         f"receives {what},", dtype, source, param.base,
+                         f"receives {what},", dtype, source, param.struct_name,
                          native_order_fix(given, dtype), output=what.startswith("output"))
             return
         # a plain array for a struct the source defines: the records' dtype to pass
         check_fields(f"kernel parameter {param.name!r} ({param.type_text}), which receives "
-                     f"{what},", dtype, source, param.base)
+                     f"{what},", dtype, source, param.struct_name)
         if dtype.kind == "c":  # no C scalar is complex ("complex64*" was advised)
             part = f"f{dtype.itemsize // 2}"
             raise InputError(
@@ -663,7 +663,7 @@ def _check_struct_arg(param: Param, index: int, value: Any, code: str | None) ->
 
     if code is None or packs(code):
         return
-    layout = c_layout(code, param.base)
+    layout = c_layout(code, param.struct_name)
     if layout is None:
         return
     where = f"args[{index}]: kernel parameter {param.name!r} ({param.type_text})"
@@ -673,7 +673,7 @@ def _check_struct_arg(param: Param, index: int, value: Any, code: str | None) ->
             f"{type(value).__name__} {value!r}: pass a structured NumPy scalar laid out as C "
             f"lays the struct out, e.g. np.array((...), np.dtype([...], align=True))[()]")
     check_struct(f"{where}, which receives a {value.dtype.itemsize}-byte record,", value.dtype,
-                 code, param.base, "pass np.array(value, dtype.newbyteorder('='))[()]")
+                 code, param.struct_name, "pass np.array(value, dtype.newbyteorder('='))[()]")
 
 
 def _check_arg(param: Param, index: int, value: Any) -> None:
