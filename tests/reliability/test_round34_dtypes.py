@@ -147,9 +147,6 @@ __kernel void tb(__global const int *q, __global int *y, __global const rec *t, 
     np.testing.assert_array_equal(out, table["c"])
 
 
-@pytest.mark.xfail(strict=True, reason="a struct with a long long member (128 bits in OpenCL "
-                   "C) is refused with advice about predefined macros (__clang__, -D "
-                   "options), not the member's type; a long long parameter's message names it")
 def test_a_long_long_struct_member_is_named_in_the_refusal(device):
     opencl_c_only(device)
     if "Portable Computing Language" not in device.info.platform:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -49,6 +49,49 @@ _QUALIFIERS = {
 _NOT_CODE = re.compile(r'#[ \t]*include[ \t]*<[^>\n]*>'
                        r'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)',
                        re.S)
+# Where each kind of _NOT_CODE match may start, and the run each would take before its
+# closing character (possessive: one reading). A run that stops short of its close (a string
+# unclosed at its line's end, an include's "<" with no ">") makes every later start of the
+# same kind inside the run fail too: a quote inside it was escaped ("\""), and an include's
+# "<" in it has no ">" before the line ends. So each is tried once, not from every quote
+# (an unclosed line of 40 KB of \" took 5 s, rescanned from each quote).
+_STARTS = re.compile(r'#|"|\'|/[/*]')
+_RUNS = {"#": re.compile(r'#[ \t]*include[ \t]*<[^>\n]*+'),
+         '"': re.compile(r'"(?:\\.|[^"\\\n])*+', re.S),
+         "'": re.compile(r"'(?:\\.|[^'\\\n])*+", re.S)}
+_CLOSES = {"#": ">", '"': '"', "'": "'"}
+
+
+def _not_code(source: str) -> Iterator[re.Match[str]]:
+    """The matches of ``_NOT_CODE`` in ``source``, as ``_NOT_CODE.finditer`` finds them, in
+    time linear in the source (see _RUNS)."""
+    dead = {"#": -1, '"': -1, "'": -1}  # below it, a start of that kind cannot match
+    at = 0
+    while True:
+        start = _STARTS.search(source, at)
+        if start is None:
+            return
+        where, kind = start.start(), start.group()[0]
+        if kind == "/":
+            found = _NOT_CODE.match(source, where)
+            assert found is not None  # "//" and "/*" always match
+            yield found
+            at = found.end()
+            continue
+        if where < dead[kind]:
+            at = where + 1
+            continue
+        run = _RUNS[kind].match(source, where)
+        if run is None:  # "#" that is no include
+            at = where + 1
+        elif source.startswith(_CLOSES[kind], run.end()):
+            found = _NOT_CODE.match(source, where)
+            assert found is not None and found.end() == run.end() + 1
+            yield found
+            at = found.end()
+        else:
+            dead[kind] = run.end()
+            at = where + 1
 
 
 def without_comments(source: str) -> str:
@@ -60,7 +103,7 @@ def without_comments(source: str) -> str:
     it keep their numbers."""
     out, at, pending = [], 0, 0
     line = _Line()
-    for match in _NOT_CODE.finditer(source):
+    for match in _not_code(source):
         code = source[at : match.start()]
         out.append(_after_break(code, pending))
         if pending and "\n" in code:
@@ -121,7 +164,12 @@ def code_only(source: str) -> str:
                 text if text[0] == "#" else " ")
     # Lines ending in a backslash joined first, as C does before it finds comments: a "//"
     # comment so continued swallows the next line.
-    return _NOT_CODE.sub(blank, re.sub(r"\\\r?\n", "", source))
+    joined = re.sub(r"\\\r?\n", "", source)
+    out, at = [], 0
+    for match in _not_code(joined):
+        out += [joined[at:match.start()], blank(match)]
+        at = match.end()
+    return "".join(out) + joined[at:]
 
 # OpenCL C's (2, 3, 4, 8, 16 lanes) and CUDA's (1 to 4 lanes) vector types.
 _VECTOR = re.compile(

@@ -143,6 +143,18 @@ def lines(found: Sequence[Check]) -> str:
         for i, (_, text, size, names) in enumerate(found)) + "\n"
 
 
+def _long_long_member(struct: Any) -> str | None:
+    """The name of the first ``long long`` member of ``struct`` (a clayout.CType, nested
+    structs walked), or None."""
+    for member in struct.members:
+        if member.ctype.scalar in ("long long", "unsigned long long"):
+            return str(member.field)
+        inner = _long_long_member(member.ctype) if member.ctype.members else None
+        if inner is not None:
+            return f"{member.field}.{inner}"
+    return None
+
+
 def build(device: Device, source: str, expanded: str, options: Sequence[str]) -> bytes:
     """``device.build_binary`` of ``source``, with the compiler confirming the sizes conveyor
     read (see the module docstring); InputError naming the parameter when it does not."""
@@ -168,7 +180,15 @@ def build(device: Device, source: str, expanded: str, options: Sequence[str]) ->
                     f"with a built-in type of the enum's size (int, long, uchar...)")
             from conveyor.pipeline.clayout import struct_type
 
-            if not names and struct_type(code_only(expanded), text) is not None:
+            struct = struct_type(code_only(expanded), text) if not names else None
+            wide = _long_long_member(struct) if struct is not None else None
+            if wide is not None:
+                raise InputError(
+                    f"kernel parameter {where}: {text} has member {wide!r} of type long long, "
+                    f"which OpenCL C reserves for 128-bit integers (this compiler makes it "
+                    f"other than the 64 bits conveyor lays out): declare the member long "
+                    f"(64 bits; NumPy's int64)")
+            if struct is not None:
                 raise InputError(
                     f"kernel parameter {where}: conveyor laid out {text} from its definition "
                     f"in {size} bytes, but the compiler's sizeof({text}) differs: a macro the "
