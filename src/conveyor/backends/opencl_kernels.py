@@ -72,6 +72,45 @@ def _required_local_size(cl_kernel: cl.Kernel, device: Device, name: str) -> int
     return required[0]
 
 
+#: The stack a build runs on. Compilers recurse per level of an expression: PoCL's overflowed
+#: the 8 MiB of a thread's default stack on a sum of 32,768 terms and killed the process
+#: (SIGSEGV); 256 MiB built 262,144 terms. It is address space, touched only as deep as used.
+_BUILD_STACK = 256 << 20
+_stack_size_lock = threading.Lock()
+
+
+def _on_a_deep_stack(build: Callable[[], Any]) -> None:
+    """Run ``build`` on a thread of its own with a _BUILD_STACK stack, and wait for it (on
+    the calling thread where no such thread can be started: address space refused)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            build()
+        except BaseException as exc:  # noqa: BLE001 (raised again on the caller's thread)
+            failed.append(exc)
+
+    with _stack_size_lock:  # threading.stack_size is per process: set, start, put back
+        try:
+            before = threading.stack_size(_BUILD_STACK)
+        except (ValueError, RuntimeError):
+            before = None
+        try:
+            thread = threading.Thread(target=run, name="conveyor-build", daemon=True)
+            thread.start()
+        except RuntimeError:
+            thread = None
+        finally:
+            if before is not None:
+                threading.stack_size(before)
+    if thread is None:
+        build()
+        return
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
 def build_binary(device: Device, source: str, options: Sequence[str]) -> bytes:
     """Build ``source`` for ``device`` with ``options`` (and the argument-info option);
     the program binary. CompileError with the driver's log."""
@@ -81,8 +120,8 @@ def build_binary(device: Device, source: str, options: Sequence[str]) -> bytes:
     # conveyor keeps its own cache, which holds no pickle.
     program = cl.Program(device.context, source)
     try:
-        program.build(options=_with_arg_info(options), devices=[device.cl_device],
-                      cache_dir=False)
+        _on_a_deep_stack(lambda: program.build(options=_with_arg_info(options),
+                                               devices=[device.cl_device], cache_dir=False))
     except cl.RuntimeError as exc:
         log = _build_log(program, device.cl_device) or str(exc)
         raise CompileError(f"OpenCL build failed on {device.name}", log=log,
