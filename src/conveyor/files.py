@@ -66,7 +66,7 @@ def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
     :func:`resolve`); InputError naming ``what`` (e.g. "output 0 c.npy") if a link on the way
     may have been planted by another user, if it is this process's standard output or error
     or lies in /proc, if its folder is missing or not writable, or if it exists and is not a
-    regular file."""
+    regular file or is one this process may not write (read-only)."""
     text = path_text(path, what)
     if os.path.basename(text) in ("", ".", ".."):
         # "keep.npy/." resolves to keep.npy, so it replaced that file, while every check that
@@ -102,6 +102,12 @@ def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
                          f"its permissions")
     if mode is not None:
         _check_sticky_owner(target, folder, what)
+        if not os.access(target, os.W_OK):
+            # The rename that commits an output needs only the folder's permission, so a
+            # result its owner protected (chmod 444) was replaced silently, where np.save and
+            # open(path, "w") refuse it. Root passes os.access: unaffected, as with np.save.
+            raise InputError(f"{what}: {target} is read-only: chmod u+w it, or remove it, to "
+                             f"replace it")
     if probe:
         _probe_folder(folder, what)
     longest = _name_max(folder) - _PART_EXTRA

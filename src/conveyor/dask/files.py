@@ -13,6 +13,7 @@ Workers and client must see the same files (one host, or a shared file system).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -27,12 +28,13 @@ from conveyor.dask.worker import Job, KernelSpec, as_job, check_op, run, worker_
 from conveyor.errors import InputError
 from conveyor.files import same_file
 from conveyor.pipeline.io import FileRows, FileSource, byte_view
-from conveyor.pipeline.sinks import FileSink, Sink, commit_all
+from conveyor.pipeline.sinks import FileSink, Sink, commit_all, naming_errors
 
-#: A file as workers get it: (path, dtype (a record's fields too), whole shape, data offset).
-FileRef = tuple[str, np.dtype, tuple[int, ...], int]
-#: An input file as workers get it: a FileRef, then the file's size and its header's bytes as
-#: the client read them (a worker refuses a file that no longer has them).
+#: An output file as workers get it: (path of its part, dtype (a record's fields too), whole
+#: shape, data offset, the output's name as the user gave it: for messages).
+FileRef = tuple[str, np.dtype, tuple[int, ...], int, str]
+#: An input file as workers get it: a FileRef's first four, then the file's size and its
+#: header's bytes as the client read them (a worker refuses a file that no longer has them).
 InputRef = tuple[str, np.dtype, tuple[int, ...], int, int, bytes]
 
 
@@ -42,7 +44,7 @@ class RangeSink(Sink):
     are given beside the inputs, never streamed)."""
 
     def __init__(self, ref: FileRef, lo: int, hi: int) -> None:
-        path, dtype, shape, offset = ref
+        path, dtype, shape, offset, self.output = ref
         self.path, self.name = path, f"rows {lo}:{hi} of {path}"
         self.dtype = np.dtype(dtype)
         self.shape = (hi - lo, *shape[1:])
@@ -71,17 +73,25 @@ class RangeSink(Sink):
         view = byte_view(np.ascontiguousarray(src))
         position = self.start + lo * self.row_bytes
         done = 0
-        while done < len(view):
-            done += os.pwritev(self._fd, [view[done:]], position + done)
+        with self._naming_errors():
+            while done < len(view):
+                done += os.pwritev(self._fd, [view[done:]], position + done)
 
     def commit(self) -> None:
         """Flush this worker's rows to disk and close (the client renames the file)."""
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
-                os.fsync(fd)
+                with self._naming_errors():
+                    os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def _naming_errors(self) -> contextlib.AbstractContextManager[None]:
+        """A full disk or quota on a worker, named as a local stream names it (the output as
+        the user gave it, and its folder): a bare "[Errno 28] No space left on device" named
+        neither (the part is sparse, made at full size, so its blocks are found only here)."""
+        return naming_errors(self.output, Path(self.path).parent)
 
     def abort(self) -> None:
         """Close (the client deletes the part file)."""
@@ -173,7 +183,8 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
         for sink in sinks:
             sink.open()
         # The dtype itself, not its .str: a record's is "|V8" (fields lost on the workers).
-        out_refs: list[FileRef] = [(str(s._tmp), s.dtype, s.shape, s.offset) for s in sinks]
+        out_refs: list[FileRef] = [(str(s._tmp), s.dtype, s.shape, s.offset, s.name)
+                                   for s in sinks]
         # Outputs named by path take the kernel's type as read here (no device's macros).
         defaulted = {i: (f"a type its source chooses by the device's macros, where the client "
                          f"(no device) read {{wanted}}: name the output's type: "
@@ -252,8 +263,21 @@ def _source_ref(source: Any, index: int) -> InputRef:
         raise InputError(f"input {index} ({source.name}): conveyor.dask.stream reads .npy or "
                          f"raw files (each worker reads its own rows); use map_blocks for "
                          f"arrays")
-    return (str(Path(source.path).resolve()), source.dtype, source.shape, source.offset,
-            source._size, source._header)
+    resolved = Path(source.path).resolve()
+    try:
+        same = os.path.samefile(resolved, source.path)
+    except OSError:  # the resolved name is no file at all
+        same = False
+    if not same:
+        # /proc/self/fd/N of a deleted or unnamed file resolves to its link text, ".../x.npy
+        # (deleted)": no file (a raw FileNotFoundError on every worker, after the parts were
+        # made), or another file planted under that name, read in its place.
+        raise InputError(f"input {index} {source.name} resolves to {resolved}, which is not "
+                         f"the same file (a deleted file, or one with no name): the workers "
+                         f"open inputs by name and cannot open it; copy it to a path they can "
+                         f"read")
+    return (str(resolved), source.dtype, source.shape, source.offset, source._size,
+            source._header)
 
 
 def _default_dtype(job: Job, inputs: int, fallback: np.dtype, index: int = 0) -> np.dtype:

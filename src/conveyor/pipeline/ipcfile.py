@@ -86,11 +86,13 @@ def _check_block(index: int, offset: int, meta_size: int, body_size: int, size: 
             f"(pyarrow.feather.write_feather, or pyarrow.ipc.new_file)")
 
 
-def record_batches(path: str | os.PathLike[str]) -> list[BatchInfo]:
-    """The record batches of the Arrow IPC file ``path``, in order. Raises ValueError when it
-    is not one (a record batch the footer places past the file's end included, checked
-    before any is read), OSError when it cannot be read."""
-    fd = os.open(path, os.O_RDONLY)
+def record_batches(path: str | os.PathLike[str] | int) -> list[BatchInfo]:
+    """The record batches of the Arrow IPC file ``path`` (or of the open descriptor ``path``,
+    read with ``pread`` and left open: the caller opened it once, checked as a regular file),
+    in order. Raises ValueError when it is not one (a record batch the footer places past
+    the file's end included, checked before any is read), OSError when it cannot be read."""
+    owned = not isinstance(path, int)
+    fd = path if isinstance(path, int) else os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size < 2 * len(MAGIC) + 4 or _read(fd, 0, len(MAGIC)) != MAGIC:
@@ -113,7 +115,8 @@ def record_batches(path: str | os.PathLike[str]) -> list[BatchInfo]:
     except (struct.error, IndexError) as exc:
         raise ValueError(f"a malformed Arrow IPC footer or message ({exc})") from exc
     finally:
-        os.close(fd)
+        if owned:
+            os.close(fd)
 
 
 def _batch(meta: bytes) -> BatchInfo:

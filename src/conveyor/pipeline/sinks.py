@@ -173,11 +173,13 @@ class FileSink(Sink):
         # outlives abort(); the interrupt is raised once both are ours (interrupts.py).
         with deferred_sigint():
             try:
-                self._fd, self._tmp = files.new_part(self.target)
+                # No inode left (ENOSPC from mkstemp) named a temporary .new file that does
+                # not exist, not the output: named as a full disk is at the rows.
+                with self._naming_errors():
+                    self._fd, self._tmp = files.new_part(self.target)
             except OSError as exc:
                 # os.access said yes (root: /sys, a read-only mount): no file can be made there.
                 if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-                    files.raise_if_too_many_open(exc, f"output {self.name}")
                     raise
                 raise InputError(f"output {self.name}: cannot write in folder "
                                  f"{self.target.parent} ({exc.strerror}): write elsewhere or "
@@ -219,19 +221,10 @@ class FileSink(Sink):
             while done < len(view):
                 done += os.pwritev(self._fd, [view[done:]], position + done)
 
-    @contextlib.contextmanager
-    def _naming_errors(self) -> Iterator[None]:
+    def _naming_errors(self) -> contextlib.AbstractContextManager[None]:
         """A full disk or quota, named: "[Errno 28] No space left on device" named no output
         and no folder; so are too many open files."""
-        try:
-            yield
-        except OSError as exc:
-            files.raise_if_too_many_open(exc, f"output {self.name}")
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise advised(OSError(exc.errno, f"output {self.name}: {exc.strerror} in "
-                                          f"{self.target.parent}: free some space or write "
-                                          f"elsewhere")) from exc
+        return naming_errors(self.name, self.target.parent)
 
     def prepare(self) -> None:
         """Flush to disk, take the mode of the file it replaces, check the target again."""
@@ -265,6 +258,21 @@ class FileSink(Sink):
             with contextlib.suppress(OSError):
                 self._tmp.unlink()
             self._tmp = None
+
+
+@contextlib.contextmanager
+def naming_errors(name: str, folder: Path) -> Iterator[None]:
+    """A full disk or quota met writing output ``name`` (in ``folder``), named with what to
+    do ("[Errno 28] No space left on device" named no output and no folder); so are too many
+    open files. Other errors pass as they are."""
+    try:
+        yield
+    except OSError as exc:
+        files.raise_if_too_many_open(exc, f"output {name}")
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise advised(OSError(exc.errno, f"output {name}: {exc.strerror} in {folder}: free "
+                                         f"some space or write elsewhere")) from exc
 
 
 def commit_all(sinks: Sequence[Sink]) -> None:

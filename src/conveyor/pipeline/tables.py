@@ -9,15 +9,16 @@ A file that shrinks while it is read is an InputError, as a ``.npy``'s is.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
 from conveyor.errors import InputError
-from conveyor.pipeline.io import PathLike, Source, _existing
+from conveyor.pipeline.io import PathLike, Source, _existing, open_regular
 from conveyor.pipeline.validate import arrow_nulls
 
 
@@ -75,26 +76,28 @@ def parquet(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     Several columns (of one dtype) make a 2-D input, one column per row element."""
     pq = _pyarrow("parquet")
     target = _existing(path)
-    try:
-        file = pq.ParquetFile(target)
-    except Exception as exc:
-        raise InputError(f"{path} is not a Parquet file ({exc}): write one with "
-                         f"pyarrow.parquet.write_table(table, path)") from exc
-    names = _column_names(str(path), columns)
-    schema = file.schema_arrow
-    dtype = _column_dtype(str(path), schema, names)
-    meta = file.metadata
-    groups = [meta.row_group(i).num_rows for i in range(file.num_row_groups)]
-    for i in range(file.num_row_groups):
-        group = meta.row_group(i)
-        for j in range(group.num_columns):
-            column = group.column(j)
-            stats = column.statistics
-            if (column.path_in_schema in names and stats is not None
-                    and stats.has_null_count and stats.null_count):
-                _refuse_nulls(str(path), column.path_in_schema, stats.null_count,
-                              f"row group {i}")
-    stamp = _stamp(target)
+    handle = _open(target)
+    with _closed_on_error(handle):
+        try:
+            file = pq.ParquetFile(handle)
+        except Exception as exc:
+            raise InputError(f"{path} is not a Parquet file ({exc}): write one with "
+                             f"pyarrow.parquet.write_table(table, path)") from exc
+        names = _column_names(str(path), columns)
+        schema = file.schema_arrow
+        dtype = _column_dtype(str(path), schema, names)
+        meta = file.metadata
+        groups = [meta.row_group(i).num_rows for i in range(file.num_row_groups)]
+        for i in range(file.num_row_groups):
+            group = meta.row_group(i)
+            for j in range(group.num_columns):
+                column = group.column(j)
+                stats = column.statistics
+                if (column.path_in_schema in names and stats is not None
+                        and stats.has_null_count and stats.null_count):
+                    _refuse_nulls(str(path), column.path_in_schema, stats.null_count,
+                                  f"row group {i}")
+        stamp = _stamp(target)
 
     def load(index: int) -> np.ndarray:
         with _read_guard(str(path), target, stamp, f"row group {index}"):
@@ -115,21 +118,23 @@ def arrow(path: PathLike, columns: str | Sequence[str]) -> ChunkedSource:
     from conveyor.pipeline import ipcfile
 
     target = _existing(path)
-    try:
-        batches = ipcfile.record_batches(target)
-        reader = pa.open_file(pyarrow.OSFile(str(target)))
-    except Exception as exc:
-        raise InputError(f"{path} is not an Arrow IPC file ({exc}): write one with "
-                         f"pyarrow.feather.write_feather(table, path) (an Arrow IPC stream, "
-                         f"written by pyarrow.ipc.new_stream, is read by neither: write it "
-                         f"again with pyarrow.ipc.new_file)") from exc
-    names = _column_names(str(path), columns)
-    dtype = _column_dtype(str(path), reader.schema, names)
-    for name in names:
-        for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
-            if count:
-                _refuse_nulls(str(path), name, count, f"record batch {index}")
-    stamp = _stamp(target)
+    handle = _open(target)
+    with _closed_on_error(handle):
+        try:
+            batches = ipcfile.record_batches(handle.fileno())
+            reader = pa.open_file(handle)
+        except Exception as exc:
+            raise InputError(f"{path} is not an Arrow IPC file ({exc}): write one with "
+                             f"pyarrow.feather.write_feather(table, path) (an Arrow IPC "
+                             f"stream, written by pyarrow.ipc.new_stream, is read by neither: "
+                             f"write it again with pyarrow.ipc.new_file)") from exc
+        names = _column_names(str(path), columns)
+        dtype = _column_dtype(str(path), reader.schema, names)
+        for name in names:
+            for index, count in enumerate(ipcfile.column_nulls(reader.schema, name, batches)):
+                if count:
+                    _refuse_nulls(str(path), name, count, f"record batch {index}")
+        stamp = _stamp(target)
 
     def load(index: int) -> np.ndarray:
         with _read_guard(str(path), target, stamp, f"record batch {index}"):
@@ -150,6 +155,31 @@ def _pyarrow(module: str) -> Any:
     except ImportError as exc:
         raise InputError("Parquet and Arrow files need PyArrow: pip install "
                          "'conveyor[parquet]'") from exc
+
+
+def _open(target: Path) -> BinaryIO:
+    """``target`` opened for PyArrow to read, once, through ``io.open_regular``: a FIFO put in
+    its place after its check (``_existing``) is refused there, where PyArrow's own open of
+    the path waited for a writer for ever. A file gone or unreadable since is an InputError,
+    as the check's are."""
+    name = f"input file {target}"
+    try:
+        fd = open_regular(target, name)
+    except OSError as exc:
+        raise InputError(f"cannot read {name} ({exc.strerror}): check the path and its "
+                         f"permissions") from exc
+    return os.fdopen(fd, "rb")
+
+
+@contextlib.contextmanager
+def _closed_on_error(handle: BinaryIO) -> Iterator[None]:
+    """Close ``handle`` if the checks made with it fail: the source that would hold it is
+    never made, and the error's traceback kept it (and its descriptor) open meanwhile."""
+    try:
+        yield
+    except BaseException:
+        handle.close()
+        raise
 
 
 def _column_names(path: str, columns: Any) -> list[str]:
@@ -222,7 +252,8 @@ def _damaged(exc: BaseException) -> bool:
 def _read_guard(name: str, path: Path, stamp: tuple[int, int, int], part: str = ""
                 ) -> Iterator[None]:
     """A failed read of a file that is now shorter than when its metadata was read is an
-    InputError (as a .npy's is); so is one that PyArrow finds damaged (``part`` names what
+    InputError (as a .npy's is), as is one of a file written in place since (it changed, it
+    is not damaged); so is one that PyArrow finds damaged (``part`` names what
     was read: "row group 2"); other failures pass as they are. After a read, a file of
     the same inode whose size or modification time changed was written in place meanwhile
     (a same-size rewrite read its new row groups against the old metadata, with no error):
@@ -233,12 +264,17 @@ def _read_guard(name: str, path: Path, stamp: tuple[int, int, int], part: str = 
         yield
     except Exception as exc:
         try:
-            now = path.stat().st_size
+            now = _stamp(path)
         except OSError:
-            now = -1
-        if now < size:
+            now = (-1, -1, -1)
+        if now[1] < size:
             raise InputError(f"{name} got shorter while it was read: rerun on a complete "
                              f"file") from exc
+        if now[0] == ino and now != stamp:
+            # Rewritten in place (same size or longer): PyArrow fails to decode the new bytes
+            # against the old metadata, but the file is whole; "damaged" sent the user to
+            # write again a file that is fine.
+            raise _changed(name, now[1]) from exc
         if _damaged(exc):
             what = " ".join(str(exc).split()) or type(exc).__name__
             where = f" ({part})" if part else ""
@@ -251,9 +287,14 @@ def _read_guard(name: str, path: Path, stamp: tuple[int, int, int], part: str = 
     if after[0] == ino and after[1] < size:
         raise InputError(f"{name} got shorter while it was read: rerun on a complete file")
     if after[0] == ino and after != stamp:
-        raise InputError(f"{name} changed while it was read (written by another program: now "
-                         f"{after[1]} bytes): the rows read may mix its old and new contents; "
-                         f"rerun once nothing writes the file, or stream a copy of it")
+        raise _changed(name, after[1])
+
+
+def _changed(name: str, size: int) -> InputError:
+    """The error of a file written in place while it was read (now ``size`` bytes)."""
+    return InputError(f"{name} changed while it was read (written by another program: now "
+                      f"{size} bytes): the rows read may mix its old and new contents; "
+                      f"rerun once nothing writes the file, or stream a copy of it")
 
 
 def _refuse_nulls(path: str, name: str, count: int, where: str) -> NoReturn:
