@@ -75,8 +75,6 @@ def test_a_type_pasted_from_line_after_a_two_line_comment():
 # _NOT_CODE keeps "#include <sub//t.h>" only where "<" follows "include" after blanks; with a
 # comment between them (which the compiler skips), "//t.h>" is still blanked as a comment and
 # the header's macros are never read.
-@pytest.mark.xfail(strict=True, reason="#include /* c */ <sub//t.h>: '//t.h>' is blanked as a "
-                   "comment, the header is not read and T stays unknown")
 def test_an_angle_include_with_a_comment_before_its_name_is_read(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "t.h").write_text("#define T double\n")

@@ -46,9 +46,14 @@ _QUALIFIERS = {
 # An unclosed comment runs to the end of the source, as the compiler reads it: a comment
 # that had to close rescanned the rest of the source from each "/*" (600 KB of "/* ": minutes).
 # An #include's <name> is kept as it is: "//" in <sub//t.h> is no comment.
-_NOT_CODE = re.compile(r'#[ \t]*include[ \t]*<[^>\n]*>'
+# Comments may stand between "include" and "<" (the compiler reads them as spaces).
+_INCLUDE_HEAD = r'#[ \t]*include(?:[ \t]++|/\*(?:[^*]++|\*(?!/))*+\*/)*+'
+_INCLUDE_RUN = _INCLUDE_HEAD + r'<[^>\n]*+'
+_NOT_CODE = re.compile(_INCLUDE_RUN + r'>'
                        r'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?(?:\*/|\Z)',
                        re.S)
+_INCLUDE_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+_INCLUDE_NAME_AT = re.compile(_INCLUDE_HEAD, re.S)
 # Where each kind of _NOT_CODE match may start, and the run each would take before its
 # closing character (possessive: one reading). A run that stops short of its close (a string
 # unclosed at its line's end, an include's "<" with no ">") makes every later start of the
@@ -56,7 +61,7 @@ _NOT_CODE = re.compile(r'#[ \t]*include[ \t]*<[^>\n]*>'
 # "<" in it has no ">" before the line ends. So each is tried once, not from every quote
 # (an unclosed line of 40 KB of \" took 5 s, rescanned from each quote).
 _STARTS = re.compile(r'#|"|\'|/[/*]')
-_RUNS = {"#": re.compile(r'#[ \t]*include[ \t]*<[^>\n]*+'),
+_RUNS = {"#": re.compile(_INCLUDE_RUN, re.S),
          '"': re.compile(r'"(?:\\.|[^"\\\n])*+', re.S),
          "'": re.compile(r"'(?:\\.|[^'\\\n])*+", re.S)}
 _CLOSES = {"#": ">", '"': '"', "'": "'"}
@@ -111,8 +116,11 @@ def without_comments(source: str) -> str:
         line.read(code)
         text = match.group(0)
         if text[0] == "#":  # <sub//t.h> is <sub/t.h>, which pcpp's lexer reads as a name
-            out.append(re.sub(r"/{2,}", "/", text))
-            line.read(text)
+            name_at = _INCLUDE_NAME_AT.match(text).end()  # type: ignore[union-attr]
+            head = _INCLUDE_COMMENT.sub(" ", text[:name_at])  # its breaks after the line
+            pending += text.count("\n", 0, name_at)
+            out.append(head + re.sub(r"/{2,}", "/", text[name_at:]))
+            line.read(head + text[name_at:])
         elif text[0] in "\"'":
             out.append(text)
             line.read(text)
@@ -161,7 +169,7 @@ def code_only(source: str) -> str:
     def blank(match: re.Match[str]) -> str:
         text = match.group(0)
         return ('""' if text[0] == '"' else "' '" if text[0] == "'" else
-                text if text[0] == "#" else " ")
+                _INCLUDE_COMMENT.sub(" ", text) if text[0] == "#" else " ")
     # Lines ending in a backslash joined first, as C does before it finds comments: a "//"
     # comment so continued swallows the next line.
     joined = re.sub(r"\\\r?\n", "", source)
