@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
 from reliakit import first_device_only, opencl_c_only, pocl_only  # noqa: E402, F401
 
 import conveyor as cv  # noqa: E402
-from conveyor.errors import name_source  # noqa: E402
+from conveyor.errors import InputError, name_source  # noqa: E402
 from conveyor.kernels.includes import anchor_includes  # noqa: E402
 from conveyor.kernels.signature import parse_params  # noqa: E402
 from conveyor.kernels.typedefs import declared  # noqa: E402
@@ -163,3 +163,25 @@ def test_the_command_takes_a_boundary_and_a_reduction_takes_a_halo(device, tmp_p
     said = capsys.readouterr().err
     assert "--boundary 1e+40" in said and "boundary=" not in said, said
     assert not (tmp_path / "w.npy").exists() and not (tmp_path / "b.npy").exists()
+
+
+def test_a_boundary_past_float64_is_refused_by_the_command(tmp_path, capsys):
+    # "1e400" was read as inf (float("1e400")), where the library refuses a finite number
+    # past float64's range; "inf" itself is a constant the pad rows hold
+    from conveyor.cli import main
+
+    for text in ("1e400", "-1e400"):
+        with pytest.raises(SystemExit) as usage:
+            main(["map", str(tmp_path / "k.cl"), "--kernel", "k", "-i", "x.npy", "-o",
+                  str(tmp_path / "y.npy"), f"--boundary={text}"])
+        assert usage.value.code == 2
+        assert f"'{text}' lies past float64's range" in capsys.readouterr().err
+    from conveyor.cli.parser import _boundary
+
+    assert _boundary("-inf") == float("-inf") and _boundary("1e-400") == 0.0
+
+
+def test_a_bool_boundary_is_told_its_number():
+    with pytest.raises(InputError, match=r"boundary=True \(a bool is no constant: pass 1"):
+        cv.stream(lambda x, y: None, [np.zeros(4, np.float32)], [np.float32], halo=1,
+                  boundary=True)

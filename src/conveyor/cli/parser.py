@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -219,11 +220,17 @@ def _boundary(text: str) -> str | int | float:
     except ValueError:
         pass
     try:
-        return float(text)
+        value = float(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
             f"{text!r}: give nearest, reflect, periodic, or a number (the value of the "
             f"rows past either end)") from exc
+    if math.isinf(value) and "inf" not in text.lower():
+        # "1e400" read as inf, where the library refuses a finite number past float64
+        raise argparse.ArgumentTypeError(
+            f"{text!r} lies past float64's range (finite values within ±"
+            f"{sys.float_info.max!r}): give a number in that range, or inf")
+    return value
 
 
 def _natural(text: str) -> int:

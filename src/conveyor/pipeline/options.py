@@ -336,7 +336,9 @@ def _boundary(value: Any) -> str | int | float | complex:
                              f"within ±{top!r}), so the pad rows cannot hold it: pass a "
                              f"constant in that range (or float('inf'))")
         return constant
-    raise InputError(f"boundary={value!r}{_kind(value)}: boundary takes 'nearest' (repeat the "
+    flag = (f" (a bool is no constant: pass {int(value)} for the rows past the ends)"
+            if isinstance(value, bool | np.bool_) else _kind(value))
+    raise InputError(f"boundary={value!r}{flag}: boundary takes 'nearest' (repeat the "
                      f"edge row), 'reflect' (mirror, edge row included), 'periodic' (wrap "
                      f"around) or a number (a constant)")
 
