@@ -12,6 +12,7 @@ import pyopencl as cl
 
 from conveyor.backends import base
 from conveyor.errors import CompileError, InputError
+from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.kernels.argtypes import DriverArg, from_driver
 from conveyor.kernels.signature import Param, arg_converters
 
@@ -95,18 +96,22 @@ def _on_a_deep_stack(build: Callable[[], Any]) -> None:
             before = threading.stack_size(_BUILD_STACK)
         except (ValueError, RuntimeError):
             before = None
+        thread = threading.Thread(target=run, name="conveyor-build", daemon=True)
         try:
-            thread = threading.Thread(target=run, name="conveyor-build", daemon=True)
-            thread.start()
-        except RuntimeError:
-            thread = None
+            start_thread(thread)
+            started = True
+        except RuntimeError:  # no address space for its stack: build on this thread
+            started = False
         finally:
             if before is not None:
                 threading.stack_size(before)
-    if thread is None:
+    if not started:
         build()
         return
-    thread.join()
+    # A Ctrl-C waits for the build, as it did when the build ran on this thread (the
+    # driver's call returns first): never a build left running on a thread of its own.
+    with deferred_sigint():
+        thread.join()
     if failed:
         raise failed[0]
 
