@@ -32,6 +32,8 @@ def caster(param: Param) -> Callable[[Any], Any]:
     if dtype is None or param.width > 1:
 
         def as_given(value: Any) -> Any:
+            if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.names:
+                value = value[()]  # a 0-d record array: its record, as np.array(2.0) is 2.0
             if isinstance(value, np.generic) and not isinstance(value, np.str_ | np.bytes_):
                 return value
             raise _refused(param, value, "conveyor does not know this type, so the value must "

@@ -54,6 +54,7 @@ _NOT_CODE = re.compile(_INCLUDE_RUN + r'>'
                        re.S)
 _INCLUDE_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _INCLUDE_NAME_AT = re.compile(_INCLUDE_HEAD, re.S)
+_PRAGMA_OPEN = re.compile(r"\b_Pragma\s*\(\s*\Z")
 # Where each kind of _NOT_CODE match may start, and the run each would take before its
 # closing character (possessive: one reading). A run that stops short of its close (a string
 # unclosed at its line's end, an include's "<" with no ">") makes every later start of the
@@ -175,7 +176,11 @@ def code_only(source: str) -> str:
     joined = re.sub(r"\\\r?\n", "", source)
     out, at = [], 0
     for match in _not_code(joined):
-        out += [joined[at:match.start()], blank(match)]
+        start = match.start()
+        # _Pragma("pack(1)") keeps its text: it packs structs (structs.packs reads it)
+        kept = (match.group(0)[0] == '"' and
+                _PRAGMA_OPEN.search(joined, max(0, start - 64), start) is not None)
+        out += [joined[at:start], match.group(0) if kept else blank(match)]
         at = match.end()
     return "".join(out) + joined[at:]
 

@@ -121,6 +121,8 @@ def _array_dtype(member: Member) -> np.dtype:
     if ctype.element is not None and one.itemsize != ctype.size:
         return np.dtype((C_DTYPES[ctype.element], (*member.dims, ctype.size //
                                                    C_SIZES[ctype.element])))
+    if one.subdtype is not None:  # a vector's lanes: (2,) of (4,) floats is (2, 4) floats
+        return np.dtype((one.subdtype[0], (*member.dims, *one.subdtype[1])))
     return np.dtype((one, member.dims))
 
 
@@ -309,7 +311,12 @@ def _laid_out(src: _Source, name: str, body: str, aligned: int, depth: int,
             parts = _DECLARATOR.fullmatch(declarator)
             if parts is None:
                 return None
-            dims = tuple(int(n) for n in re.findall(r"\d+", parts.group(2)))
+            # C's integer literals: a leading 0 is octal (int b[010] holds 8)
+            digits = re.findall(r"\d+", parts.group(2))
+            if any(n.startswith("0") and len(n) > 1 and not set(n) <= set("01234567")
+                   for n in digits):
+                return None  # no C number: the kernel would not build
+            dims = tuple(int(n, 8 if n.startswith("0") else 10) for n in digits)
             offset = -(-offset // ctype.align) * ctype.align
             members.append(Member(parts.group(1), ctype, dims, offset))
             offset += ctype.size * math.prod(dims)

@@ -590,6 +590,7 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
         and halo == 0
         and len(arrays) == len(inputs) + len(outputs)  # files always stage
         and all(a.flags.c_contiguous for a in arrays)
+        and all(_aligned_in_place(a) for a in arrays)
         and not narrow
         and not written
         and not stale
@@ -603,7 +604,9 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
         raise InputError(
             f"zero_copy=True needs a device that shares memory with the host ({dev.spec} "
             f"{'does' if dev.host_unified else 'does not'}), halo=0, C-contiguous arrays "
-            f"(not files) and no array with fewer elements per block than input 0"
+            f"(not files), records at addresses aligned as their size asks (up to "
+            f"{_MOST_ALIGN} bytes: cv.pinned.empty gives such) and no array with fewer "
+            f"elements per block than input 0"
             + (f" ({', '.join(narrow)} has fewer)" if narrow else "")
         )
     # In place, zero-copy makes a kernel's input and output one buffer: a kernel that reads
@@ -613,6 +616,25 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
     # that changes one in place (x *= 2) changed the caller's array. As for a kernel's
     # non-const pointer, only an explicit zero_copy=True lets it (README).
     return possible and not pairs and not gets_arrays if wanted is None else wanted
+
+
+#: The most alignment a kernel may assume of its buffers (OpenCL's smallest
+#: CL_DEVICE_MEM_BASE_ADDR_ALIGN, 1024 bits, is 128 bytes).
+_MOST_ALIGN = 128
+
+
+def _aligned_in_place(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory may be a kernel's buffer in place. Records: their address
+    a multiple of the largest power of two that divides their size (at most _MOST_ALIGN),
+    so every block's start is too; a struct's alignment divides its size, and records of a
+    32-byte aligned struct (a double4 member) at NumPy's 16-byte alignment made the
+    kernel's aligned vector loads fault (SIGSEGV): such arrays are staged instead. Plain
+    numbers are read with scalar loads, which take any address (a guard reads float32
+    arrays 1 to 3 bytes off in place)."""
+    size = array.dtype.itemsize
+    if not array.dtype.names or not size:
+        return True
+    return array.ctypes.data % min(size & -size, _MOST_ALIGN) == 0
 
 
 def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.dtype,

@@ -12,6 +12,7 @@ not judged, so a layout the kernel really uses is never refused.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from conveyor.errors import InputError
 from conveyor.pipeline.clayout import C_DTYPES, CType, c_dtype, c_layout, struct_type
+from conveyor.pipeline.clayout import C_SIZES as C_SIZES_OF
 
 __all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "spell",
            "struct_source"]
@@ -27,9 +29,9 @@ __all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "spel
 def packs(source: str) -> bool:
     """True when ``source`` (its code: see :func:`struct_source`) may pack a struct: a
     ``packed`` attribute anywhere in an ``__attribute__((...))`` list (``aligned(1),
-    packed``), ``#pragma pack``, or a ``_Pragma`` operator (whose text :func:`struct_source`
-    blanked); the word in a comment did not count."""
-    if re.search(r"#\s*pragma\s+pack\b|\b_Pragma\s*\(", source):
+    packed``), ``#pragma pack`` or ``_Pragma("pack(...)")`` (whose text ``code_only``
+    keeps); the word in a comment did not count."""
+    if re.search(r'#\s*pragma\s+pack\b|\b_Pragma\s*\(\s*"\s*pack\b', source):
         return True
     return any(re.search(r"\b(?:__)?packed(?:__)?\b", text) for text in _attributes(source))
 
@@ -77,8 +79,7 @@ def spell(dtype: np.dtype) -> str:
     names = list(dtype.names or ())
     formats = []  # each field's element type spelled, and its shape
     for field in names:
-        ftype = described[field][0]
-        base, shape = ftype.subdtype if ftype.subdtype is not None else (ftype, ())
+        base, shape = _flat(described[field][0])
         formats.append((spell(base) if base.names else repr(base.str.lstrip("|")), shape))
     plain = [(field, described[field][0]) for field in names]
     for align in (True, False):
@@ -91,6 +92,17 @@ def spell(dtype: np.dtype) -> str:
     offsets = [described[field][1] for field in names]
     return (f"np.dtype({{'names': {names!r}, 'formats': [{listed}], 'offsets': {offsets!r}, "
             f"'itemsize': {dtype.itemsize}}}{', align=True' if dtype.isalignedstruct else ''})")
+
+
+def _flat(ftype: np.dtype) -> tuple[np.dtype, tuple[int, ...]]:
+    """A field's element type and its whole shape, sub-arrays of sub-arrays walked
+    (``(('<f4', (4,)), (2,))`` is float32 of shape (2, 4); its element's ``.str`` is
+    ``V16``)."""
+    shape: tuple[int, ...] = ()
+    while ftype.subdtype is not None:
+        ftype, inner = ftype.subdtype
+        shape += inner
+    return ftype, shape
 
 
 def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
@@ -128,7 +140,7 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
     members = struct.members
     pairs = list(zip(fields, members, strict=True)) if len(fields) == len(members) else []
     for (field, ftype, _), member in pairs:
-        base = ftype.subdtype[0] if ftype.subdtype is not None else ftype
+        base = _flat(ftype)[0]
         if member.ctype.members and base.names:  # a nested struct's record, judged first
             inner = _placed_misfit(base, member.ctype) or _member_misfit(base, member.ctype)
             if inner is not None:
@@ -149,9 +161,18 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
         if other is not None and other != number:
             return (f"field {field!r} lies where C puts member {member.field!r}, and member "
                     f"{field!r} is elsewhere in struct {name!r}")
-        base, shape = ftype.subdtype if ftype.subdtype is not None else (ftype, ())
+        base, shape = _flat(ftype)
         ctype, dims = member.ctype, member.dims
-        if ctype.members:  # a nested struct: its records were judged above
+        if ctype.members:  # a nested struct: its records were judged above; numbers
+            leaves = _leaves(ctype)  # over it only where they are its members' numbers
+            same = leaves is not None and all(leaf == leaves[0] for leaf in leaves)
+            if base.kind in "biuf" and not (
+                    same and leaves and np.dtype(C_DTYPES[leaves[0]]) == base.newbyteorder("=")
+                    and math.prod(shape) == len(leaves) * math.prod(dims)):
+                return (f"field {field!r} holds {ftype} over member {member.field!r} of "
+                        f"struct {name!r}, {ctype.name}{''.join(f'[{d}]' for d in dims)}, "
+                        f"whose members are not {base} in those places, so the kernel "
+                        f"would read its bytes as another type")
             continue
         want = np.dtype(C_DTYPES[ctype.scalar or ctype.element or "char"])
         lanes = ctype.size // want.itemsize  # a vector's lanes, its padding lane too
@@ -161,6 +182,113 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
             return (f"field {field!r} holds {ftype} where member {member.field!r} of struct "
                     f"{name!r} is {ctype.name}{''.join(f'[{d}]' for d in dims)}, so the "
                     f"kernel would read its bytes as another type")
+    return None
+
+
+def _leaves(struct: CType) -> list[str] | None:
+    """The scalar C type of each value ``struct`` holds, in order (vectors as their lanes,
+    arrays as their elements); None where it holds padding (bytes between or after its
+    values), which a plain array laid over it would fill."""
+    leaves: list[str] = []
+    at = 0
+    for member in struct.members:
+        if member.offset != at:
+            return None
+        ctype = member.ctype
+        if ctype.members:
+            inner = _leaves(ctype)
+            if inner is None:
+                return None
+            one = inner
+        elif ctype.element is not None:
+            if ctype.data != ctype.size:
+                return None  # a 3-lane vector's padding lane
+            one = [ctype.element] * ctype.lanes
+        else:
+            one = [str(ctype.scalar)]
+        leaves += one * math.prod(member.dims)
+        at = member.offset + ctype.size * math.prod(member.dims)
+    return leaves if at == struct.size else None
+
+
+#: Records whose values are compared one by one (:func:`_leaf_misfit`) hold at most this many:
+#: beyond, a member of a million floats is judged by its field's type only.
+_MOST_LEAVES = 4096
+
+
+def _c_values(struct: CType, at: int = 0, path: str = "") -> dict[int, tuple[str, str]]:
+    """Each value ``struct`` holds (vectors as lanes, arrays as elements, nested structs
+    walked), by its byte: (C scalar type, member path). Empty where there are more than
+    _MOST_LEAVES."""
+    found: dict[int, tuple[str, str]] = {}
+    for member in struct.members:
+        ctype = member.ctype
+        for index in range(math.prod(member.dims)):
+            where = at + member.offset + index * ctype.size
+            named = f"{path}{member.field}" + (f"[{index}]" if member.dims else "")
+            if ctype.members:
+                inner = _c_values(ctype, where, f"{named}.")
+                if not inner:
+                    return {}
+                found.update(inner)
+            elif ctype.element is not None:
+                size = C_SIZES_OF[ctype.element]
+                for lane in range(ctype.lanes):
+                    found[where + lane * size] = (ctype.element, f"{named} lane {lane}")
+            else:
+                found[where] = (str(ctype.scalar), named)
+            if len(found) > _MOST_LEAVES:
+                return {}
+    return found
+
+
+def _np_values(dtype: np.dtype, at: int = 0, path: str = "",
+               found: list[tuple[int, np.dtype, str]] | None = None
+               ) -> list[tuple[int, np.dtype, str]]:
+    """Each numeric value a record of ``dtype`` holds, by its byte: (byte, dtype, field
+    path); at most _MOST_LEAVES + 1 (beyond, not judged)."""
+    found = [] if found is None else found
+    for field, ftype, offset in _fields(dtype):
+        base, shape = _flat(ftype)
+        for index in range(math.prod(shape)):
+            if len(found) > _MOST_LEAVES:
+                return found
+            where = at + offset + index * base.itemsize
+            named = f"{path}{field}" + (f"[{index}]" if shape else "")
+            if base.names:
+                _np_values(base, where, f"{named}.", found)
+            elif base.kind in "biuf":
+                found.append((where, base, named))
+    return found
+
+
+def _leaf_misfit(dtype: np.dtype, struct: CType) -> str | None:
+    """A numeric value of the records that lies where the struct holds a value of another
+    kind or size (a float field over a nested struct's int, a record of floats over an int4,
+    a nested struct's members given flat), or over part of one; None when every value the
+    records hold lies on one of the struct's of its own type, or in its padding."""
+    c_values = _c_values(struct)
+    values = _np_values(dtype)
+    if not c_values or len(values) > _MOST_LEAVES:
+        return None
+    starts = sorted(c_values)
+    name = struct.name.removeprefix("struct ")
+    for at, ftype, field in values:
+        own = c_values.get(at)
+        if own is not None:
+            want = np.dtype(C_DTYPES[own[0]])
+            if ftype.kind == want.kind and ftype.itemsize == want.itemsize:
+                continue
+            return (f"field {field!r} holds {ftype} at byte {at}, where struct {name!r} "
+                    f"holds {own[0]} ({own[1]}), so the kernel would read its bytes as "
+                    f"another type")
+        # over part of one of the struct's values: the last that starts before its end
+        # (the struct's values do not overlap, so no earlier one reaches it)
+        last = bisect.bisect_left(starts, at + ftype.itemsize) - 1
+        if last >= 0 and starts[last] + C_SIZES_OF[c_values[starts[last]][0]] > at:
+            ctype, member = c_values[starts[last]]
+            return (f"field {field!r} holds {ftype} at byte {at}, across {ctype} {member} of "
+                    f"struct {name!r}, so the kernel would read its bytes as another type")
     return None
 
 
@@ -208,7 +336,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     verb = "ask for" if output else "pass"
     misfit = _placed_misfit(dtype, struct)
     if misfit is None:
-        members = _member_misfit(dtype, struct)
+        members = _member_misfit(dtype, struct) or _leaf_misfit(dtype, struct)
         if members is None:
             return
         raise InputError(f"{where} has structured dtype {dtype}, but {members}: {verb} "
@@ -217,10 +345,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     fields = _fields(dtype)
     aligned = np.dtype([(field, ftype) for field, ftype, _ in fields], align=True)
     if aligned == wanted:
-        plain = all(not ftype.names and ftype.subdtype is None for _, ftype, _ in fields)
-        listed = ([(field, ftype.str) for field, ftype, _ in fields] if plain
-                  else "<the same fields>")
-        padded = f"np.dtype({listed}, align=True)"
+        padded = spell(aligned)
         fix = (f"ask for {padded} as the output's dtype (outputs=[dt], cv.per_block(1, dt) "
                f"or np.empty(shape, dt)), which pads the fields as C does" if output else
                f"pass a.astype({padded}), which pads the fields as C does")

@@ -667,11 +667,17 @@ def _check_struct_arg(param: Param, index: int, value: Any, code: str | None) ->
     if layout is None:
         return
     where = f"args[{index}]: kernel parameter {param.name!r} ({param.type_text})"
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.names:
+        value = value[()]  # a 0-d record array: its record (argcast takes it so too)
     if not isinstance(value, np.void) or not value.dtype.names:
+        from conveyor.pipeline.structs import c_dtype, spell
+
+        wanted = c_dtype(code, param.struct_name)
+        spelled = spell(wanted) if wanted is not None else "np.dtype([...], align=True)"
         raise InputError(
             f"{where} is a struct of {layout[1]} bytes passed by value, but receives "
             f"{type(value).__name__} {value!r}: pass a structured NumPy scalar laid out as C "
-            f"lays the struct out, e.g. np.array((...), np.dtype([...], align=True))[()]")
+            f"lays the struct out, e.g. np.array((...), {spelled})[()]")
     check_struct(f"{where}, which receives a {value.dtype.itemsize}-byte record,", value.dtype,
                  code, param.struct_name, "pass np.array(value, dtype.newbyteorder('='))[()]")
 
