@@ -293,8 +293,6 @@ def test_a_struct_by_value_takes_a_0d_record_array(device):
     np.testing.assert_array_equal(y, x + _f(r[3:4])[0])
 
 
-@pytest.mark.xfail(strict=True, reason="conveyor map of a kernel writing records is refused, "
-                   "advising cv.npy_out, which the command line has no way to give")
 def test_the_command_line_maps_records_to_records(device, tmp_path, capsys):
     from conveyor.cli import main
 
@@ -317,8 +315,6 @@ def test_the_command_line_maps_records_to_records(device, tmp_path, capsys):
 
 
 # -- advice that does not work ----------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="a file output of a struct named by path is advised "
-                   "np.dtype([...], align=True), which is not this struct's layout")
 def test_a_struct_file_output_by_path_is_written_or_told_the_structs_dtype(device, tmp_path):
     c = _c(device)
     x = np.arange(N, dtype=np.float64)
@@ -370,8 +366,6 @@ def client():
         yield c
 
 
-@pytest.mark.xfail(strict=True, reason="map_blocks(halo=1) refuses records in the compiler's "
-                   "layout: dask's overlap concatenates them, and NumPy re-lays them out")
 def test_map_blocks_with_a_halo_takes_the_compilers_records(device, client):
     da = pytest.importorskip("dask.array")
     import conveyor.dask as cvd
@@ -383,8 +377,6 @@ def test_map_blocks_with_a_halo_takes_the_compilers_records(device, client):
     np.testing.assert_array_equal(y, f[:-2] - 2 * f[1:-1] + 3 * f[2:])
 
 
-@pytest.mark.xfail(strict=True, reason="conveyor.dask outputs of a struct without a dtype fail "
-                   "on the workers advising 'pass a structured array', which they cannot take")
 def test_dask_struct_outputs_without_a_dtype_are_told_what_to_give(device, client, tmp_path):
     da = pytest.importorskip("dask.array")
     import conveyor.dask as cvd

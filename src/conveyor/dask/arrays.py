@@ -69,9 +69,10 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
     first = data[0]
     out_dtype = (_output_dtype(dtype) if dtype is not None
                  else _default_dtype(job, len(data), first))
+    declared = tuple(a.dtype for a in data)
     data, chunks, starts, befores, pads = _overlapped(da, data, h, boundary)
     chunk_fn = functools.partial(_map_chunk, job=job, halo=h, dtype=out_dtype,
-                                 defaulted=dtype is None, boundary=pads)
+                                 defaulted=dtype is None, boundary=pads, declared=declared)
     out_ind = _index(first.ndim, "o")
     pairs: list[Any] = []
     for i, a in enumerate(data):
@@ -122,8 +123,10 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
 
         empty = np.empty((0,), object)
         return da.from_delayed(dask.delayed(_final(fold))(empty), shape=(), dtype=object)
+    declared = (data.dtype,)
     (data,), chunks, starts, befores, pads = _overlapped(da, [data], h, boundary)
-    chunk_fn = functools.partial(_reduce_chunk, job=job, op=op, halo=h, boundary=pads)
+    chunk_fn = functools.partial(_reduce_chunk, job=job, op=op, halo=h, boundary=pads,
+                                 declared=declared)
     ind = _index(data.ndim, "i")
     where = _per_chunk(chunks, [(i, starts[i], befores[i], chunks[i])
                                 for i in range(len(chunks))])
@@ -145,7 +148,7 @@ _ASKED = "and map_blocks was asked for dtype={wanted}: pass dtype=np.{dtype}, or
 
 
 def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bool = False,
-               boundary: Any = None) -> np.ndarray:
+               boundary: Any = None, declared: Sequence[np.dtype] = ()) -> np.ndarray:
     """On a worker: stream chunk ``i`` (rows ``lo:lo + count`` of the whole array). With a
     halo each block is the chunk extended by dask's overlap (``before`` rows in front, as
     many after where the chunk has neighbours or dask padded the array's end): only the
@@ -153,12 +156,25 @@ def _map_chunk(*blocks: Any, job: Job, halo: int, dtype: np.dtype, defaulted: bo
     sees the offsets of the array's rows alone, as one local stream does. A ``boundary``
     given: the chunk is the whole array, padded by its stream."""
     *data, (i, lo, before, count) = blocks
+    data = _as_declared(data, declared)
     report = run(job, _chunk_inputs(data, before, count, halo, boundary), [dtype],
                  first_row=lo, halo=halo, boundary="nearest" if boundary is None else boundary,
                  where=f"chunk {i} (rows {lo}:{lo + count})",
                  defaulted={0: _DEFAULTED if defaulted else _ASKED})
     result: np.ndarray = report.outputs[0]
     return result
+
+
+def _as_declared(data: Sequence[Any], declared: Sequence[np.dtype]) -> list[Any]:
+    """Each block in its dask array's dtype: dask's overlap joins records with
+    np.concatenate, which lays them out as ``align=True`` (NumPy 2), so the compiler's
+    layout the caller gave came back at other offsets (and was refused, or misread)."""
+    blocks = list(data)
+    for i, want in enumerate(declared[:len(blocks)]):
+        block = blocks[i]
+        if want.names and isinstance(block, np.ndarray) and block.dtype != want:
+            blocks[i] = block.astype(want)  # fields matched by name: the same values
+    return blocks
 
 
 def _chunk_inputs(data: list[Any], before: int, count: int, halo: int, boundary: Any
@@ -181,12 +197,14 @@ def _chunk_inputs(data: list[Any], before: int, count: int, halo: int, boundary:
 
 
 def _reduce_chunk(block: np.ndarray, where: tuple[int, int, int, int], *, job: Job, op: Any,
-                  halo: int = 0, boundary: Any = None) -> np.ndarray:
+                  halo: int = 0, boundary: Any = None, declared: Sequence[np.dtype] = ()
+                  ) -> np.ndarray:
     """On a worker: chunk ``i``'s partial (its own rows folded; with a halo, the overlap's
     rows beside them, as in :func:`_map_chunk`)."""
     from conveyor.pipeline.fold import halves_kept_wide
 
     i, lo, before, count = where
+    (block,) = _as_declared([block], declared)
     with halves_kept_wide():  # a chunk's total is a partial: cast once, by the aggregate
         report = run(job, _chunk_inputs([block], before, count, halo, boundary), [],
                      first_row=lo, reduce=op, halo=halo,

@@ -39,8 +39,20 @@ class KernelSpec:
         params = self.params()
         at = inputs + index
         if at < len(params) and params[at].is_pointer:
+            if params[at].dtype is None:  # a struct: its records, where conveyor lays it out
+                return self._records(params[at].struct_name)
             return params[at].dtype
         return None
+
+    def _records(self, struct: str) -> np.dtype | None:
+        """The dtype of records of ``struct`` as this source defines it (None where
+        conveyor cannot lay it out, or the source packs structs)."""
+        from conveyor.kernels.preprocess import expand_checked
+        from conveyor.kernels.signature import code_only
+        from conveyor.pipeline.structs import c_dtype, packs
+
+        code = code_only(expand_checked(self.source, self.options)[0])
+        return None if packs(code) else c_dtype(code, struct)
 
     def params(self, strict: bool = False) -> list[Any]:
         """The kernel's parameters, read on the client as :meth:`output_dtype` reads them.

@@ -649,12 +649,20 @@ def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.
         if param.is_pointer and param.dtype is not None:
             return param.dtype
         if param.is_pointer and _dtype_not_given(given):
-            # A struct: input 0's dtype was then refused as "cannot check that it matches".
+            # A struct: its records as the compiler lays them out, where conveyor reads the
+            # struct (input 0's dtype was refused as "cannot check that it matches").
+            from conveyor.pipeline.structs import c_dtype, packs, struct_source
+
+            code = struct_source(compute)
+            records = (c_dtype(code, param.struct_name)
+                       if code is not None and not packs(code) else None)
+            if records is not None:
+                return records
             raise InputError(
                 f"output {index} is a file for kernel parameter {param.name!r} "
-                f"({param.type_text}), whose records conveyor cannot infer: give their dtype, "
-                f"cv.npy_out(path, dtype=np.dtype([...], align=True)) with the struct's "
-                f"members")
+                f"({param.type_text}), whose records conveyor cannot lay out from the "
+                f"source: give their dtype, cv.npy_out(path, dtype=np.dtype(...)) with the "
+                f"struct's members at the offsets the compiler gives them")
     return fallback
 
 
