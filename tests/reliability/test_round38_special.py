@@ -48,10 +48,19 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and streamkit)
-from reliakit import first_device_only  # noqa: E402, F401 (autouse: first device only)
+from reliakit import first_device_only, opencl_c_only  # noqa: E402, F401 (autouse: first device only)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _opencl_c_kernels(request):  # noqa: ANN001, ANN202
+    """This file's kernels are OpenCL C and its callables use PyOpenCL's arrays: skipped on
+    CUDA devices."""
+    if "device" in request.fixturenames:
+        opencl_c_only(request.getfixturevalue("device"))
+
 
 SRC = str(Path(cv.__file__).resolve().parents[1])  # the conveyor under test, for children
 
@@ -436,6 +445,7 @@ def test_guard_the_command_on_a_full_standard_output_exits_1(tmp_path):
             [sys.executable, "-m", "conveyor.cli", "reduce", str(tmp_path / "twice.cl"),
              "--kernel", "twice", "-i", str(tmp_path / "x.npy"), "--op", "sum", "-q",
              "--device", "opencl:0:0"], stdout=full, stderr=subprocess.PIPE, text=True,
-            env=dict(os.environ, PYTHONPATH=SRC), timeout=120)
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                filter(None, [SRC, os.environ.get("PYTHONPATH")]))), timeout=120)
     assert done.returncode == 1
     assert "standard output" in done.stderr

@@ -264,9 +264,11 @@ def _np_values(dtype: np.dtype, at: int = 0, path: str = "",
 
 def _leaf_misfit(dtype: np.dtype, struct: CType) -> str | None:
     """A numeric value of the records that lies where the struct holds a value of another
-    kind or size (a float field over a nested struct's int, a record of floats over an int4,
-    a nested struct's members given flat), or over part of one; None when every value the
-    records hold lies on one of the struct's of its own type, or in its padding."""
+    type (a float field over a nested struct's int, a record of floats over an int4, a
+    nested struct's members given flat), or over part of one; None when every value the
+    records hold lies on values of its own type, or in padding. Integers over integers of
+    other sizes pass: packed binary read as the struct's own integers is a layout a kernel
+    means (a u2 then a u4 for ``ushort w[3]``: round eight)."""
     c_values = _c_values(struct)
     values = _np_values(dtype)
     if not c_values or len(values) > _MOST_LEAVES:
@@ -277,7 +279,8 @@ def _leaf_misfit(dtype: np.dtype, struct: CType) -> str | None:
         own = c_values.get(at)
         if own is not None:
             want = np.dtype(C_DTYPES[own[0]])
-            if ftype.kind == want.kind and ftype.itemsize == want.itemsize:
+            if ftype.kind == want.kind and ftype.itemsize == want.itemsize or \
+                    _both_integers(ftype, want):
                 continue
             return (f"field {field!r} holds {ftype} at byte {at}, where struct {name!r} "
                     f"holds {own[0]} ({own[1]}), so the kernel would read its bytes as "
@@ -287,9 +290,16 @@ def _leaf_misfit(dtype: np.dtype, struct: CType) -> str | None:
         last = bisect.bisect_left(starts, at + ftype.itemsize) - 1
         if last >= 0 and starts[last] + C_SIZES_OF[c_values[starts[last]][0]] > at:
             ctype, member = c_values[starts[last]]
+            if _both_integers(ftype, np.dtype(C_DTYPES[ctype])):
+                continue
             return (f"field {field!r} holds {ftype} at byte {at}, across {ctype} {member} of "
                     f"struct {name!r}, so the kernel would read its bytes as another type")
     return None
+
+
+def _both_integers(one: np.dtype, other: np.dtype) -> bool:
+    """Both integer types (signed, unsigned or bool), of any sizes."""
+    return one.kind in "biu" and other.kind in "biu"
 
 
 def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str) -> None:
