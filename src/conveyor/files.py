@@ -97,12 +97,12 @@ def output_target(path: PathLike, what: str, *, probe: bool = False) -> Path:
     if not folder.is_dir():
         raise InputError(f"{what}: folder {folder} does not exist: create it or write "
                          f"elsewhere")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not _access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{what}: folder {folder} is not writable: write elsewhere or fix "
                          f"its permissions")
     if mode is not None:
         _check_sticky_owner(target, folder, what)
-        if not os.access(target, os.W_OK):
+        if not _access(target, os.W_OK):
             # The rename that commits an output needs only the folder's permission, so a
             # result its owner protected (chmod 444) was replaced silently, where np.save and
             # open(path, "w") refuse it. Root passes os.access: unaffected, as with np.save.
@@ -421,19 +421,32 @@ def ready_part(fd: int, target: Path, durable: bool = True) -> None:
     output_target(target, f"output {target}")
 
 
+def _access(path: Path, mode: int) -> bool:
+    """``os.access`` for the effective user (a root process acting as a user with seteuid,
+    or a set-uid program), as the writes it predicts are made; the real user's where the
+    platform cannot ask."""
+    if os.access in os.supports_effective_ids:
+        return os.access(path, mode, effective_ids=True)
+    return os.access(path, mode)
+
+
 def _keep_owner(fd: int, target: Path) -> None:
-    """Run by root, give the new file the owner and group of the regular file it replaces:
-    a user's output rewritten by root became root's, and its user could no longer write it.
-    Anyone else cannot give a file away, and their new file is theirs, as with any editor."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    """Give the new file the owner (run by root) and the group of the regular file it
+    replaces: a user's output rewritten by root became root's, and its user could no longer
+    write it. Anyone else cannot give a file away, but keeps its group where allowed."""
+    if not hasattr(os, "geteuid"):
         return
     try:
         st = os.stat(target)
     except OSError:
         return
     if stat.S_ISREG(st.st_mode):
+        # Anyone else keeps the file's group where they belong to it (a group-writable shared
+        # file stayed writable by its group, as np.save's write in place keeps it); EPERM
+        # where they do not: the new file is theirs, as with any editor.
+        owner = st.st_uid if os.geteuid() == 0 else -1
         with contextlib.suppress(OSError):
-            os.fchown(fd, st.st_uid, st.st_gid)
+            os.fchown(fd, owner, st.st_gid)
 
 
 def target_mode(target: Path) -> int:

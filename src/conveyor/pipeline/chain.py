@@ -117,7 +117,12 @@ class Chain:
             if isinstance(compute, Kernel) and name in item.writes:
                 position = len(item.reads) + item.writes.index(name)
                 if position < len(compute.params) and compute.params[position].is_pointer:
-                    return compute.params[position].dtype
+                    param = compute.params[position]
+                    if param.dtype is None:  # a struct: its records, where conveyor reads it
+                        from conveyor.pipeline.structs import records_dtype
+
+                        return records_dtype(compute, param)
+                    return param.dtype
         return None
 
     def _links(self, inputs: int, outputs: int, reduce: Any) -> list[Link]:

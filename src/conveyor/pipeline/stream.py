@@ -590,7 +590,8 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
         and halo == 0
         and len(arrays) == len(inputs) + len(outputs)  # files always stage
         and all(a.flags.c_contiguous for a in arrays)
-        and all(_aligned_in_place(a) for a in arrays)
+        and all(_aligned_in_place(a, _struct_align(compute, at))
+                for at, a in enumerate(arrays))
         and not narrow
         and not written
         and not stale
@@ -604,9 +605,9 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
         raise InputError(
             f"zero_copy=True needs a device that shares memory with the host ({dev.spec} "
             f"{'does' if dev.host_unified else 'does not'}), halo=0, C-contiguous arrays "
-            f"(not files), records at addresses aligned as their size asks (up to "
-            f"{_MOST_ALIGN} bytes: cv.pinned.empty gives such) and no array with fewer "
-            f"elements per block than input 0"
+            f"(not files), records at addresses aligned as their struct asks "
+            f"(cv.pinned.empty gives {_MOST_ALIGN} bytes) and no array with fewer elements "
+            f"per block than input 0"
             + (f" ({', '.join(narrow)} has fewer)" if narrow else "")
         )
     # In place, zero-copy makes a kernel's input and output one buffer: a kernel that reads
@@ -623,18 +624,37 @@ def _zero_copy(wanted: bool | None, dev: Device, halo: int, inputs: list[Source]
 _MOST_ALIGN = 128
 
 
-def _aligned_in_place(array: np.ndarray) -> bool:
-    """Whether ``array``'s memory may be a kernel's buffer in place. Records: their address
-    a multiple of the largest power of two that divides their size (at most _MOST_ALIGN),
-    so every block's start is too; a struct's alignment divides its size, and records of a
-    32-byte aligned struct (a double4 member) at NumPy's 16-byte alignment made the
-    kernel's aligned vector loads fault (SIGSEGV): such arrays are staged instead. Plain
-    numbers are read with scalar loads, which take any address (a guard reads float32
-    arrays 1 to 3 bytes off in place)."""
+def _aligned_in_place(array: np.ndarray, align: int | None) -> bool:
+    """Whether ``array``'s memory may be a kernel's buffer in place. Records (void dtypes,
+    with fields or bytes alone): their address a multiple of ``align``, the alignment of
+    the kernel's struct, or where that is unknown of the largest power of two that divides
+    their size (a struct's alignment divides its size; at most _MOST_ALIGN), so every
+    block's start is too. Records of a 32-byte aligned struct (a double4 member) at NumPy's
+    16-byte alignment made the kernel's aligned vector loads fault (SIGSEGV): such arrays
+    are staged instead. Plain numbers are read with scalar loads, which take any address (a
+    guard reads float32 arrays 1 to 3 bytes off in place)."""
     size = array.dtype.itemsize
-    if not array.dtype.names or not size:
+    if array.dtype.kind != "V" or not size:
         return True
-    return array.ctypes.data % min(size & -size, _MOST_ALIGN) == 0
+    need = align if align is not None else min(size & -size, _MOST_ALIGN)
+    return array.ctypes.data % need == 0
+
+
+def _struct_align(compute: Any, position: int) -> int | None:
+    """The alignment of the struct that ``compute``'s pointer parameter ``position`` (its
+    inputs', then its outputs') points to, where conveyor lays it out; else None."""
+    if not isinstance(compute, Kernel) or position >= len(compute.params):
+        return None
+    param = compute.params[position]
+    if not param.is_pointer or param.dtype is not None:
+        return None
+    from conveyor.pipeline.clayout import struct_type
+    from conveyor.pipeline.structs import packs, struct_source
+
+    code = struct_source(compute)
+    found = struct_type(code, param.struct_name) if code is not None and not packs(code) \
+        else None
+    return None if found is None else found.align
 
 
 def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.dtype,
@@ -651,18 +671,18 @@ def _file_dtype(compute: Compute | Chain, inputs: int, index: int, fallback: np.
         if param.is_pointer and _dtype_not_given(given):
             # A struct: its records as the compiler lays them out, where conveyor reads the
             # struct (input 0's dtype was refused as "cannot check that it matches").
-            from conveyor.pipeline.structs import c_dtype, packs, struct_source
+            from conveyor.pipeline.structs import records_dtype
 
-            code = struct_source(compute)
-            records = (c_dtype(code, param.struct_name)
-                       if code is not None and not packs(code) else None)
+            records = records_dtype(compute, param)
             if records is not None:
                 return records
             raise InputError(
                 f"output {index} is a file for kernel parameter {param.name!r} "
                 f"({param.type_text}), whose records conveyor cannot lay out from the "
-                f"source: give their dtype, cv.npy_out(path, dtype=np.dtype(...)) with the "
-                f"struct's members at the offsets the compiler gives them")
+                f"source (a packed struct, an attribute, a type from a header): give their "
+                f"dtype from Python, cv.npy_out(path, dtype=np.dtype(...)) with the struct's "
+                f"members at the offsets the compiler gives them (the command line cannot "
+                f"give an output's dtype)")
     return fallback
 
 

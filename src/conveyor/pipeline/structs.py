@@ -23,8 +23,8 @@ from conveyor.errors import InputError
 from conveyor.pipeline.clayout import C_DTYPES, CType, c_dtype, c_layout, struct_type
 from conveyor.pipeline.clayout import C_SIZES as C_SIZES_OF
 
-__all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "spell",
-           "struct_source"]
+__all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "records_dtype",
+           "spell", "struct_source"]
 
 def packs(source: str) -> bool:
     """True when ``source`` (its code: see :func:`struct_source`) may pack a struct: a
@@ -68,6 +68,16 @@ def struct_source(kernel: Any) -> str | None:
 
     options = getattr(kernel, "options", None) or ()
     return code_only(expanded_source(kernel.device, source, options))
+
+
+def records_dtype(kernel: Any, param: Any) -> np.dtype | None:
+    """The dtype of records of the struct that pointer parameter ``param`` of ``kernel``
+    points to, as the compiler lays it out: what a file output of it holds where no dtype
+    is given. None where conveyor cannot lay it out, or the source packs structs."""
+    code = struct_source(kernel)
+    if code is None or packs(code):
+        return None
+    return c_dtype(code, param.struct_name)
 
 
 def spell(dtype: np.dtype) -> str:
