@@ -54,7 +54,7 @@ _NOT_CODE = re.compile(_INCLUDE_RUN + r'>'
                        re.S)
 _INCLUDE_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _INCLUDE_NAME_AT = re.compile(_INCLUDE_HEAD, re.S)
-_PRAGMA_OPEN = re.compile(r"\b_Pragma\s*\(\s*\Z")
+_PRAGMA_OPEN = re.compile(r"\b_Pragma\s*\(\Z")
 # Where each kind of _NOT_CODE match may start, and the run each would take before its
 # closing character (possessive: one reading). A run that stops short of its close (a string
 # unclosed at its line's end, an include's "<" with no ">") makes every later start of the
@@ -165,6 +165,18 @@ def _after_break(text: str, breaks: int) -> str:
     return text[:first] + "\n" * breaks + text[first:]
 
 
+def _after_pragma_open(text: str, at: int) -> bool:
+    """Whether ``text`` before ``at`` ends in ``_Pragma(`` and blanks. The blanks are
+    stepped over one by one: each string looks back only over the blanks before it, which
+    no other string shares (linear, however wide the gap)."""
+    end = at
+    while end and text[end - 1].isspace():
+        end -= 1
+    if not end or text[end - 1] != "(":
+        return False
+    return _PRAGMA_OPEN.search(text, max(0, end - 64), end) is not None
+
+
 def code_only(source: str) -> str:
     """``source`` with its comments blanked and its string and character literals emptied."""
     def blank(match: re.Match[str]) -> str:
@@ -178,8 +190,7 @@ def code_only(source: str) -> str:
     for match in _not_code(joined):
         start = match.start()
         # _Pragma("pack(1)") keeps its text: it packs structs (structs.packs reads it)
-        kept = (match.group(0)[0] == '"' and
-                _PRAGMA_OPEN.search(joined, max(0, start - 64), start) is not None)
+        kept = match.group(0)[0] == '"' and _after_pragma_open(joined, start)
         out += [joined[at:start], match.group(0) if kept else blank(match)]
         at = match.end()
     return "".join(out) + joined[at:]

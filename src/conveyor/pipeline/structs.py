@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
-from conveyor.pipeline.clayout import C_DTYPES, CType, c_dtype, c_layout, struct_type
+from conveyor.pipeline.clayout import C_DTYPES, CType, Member, c_dtype, c_layout, struct_type
 from conveyor.pipeline.clayout import C_SIZES as C_SIZES_OF
 
 __all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "records_dtype",
@@ -29,9 +29,11 @@ __all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "reco
 def packs(source: str) -> bool:
     """True when ``source`` (its code: see :func:`struct_source`) may pack a struct: a
     ``packed`` attribute anywhere in an ``__attribute__((...))`` list (``aligned(1),
-    packed``), ``#pragma pack`` or ``_Pragma("pack(...)")`` (whose text ``code_only``
-    keeps); the word in a comment did not count."""
-    if re.search(r'#\s*pragma\s+pack\b|\b_Pragma\s*\(\s*"\s*pack\b', source):
+    packed``), ``#pragma pack`` or ``#pragma options align=...`` (clang takes both), or
+    either as ``_Pragma("...")`` (whose text ``code_only`` keeps); the word in a comment did
+    not count."""
+    if re.search(r'#\s*pragma\s+(?:pack|options\s+align)\b|\b_Pragma\s*\(\s*"\s*'
+                 r'(?:pack|options\s+align)\b', source):
         return True
     return any(re.search(r"\b(?:__)?packed(?:__)?\b", text) for text in _attributes(source))
 
@@ -91,17 +93,27 @@ def spell(dtype: np.dtype) -> str:
     for field in names:
         base, shape = _flat(described[field][0])
         formats.append((spell(base) if base.names else repr(base.str.lstrip("|")), shape))
-    plain = [(field, described[field][0]) for field in names]
-    for align in (True, False):
-        if np.dtype(plain, align=align) == dtype:
-            listed = ", ".join(f"({field!r}, {one}, {shape!r})" if shape else
-                               f"({field!r}, {one})"
-                               for field, (one, shape) in zip(names, formats, strict=True))
-            return f"np.dtype([{listed}]{', align=True' if align else ''})"
-    listed = ", ".join(f"({one}, {shape!r})" if shape else one for one, shape in formats)
+    listed = ", ".join(f"({field!r}, {one}, {shape!r})" if shape else f"({field!r}, {one})"
+                       for field, (one, shape) in zip(names, formats, strict=True))
+    parts = ", ".join(f"({one}, {shape!r})" if shape else one for one, shape in formats)
     offsets = [described[field][1] for field in names]
-    return (f"np.dtype({{'names': {names!r}, 'formats': [{listed}], 'offsets': {offsets!r}, "
-            f"'itemsize': {dtype.itemsize}}}{', align=True' if dtype.isalignedstruct else ''})")
+    placed = (f"{{'names': {names!r}, 'formats': [{parts}], 'offsets': {offsets!r}, "
+              f"'itemsize': {dtype.itemsize}}}")
+    candidates = [f"np.dtype([{listed}], align=True)", f"np.dtype([{listed}])",
+                  f"np.dtype({placed}, align=True)", f"np.dtype({placed})"]
+    # the first whose dtype is this one: a nested record spelled with align=True is aligned
+    # as a field, which moved the outer fields of a packed record (a wrong np.fromfile)
+    return next((text for text in candidates if _made(text) == dtype), candidates[-1])
+
+
+def _made(text: str) -> np.dtype | None:
+    """The dtype that the text :func:`spell` wrote makes (only ``np`` and literals in it:
+    field names are reprs), or None where NumPy refuses it."""
+    try:
+        made = eval(text, {"np": np, "__builtins__": {}})  # noqa: S307 (spell's own text)
+    except (TypeError, ValueError, SyntaxError, KeyError):
+        return None
+    return made if isinstance(made, np.dtype) else None
 
 
 def _flat(ftype: np.dtype) -> tuple[np.dtype, tuple[int, ...]]:
@@ -121,18 +133,29 @@ def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
     return [(field, described[field][0], described[field][1]) for field in dtype.names or ()]
 
 
+def _paired(fields: list[tuple[str, np.dtype, int]], struct: CType
+            ) -> list[tuple[tuple[str, np.dtype, int], Member]]:
+    """The fields beside the members they stand for, in order: where the records name the
+    struct's members (in any order), as many fields as members. Fields named otherwise
+    may group the values otherwise (``ab`` for floats a and b): they are judged value by
+    value (:func:`_leaf_misfit`), not field by member."""
+    members = struct.members
+    if len(fields) != len(members) or \
+            {field for field, _, _ in fields} != {member.field for member in members}:
+        return []
+    return list(zip(fields, members, strict=True))
+
+
 def _placed_misfit(dtype: np.dtype, struct: CType) -> str | None:
-    """What keeps the records of ``dtype`` from being placed as ``struct``'s members: with
-    as many fields as members, a field at another offset; another record size. None when
-    both agree."""
+    """What keeps the records of ``dtype`` from being placed as ``struct``'s members: a
+    field at another offset than the member it stands for (:func:`_paired`); another record
+    size. None when both agree."""
     name = struct.name.removeprefix("struct ")
     fields = _fields(dtype)
-    if len(fields) == len(struct.members):
-        for number, ((field, ftype, at), member) in enumerate(
-                zip(fields, struct.members, strict=True)):
-            if at != member.offset:
-                return (f"field {field!r} ({ftype}) lies at byte {at}, where C puts member "
-                        f"{number + 1} of struct {name!r} at byte {member.offset}")
+    for number, ((field, ftype, at), member) in enumerate(_paired(fields, struct)):
+        if at != member.offset:
+            return (f"field {field!r} ({ftype}) lies at byte {at}, where C puts member "
+                    f"{number + 1} of struct {name!r} at byte {member.offset}")
     if struct.size != dtype.itemsize:
         return f"C lays out struct {name!r} in {struct.size} bytes"
     return None
@@ -148,23 +171,31 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
     name = struct.name.removeprefix("struct ")
     fields = _fields(dtype)
     members = struct.members
-    pairs = list(zip(fields, members, strict=True)) if len(fields) == len(members) else []
+    pairs = _paired(fields, struct)
     for (field, ftype, _), member in pairs:
         base = _flat(ftype)[0]
         if member.ctype.members and base.names:  # a nested struct's record, judged first
             inner = _placed_misfit(base, member.ctype) or _member_misfit(base, member.ctype)
             if inner is not None:
                 return f"in field {field!r} (member {member.field!r} of struct {name!r}), {inner}"
-    covered = sorted((at, at + ftype.itemsize) for _, ftype, at in fields)
-    for member in members:
-        reach = at = member.offset
-        for lo, hi in covered:
-            if lo <= reach < hi:
-                reach = hi
-        if reach < at + member.extent:
-            return (f"no field covers member {member.field!r} (bytes {at} to "
-                    f"{at + member.extent - 1}), so the kernel would read bytes the records "
-                    f"do not hold")
+    # The bytes the fields cover, as disjoint runs; the bytes the struct's values hold (a
+    # nested struct's padding needs no field), or its members' whole extents where it holds
+    # too many values to list.
+    runs: list[list[int]] = []
+    for lo, hi in sorted((at, at + ftype.itemsize) for _, ftype, at in fields):
+        if runs and lo <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], hi)
+        else:
+            runs.append([lo, hi])
+    starts = [lo for lo, _ in runs]
+    values = _c_values(struct)
+    spans = ([(at, C_SIZES_OF[ctype], path) for at, (ctype, path) in sorted(values.items())]
+             if values else [(m.offset, m.extent, m.field) for m in members])
+    for at, size, path in spans:
+        run = bisect.bisect_right(starts, at) - 1
+        if size and (run < 0 or runs[run][1] < at + size):
+            return (f"no field covers member {path!r} (bytes {at} to {at + size - 1}), so "
+                    f"the kernel would read bytes the records do not hold")
     names = {member.field: number for number, member in enumerate(members)}
     for number, ((field, ftype, _), member) in enumerate(pairs):
         other = names.get(field)
@@ -173,17 +204,8 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
                     f"{field!r} is elsewhere in struct {name!r}")
         base, shape = _flat(ftype)
         ctype, dims = member.ctype, member.dims
-        if ctype.members:  # a nested struct: its records were judged above; numbers
-            leaves = _leaves(ctype)  # over it only where they are its members' numbers
-            same = leaves is not None and all(leaf == leaves[0] for leaf in leaves)
-            if base.kind in "biuf" and not (
-                    same and leaves and np.dtype(C_DTYPES[leaves[0]]) == base.newbyteorder("=")
-                    and math.prod(shape) == len(leaves) * math.prod(dims)):
-                return (f"field {field!r} holds {ftype} over member {member.field!r} of "
-                        f"struct {name!r}, {ctype.name}{''.join(f'[{d}]' for d in dims)}, "
-                        f"whose members are not {base} in those places, so the kernel "
-                        f"would read its bytes as another type")
-            continue
+        if ctype.members:  # a nested struct: its records were judged above, numbers
+            continue  # over it value by value (_leaf_misfit)
         want = np.dtype(C_DTYPES[ctype.scalar or ctype.element or "char"])
         lanes = ctype.size // want.itemsize  # a vector's lanes, its padding lane too
         counts = {lanes * math.prod(dims)} | ({ctype.lanes} if not dims else set())
@@ -193,32 +215,6 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
                     f"{name!r} is {ctype.name}{''.join(f'[{d}]' for d in dims)}, so the "
                     f"kernel would read its bytes as another type")
     return None
-
-
-def _leaves(struct: CType) -> list[str] | None:
-    """The scalar C type of each value ``struct`` holds, in order (vectors as their lanes,
-    arrays as their elements); None where it holds padding (bytes between or after its
-    values), which a plain array laid over it would fill."""
-    leaves: list[str] = []
-    at = 0
-    for member in struct.members:
-        if member.offset != at:
-            return None
-        ctype = member.ctype
-        if ctype.members:
-            inner = _leaves(ctype)
-            if inner is None:
-                return None
-            one = inner
-        elif ctype.element is not None:
-            if ctype.data != ctype.size:
-                return None  # a 3-lane vector's padding lane
-            one = [ctype.element] * ctype.lanes
-        else:
-            one = [str(ctype.scalar)]
-        leaves += one * math.prod(member.dims)
-        at = member.offset + ctype.size * math.prod(member.dims)
-    return leaves if at == struct.size else None
 
 
 #: Records whose values are compared one by one (:func:`_leaf_misfit`) hold at most this many:
@@ -244,7 +240,7 @@ def _c_values(struct: CType, at: int = 0, path: str = "") -> dict[int, tuple[str
             elif ctype.element is not None:
                 size = C_SIZES_OF[ctype.element]
                 for lane in range(ctype.lanes):
-                    found[where + lane * size] = (ctype.element, f"{named} lane {lane}")
+                    found[where + lane * size] = (ctype.element, f"{named}.s{lane:x}")
             else:
                 found[where] = (str(ctype.scalar), named)
             if len(found) > _MOST_LEAVES:
@@ -252,24 +248,38 @@ def _c_values(struct: CType, at: int = 0, path: str = "") -> dict[int, tuple[str
     return found
 
 
-def _np_values(dtype: np.dtype, at: int = 0, path: str = "",
-               found: list[tuple[int, np.dtype, str]] | None = None
-               ) -> list[tuple[int, np.dtype, str]]:
+def _np_values(dtype: np.dtype) -> list[tuple[int, np.dtype, str]] | None:
     """Each numeric value a record of ``dtype`` holds, by its byte: (byte, dtype, field
-    path); at most _MOST_LEAVES + 1 (beyond, not judged)."""
-    found = [] if found is None else found
-    for field, ftype, offset in _fields(dtype):
-        base, shape = _flat(ftype)
-        for index in range(math.prod(shape)):
-            if len(found) > _MOST_LEAVES:
-                return found
-            where = at + offset + index * base.itemsize
-            named = f"{path}{field}" + (f"[{index}]" if shape else "")
-            if base.names:
-                _np_values(base, where, f"{named}.", found)
-            elif base.kind in "biuf":
-                found.append((where, base, named))
-    return found
+    path); a complex value as its two floats, a date or a duration as the int64 it is.
+    None (not judged) beyond _MOST_LEAVES values, or _MOST_LEAVES steps through fields that
+    hold none (a million records of no bytes)."""
+    found: list[tuple[int, np.dtype, str]] = []
+    steps = 0
+
+    def walk(dtype: np.dtype, at: int, path: str) -> bool:
+        nonlocal steps
+        for field, ftype, offset in _fields(dtype):
+            base, shape = _flat(ftype)
+            for index in range(math.prod(shape)):
+                steps += 1
+                if len(found) > _MOST_LEAVES or steps > 4 * _MOST_LEAVES:
+                    return False
+                where = at + offset + index * base.itemsize
+                named = f"{path}{field}" + (f"[{index}]" if shape else "")
+                if base.names:
+                    if not walk(base, where, f"{named}."):
+                        return False
+                elif base.kind in "biuf":
+                    found.append((where, base, named))
+                elif base.kind == "c":
+                    half = np.dtype(f"{base.byteorder}f{base.itemsize // 2}")
+                    found.extend([(where, half, f"{named}.real"),
+                                  (where + half.itemsize, half, f"{named}.imag")])
+                elif base.kind in "mM":
+                    found.append((where, np.dtype("int64"), named))
+        return True
+
+    return found if walk(dtype, 0, "") else None
 
 
 def _leaf_misfit(dtype: np.dtype, struct: CType) -> str | None:
@@ -281,7 +291,7 @@ def _leaf_misfit(dtype: np.dtype, struct: CType) -> str | None:
     means (a u2 then a u4 for ``ushort w[3]``: round eight)."""
     c_values = _c_values(struct)
     values = _np_values(dtype)
-    if not c_values or len(values) > _MOST_LEAVES:
+    if not c_values or values is None:
         return None
     starts = sorted(c_values)
     name = struct.name.removeprefix("struct ")
