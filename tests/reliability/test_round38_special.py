@@ -64,6 +64,13 @@ def _opencl_c_kernels(request):  # noqa: ANN001, ANN202
 
 SRC = str(Path(cv.__file__).resolve().parents[1])  # the conveyor under test, for children
 
+
+def _child_env() -> dict[str, str]:
+    """The environment of a child interpreter: this conveyor first on its path, the rest as
+    given (a GPU machine's PyOpenCL lies on PYTHONPATH too)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [SRC, os.environ.get("PYTHONPATH")])))
+
 TWICE = """__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
     ulong i = get_global_id(0);
     if (i < n) y[i] = 2.0f * x[i];
@@ -360,7 +367,7 @@ def test_an_output_over_a_read_only_file_is_refused_as_np_save_refuses_it(device
                 print("conveyor took it")
             except cv.InputError as exc:
                 print("InputError", exc)
-        """)], env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, text=True,
+        """)], env=_child_env(), capture_output=True, text=True,
             timeout=120)
         assert child.returncode == 0, child.stderr[-2000:]
         assert "np.save refused" in child.stdout
@@ -445,7 +452,6 @@ def test_guard_the_command_on_a_full_standard_output_exits_1(tmp_path):
             [sys.executable, "-m", "conveyor.cli", "reduce", str(tmp_path / "twice.cl"),
              "--kernel", "twice", "-i", str(tmp_path / "x.npy"), "--op", "sum", "-q",
              "--device", "opencl:0:0"], stdout=full, stderr=subprocess.PIPE, text=True,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                filter(None, [SRC, os.environ.get("PYTHONPATH")]))), timeout=120)
+            env=_child_env(), timeout=120)
     assert done.returncode == 1
     assert "standard output" in done.stderr

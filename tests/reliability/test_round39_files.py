@@ -73,10 +73,17 @@ def _opencl_c_kernels(request):  # noqa: ANN001, ANN202
 SRC = str(Path(cv.__file__).resolve().parents[1])  # the conveyor under test, for children
 
 
+def _child_env() -> dict[str, str]:
+    """The environment of a child interpreter: this conveyor first on its path, the rest as
+    given (a GPU machine's PyOpenCL lies on PYTHONPATH too)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [SRC, os.environ.get("PYTHONPATH")])))
+
+
 def _child(code: str) -> subprocess.CompletedProcess[str]:
     """``code`` run in a fresh interpreter (a fault kills it, not pytest)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=SRC))
+                          text=True, timeout=120, env=_child_env())
 
 
 def _pocl_in_place(device: cv.Device) -> None:

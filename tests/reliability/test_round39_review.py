@@ -41,6 +41,7 @@ __kernel void pad_sum(__global const rec *r, __global float *y, ulong offset, ul
 
 
 def test_floats_over_a_padded_nested_struct_stream(device):
+    opencl_c_only(device)  # OpenCL C's 16-byte float3 (CUDA's is 12 bytes: n lies at 12)
     # struct pt is a float3 (12 bytes of values, 4 of padding); the records give member p as
     # 4 floats, the 4th over the padding lane: every value lies on the struct's own value.
     # d1b9465 streamed these; _leaf_misfit alone would take them too.

@@ -87,33 +87,43 @@ def spell(dtype: np.dtype) -> str:
     a list of fields where NumPy's own placing gives its offsets (packed, or with
     ``align=True``), else names, formats, offsets and itemsize. Nested records are spelled
     the same way."""
+    return _spelled(dtype)[0]
+
+
+def _spelled(dtype: np.dtype) -> tuple[str, np.dtype]:
+    """:func:`spell`'s text, and the dtype that text makes, built beside it (never by
+    evaluating text): the first form whose dtype is ``dtype`` is taken. A nested record
+    spelled with ``align=True`` is aligned as a field, which moved the outer fields of a
+    packed record (an np.fromfile advised that read other rows)."""
     described: Any = dtype.fields or {}
     names = list(dtype.names or ())
-    formats = []  # each field's element type spelled, and its shape
+    texts, made = [], []  # each field's element type spelled and made, and its shape
     for field in names:
         base, shape = _flat(described[field][0])
-        formats.append((spell(base) if base.names else repr(base.str.lstrip("|")), shape))
+        text, one = _spelled(base) if base.names else (repr(base.str.lstrip("|")), base)
+        texts.append((text, shape))
+        made.append(np.dtype((one, shape)) if shape else one)
     listed = ", ".join(f"({field!r}, {one}, {shape!r})" if shape else f"({field!r}, {one})"
-                       for field, (one, shape) in zip(names, formats, strict=True))
-    parts = ", ".join(f"({one}, {shape!r})" if shape else one for one, shape in formats)
+                       for field, (one, shape) in zip(names, texts, strict=True))
+    parts = ", ".join(f"({one}, {shape!r})" if shape else one for one, shape in texts)
     offsets = [described[field][1] for field in names]
     placed = (f"{{'names': {names!r}, 'formats': [{parts}], 'offsets': {offsets!r}, "
               f"'itemsize': {dtype.itemsize}}}")
-    candidates = [f"np.dtype([{listed}], align=True)", f"np.dtype([{listed}])",
-                  f"np.dtype({placed}, align=True)", f"np.dtype({placed})"]
-    # the first whose dtype is this one: a nested record spelled with align=True is aligned
-    # as a field, which moved the outer fields of a packed record (a wrong np.fromfile)
-    return next((text for text in candidates if _made(text) == dtype), candidates[-1])
-
-
-def _made(text: str) -> np.dtype | None:
-    """The dtype that the text :func:`spell` wrote makes (only ``np`` and literals in it:
-    field names are reprs), or None where NumPy refuses it."""
-    try:
-        made = eval(text, {"np": np, "__builtins__": {}})  # noqa: S307 (spell's own text)
-    except (TypeError, ValueError, SyntaxError, KeyError):
-        return None
-    return made if isinstance(made, np.dtype) else None
+    fields = list(zip(names, made, strict=True))
+    layout: Any = {"names": names, "formats": made, "offsets": offsets,
+                   "itemsize": dtype.itemsize}
+    candidates = [(f"np.dtype([{listed}], align=True)", lambda: np.dtype(fields, align=True)),
+                  (f"np.dtype([{listed}])", lambda: np.dtype(fields)),
+                  (f"np.dtype({placed}, align=True)", lambda: np.dtype(layout, align=True)),
+                  (f"np.dtype({placed})", lambda: np.dtype(layout))]
+    for text, make in candidates:
+        try:
+            built = make()
+        except (TypeError, ValueError):  # offsets NumPy's align=True refuses
+            continue
+        if built == dtype:
+            return text, built
+    return candidates[-1][0], dtype
 
 
 def _flat(ftype: np.dtype) -> tuple[np.dtype, tuple[int, ...]]:
