@@ -19,12 +19,6 @@ from conveyor.errors import InputError
 SRC = str(Path(cv.__file__).resolve().parents[1])  # the conveyor under test, for the child
 
 
-def _child_env() -> dict[str, str]:
-    """The environment of a child interpreter: this conveyor first on its path, the rest as
-    given (a GPU machine's PyOpenCL lies on PYTHONPATH too)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [SRC, os.environ.get("PYTHONPATH")])))
-
 
 def _fds() -> int:
     """Descriptors this process holds now."""
@@ -56,7 +50,8 @@ def test_python_m_conveyor_runs_the_command():
     """``python -m conveyor --help`` prints the command's help and exits 0 (there was no
     ``conveyor/__main__.py``: "No module named conveyor.__main__")."""
     done = subprocess.run([sys.executable, "-m", "conveyor", "--help"], capture_output=True,
-                          text=True, env=_child_env(), timeout=120)
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              filter(None, [SRC, os.environ.get("PYTHONPATH")]))))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage: conveyor" in done.stdout
 

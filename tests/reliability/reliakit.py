@@ -164,6 +164,31 @@ def _make_first_device_only() -> Any:
 first_device_only = _make_first_device_only()
 
 
+def _make_opencl_c_kernels() -> Any:
+    import pytest
+
+    @pytest.fixture(autouse=True)
+    def opencl_c_kernels(request: Any) -> None:
+        if "device" in request.fixturenames:
+            opencl_c_only(request.getfixturevalue("device"))
+
+    return opencl_c_kernels
+
+
+#: An autouse fixture: a test module whose kernels are all OpenCL C (or whose callables use
+#: PyOpenCL's arrays) skips its tests on CUDA devices.
+opencl_c_kernels = _make_opencl_c_kernels()
+
+
+def child_env(src: str) -> dict[str, str]:
+    """The environment of a child interpreter: the conveyor under test (``src``) first on
+    its path, the rest as given (a GPU machine's PyOpenCL lies on PYTHONPATH too)."""
+    import os
+
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [src, os.environ.get("PYTHONPATH")])))
+
+
 def run_threads(target: Any, count: int) -> None:
     """Run ``target(i)`` on ``count`` threads started together; raise the first failure."""
     errors: list[BaseException] = []

@@ -53,20 +53,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only, opencl_c_only  # noqa: E402, F401 (autouse)
+from reliakit import first_device_only, opencl_c_kernels  # noqa: E402, F401 (autouse)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
 from conveyor.pipeline import structs  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _opencl_c_kernels(request):  # noqa: ANN001, ANN202
-    """This file's kernels are OpenCL C and its callables use PyOpenCL's arrays: skipped on
-    CUDA devices."""
-    if "device" in request.fixturenames:
-        opencl_c_only(request.getfixturevalue("device"))
-
 
 SRC = r"""
 typedef struct { float x; int2 p; } inner;

@@ -48,28 +48,13 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and streamkit)
-from reliakit import first_device_only, opencl_c_only  # noqa: E402, F401 (autouse: first device only)
+from reliakit import child_env, first_device_only, opencl_c_kernels  # noqa: E402, F401 (autouse)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _opencl_c_kernels(request):  # noqa: ANN001, ANN202
-    """This file's kernels are OpenCL C and its callables use PyOpenCL's arrays: skipped on
-    CUDA devices."""
-    if "device" in request.fixturenames:
-        opencl_c_only(request.getfixturevalue("device"))
-
-
 SRC = str(Path(cv.__file__).resolve().parents[1])  # the conveyor under test, for children
 
-
-def _child_env() -> dict[str, str]:
-    """The environment of a child interpreter: this conveyor first on its path, the rest as
-    given (a GPU machine's PyOpenCL lies on PYTHONPATH too)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [SRC, os.environ.get("PYTHONPATH")])))
 
 TWICE = """__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
     ulong i = get_global_id(0);
@@ -367,7 +352,7 @@ def test_an_output_over_a_read_only_file_is_refused_as_np_save_refuses_it(device
                 print("conveyor took it")
             except cv.InputError as exc:
                 print("InputError", exc)
-        """)], env=_child_env(), capture_output=True, text=True,
+        """)], env=child_env(SRC), capture_output=True, text=True,
             timeout=120)
         assert child.returncode == 0, child.stderr[-2000:]
         assert "np.save refused" in child.stdout
@@ -452,6 +437,6 @@ def test_guard_the_command_on_a_full_standard_output_exits_1(tmp_path):
             [sys.executable, "-m", "conveyor.cli", "reduce", str(tmp_path / "twice.cl"),
              "--kernel", "twice", "-i", str(tmp_path / "x.npy"), "--op", "sum", "-q",
              "--device", "opencl:0:0"], stdout=full, stderr=subprocess.PIPE, text=True,
-            env=_child_env(), timeout=120)
+            env=child_env(SRC), timeout=120)
     assert done.returncode == 1
     assert "standard output" in done.stderr

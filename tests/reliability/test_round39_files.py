@@ -56,34 +56,19 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only, opencl_c_only  # noqa: E402, F401 (autouse)
+from reliakit import child_env, first_device_only, opencl_c_kernels  # noqa: E402, F401 (autouse)
 
 import conveyor as cv  # noqa: E402
 from conveyor.errors import InputError  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _opencl_c_kernels(request):  # noqa: ANN001, ANN202
-    """This file's kernels are OpenCL C and its callables use PyOpenCL's arrays: skipped on
-    CUDA devices."""
-    if "device" in request.fixturenames:
-        opencl_c_only(request.getfixturevalue("device"))
-
-
 SRC = str(Path(cv.__file__).resolve().parents[1])  # the conveyor under test, for children
 
-
-def _child_env() -> dict[str, str]:
-    """The environment of a child interpreter: this conveyor first on its path, the rest as
-    given (a GPU machine's PyOpenCL lies on PYTHONPATH too)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [SRC, os.environ.get("PYTHONPATH")])))
 
 
 def _child(code: str) -> subprocess.CompletedProcess[str]:
     """``code`` run in a fresh interpreter (a fault kills it, not pytest)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=120, env=_child_env())
+                          text=True, timeout=120, env=child_env(SRC))
 
 
 def _pocl_in_place(device: cv.Device) -> None:
