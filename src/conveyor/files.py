@@ -416,8 +416,13 @@ def ready_part(fd: int, target: Path, durable: bool = True) -> None:
     output before it renames the first, so a refused one leaves the others as they were."""
     if durable:
         os.fsync(fd)
-    _keep_owner(fd, target)
-    os.fchmod(fd, target_mode(target))
+    mode = target_mode(target)
+    if not _keep_owner(fd, target):
+        # The file's group could not be kept (the user is not in it, or a setgid folder
+        # gave another): that group gets no more than others had, so no group gains what
+        # only the old one could do (vim's rule for the files it writes anew).
+        mode = (mode & 0o707) | ((mode & 0o007) << 3)
+    os.fchmod(fd, mode)
     output_target(target, f"output {target}")
 
 
@@ -430,23 +435,26 @@ def _access(path: Path, mode: int) -> bool:
     return os.access(path, mode)
 
 
-def _keep_owner(fd: int, target: Path) -> None:
+def _keep_owner(fd: int, target: Path) -> bool:
     """Give the new file the owner (run by root) and the group of the regular file it
     replaces: a user's output rewritten by root became root's, and its user could no longer
-    write it. Anyone else cannot give a file away, but keeps its group where allowed."""
+    write it. Anyone else cannot give a file away, but keeps its group where allowed. False
+    where the group could not be kept (the new file's group is another)."""
     if not hasattr(os, "geteuid"):
-        return
+        return True
     try:
         st = os.stat(target)
     except OSError:
-        return
-    if stat.S_ISREG(st.st_mode):
-        # Anyone else keeps the file's group where they belong to it (a group-writable shared
-        # file stayed writable by its group, as np.save's write in place keeps it); EPERM
-        # where they do not: the new file is theirs, as with any editor.
-        owner = st.st_uid if os.geteuid() == 0 else -1
-        with contextlib.suppress(OSError):
-            os.fchown(fd, owner, st.st_gid)
+        return True  # no file replaced: the new one is the user's own
+    if not stat.S_ISREG(st.st_mode):
+        return True
+    # Anyone else keeps the file's group where they belong to it (a group-writable shared
+    # file stayed writable by its group, as np.save's write in place keeps it); EPERM where
+    # they do not: the new file is theirs, as with any editor.
+    owner = st.st_uid if os.geteuid() == 0 else -1
+    with contextlib.suppress(OSError):
+        os.fchown(fd, owner, st.st_gid)
+    return os.fstat(fd).st_gid == st.st_gid
 
 
 def target_mode(target: Path) -> int:

@@ -215,6 +215,19 @@ def _source(code: str) -> _Source:
             if name:
                 typedefs.setdefault(name.group(1), None if aligned is None
                                     else (found.group(1), aligned))
+    # An attribute given to a tag elsewhere than after its definition's brace (a forward
+    # declaration "struct __attribute__((aligned(32))) rec;", or "struct rec
+    # __attribute__(...)") applies to the struct all the same: its layout is not read (an
+    # alignment read as 4 put 32-byte aligned records in place, and the kernel faulted).
+    # (Each match runs to a ";", "{", "}" or the end, never rescanned: linear.)
+    for found in re.finditer(r"\bstruct\s++(?=__attribute__|__declspec|_?[Aa]lignas\b)"
+                             r"([^;{}]*+)([;{}]|\Z)", code):
+        words = re.findall(r"\w+", found.group(1))
+        if found.group(2) in (";", "{") and words:
+            tagged[words[-1]] = None  # the tag after the attribute
+    for found in re.finditer(r"\bstruct\s++(\w++)\s*+(?:__attribute__|__declspec|"
+                             r"_?[Aa]lignas)\b", code):
+        tagged[found.group(1)] = None
     return _Source(tagged, typedefs, declared(code), _attributed_names(code), language(code),
                    {})
 

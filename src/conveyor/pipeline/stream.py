@@ -636,7 +636,8 @@ def _aligned_in_place(array: np.ndarray, align: int | None) -> bool:
     size = array.dtype.itemsize
     if array.dtype.kind != "V" or not size:
         return True
-    need = align if align is not None else min(size & -size, _MOST_ALIGN)
+    # at most _MOST_ALIGN: the device's own buffers promise no more (a 256-aligned struct)
+    need = min(align if align is not None else size & -size, _MOST_ALIGN)
     return array.ctypes.data % need == 0
 
 

@@ -149,11 +149,10 @@ def _paired(fields: list[tuple[str, np.dtype, int]], struct: CType
     struct's members (in any order), as many fields as members. Fields named otherwise
     may group the values otherwise (``ab`` for floats a and b): they are judged value by
     value (:func:`_leaf_misfit`), not field by member."""
-    members = struct.members
-    if len(fields) != len(members) or \
-            {field for field, _, _ in fields} != {member.field for member in members}:
+    by_name = {member.field: member for member in struct.members}
+    if len(fields) != len(by_name) or {field for field, _, _ in fields} != set(by_name):
         return []
-    return list(zip(fields, members, strict=True))
+    return [(field, by_name[field[0]]) for field in fields]  # by name: any order
 
 
 def _placed_misfit(dtype: np.dtype, struct: CType) -> str | None:
@@ -162,10 +161,11 @@ def _placed_misfit(dtype: np.dtype, struct: CType) -> str | None:
     size. None when both agree."""
     name = struct.name.removeprefix("struct ")
     fields = _fields(dtype)
-    for number, ((field, ftype, at), member) in enumerate(_paired(fields, struct)):
+    for (field, ftype, at), member in _paired(fields, struct):
         if at != member.offset:
+            number = struct.members.index(member) + 1
             return (f"field {field!r} ({ftype}) lies at byte {at}, where C puts member "
-                    f"{number + 1} of struct {name!r} at byte {member.offset}")
+                    f"{number} of struct {name!r} at byte {member.offset}")
     if struct.size != dtype.itemsize:
         return f"C lays out struct {name!r} in {struct.size} bytes"
     return None
@@ -174,8 +174,8 @@ def _placed_misfit(dtype: np.dtype, struct: CType) -> str | None:
 def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
     """What, beside the offsets and the size, keeps records of ``dtype`` from being read as
     ``struct``'s members, or None: a member no field covers (a view of some fields keeps the
-    stride but not the others: the kernel read the hidden or stale bytes), a field named as
-    another member than the one at its bytes, a numeric field of another kind or size than
+    stride but not the others: the kernel read the hidden or stale bytes), a numeric field
+    of another kind or size than
     its member (a float32 for an int: its bits; 3 floats for a float4), or a nested record
     that misfits its member's struct."""
     name = struct.name.removeprefix("struct ")
@@ -206,13 +206,8 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
         if size and (run < 0 or runs[run][1] < at + size):
             return (f"no field covers member {path!r} (bytes {at} to {at + size - 1}), so "
                     f"the kernel would read bytes the records do not hold")
-    names = {member.field: number for number, member in enumerate(members)}
-    for number, ((field, ftype, _), member) in enumerate(pairs):
-        other = names.get(field)
-        if other is not None and other != number:
-            return (f"field {field!r} lies where C puts member {member.field!r}, and member "
-                    f"{field!r} is elsewhere in struct {name!r}")
-        base, shape = _flat(ftype)
+    for (field, ftype, _), member in pairs:  # paired by name: a field named as another
+        base, shape = _flat(ftype)  # member than the one at its bytes is misplaced, above
         ctype, dims = member.ctype, member.dims
         if ctype.members:  # a nested struct: its records were judged above, numbers
             continue  # over it value by value (_leaf_misfit)
