@@ -23,9 +23,10 @@ def checks_identity() -> str:
 
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    # pipeline/clayout.py: the struct sizes the build asks the compiler to confirm
+    # pipeline/clayout.py: the struct sizes the build asks the compiler to confirm;
+    # pipeline/structs.py: whether the source packs them (then none is asked)
     for name in ("sizecheck.py", "signature.py", "typedefs.py", "clmacros.py", "preprocess.py",
-                 "../pipeline/clayout.py"):
+                 "../pipeline/clayout.py", "../pipeline/structs.py"):
         with contextlib.suppress(OSError):
             digest.update((here / name).read_bytes())
     return digest.hexdigest()[:16]

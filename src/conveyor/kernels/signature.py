@@ -54,7 +54,7 @@ _NOT_CODE = re.compile(_INCLUDE_RUN + r'>'
                        re.S)
 _INCLUDE_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _INCLUDE_NAME_AT = re.compile(_INCLUDE_HEAD, re.S)
-_PRAGMA_OPEN = re.compile(r"\b_Pragma\s*\(\Z")
+_PRAGMA_OPEN = re.compile(r"\b_Pragma\Z")
 # Where each kind of _NOT_CODE match may start, and the run each would take before its
 # closing character (possessive: one reading). A run that stops short of its close (a string
 # unclosed at its line's end, an include's "<" with no ">") makes every later start of the
@@ -166,15 +166,23 @@ def _after_break(text: str, breaks: int) -> str:
 
 
 def _after_pragma_open(text: str, at: int) -> bool:
-    """Whether ``text`` before ``at`` ends in ``_Pragma(`` and blanks. The blanks are
-    stepped over one by one: each string looks back only over the blanks before it, which
-    no other string shares (linear, however wide the gap)."""
+    """Whether the string literal at ``at`` is ``_Pragma``'s: before it (and its prefix,
+    ``L``, ``u``, ``U`` or ``u8``) ``(``, and before that the word ``_Pragma``, blanks
+    allowed between. Blanks are stepped over one by one: each string looks back only over
+    the blanks before it, which no other string shares (linear, however wide the gaps)."""
     end = at
+    for prefix in ("u8", "L", "u", "U"):
+        if text.startswith(prefix, max(0, end - len(prefix))) and end >= len(prefix):
+            end -= len(prefix)
+            break
     while end and text[end - 1].isspace():
         end -= 1
     if not end or text[end - 1] != "(":
         return False
-    return _PRAGMA_OPEN.search(text, max(0, end - 64), end) is not None
+    end -= 1
+    while end and text[end - 1].isspace():
+        end -= 1
+    return _PRAGMA_OPEN.search(text, max(0, end - 8), end) is not None
 
 
 def code_only(source: str) -> str:

@@ -21,10 +21,17 @@ import numpy as np
 
 from conveyor.errors import InputError
 from conveyor.pipeline.clayout import C_DTYPES, CType, Member, c_dtype, c_layout, struct_type
-from conveyor.pipeline.clayout import C_SIZES as C_SIZES_OF
+from conveyor.pipeline.recordvalues import (
+    C_SIZES,
+    c_values,
+    check_nesting,
+    fields_of,
+    flat,
+    value_misfit,
+)
 
-__all__ = ["c_dtype", "c_layout", "check_fields", "check_struct", "packs", "records_dtype",
-           "spell", "struct_source"]
+__all__ = ["c_dtype", "c_layout", "check_fields", "check_nesting", "check_struct", "packs",
+           "records_dtype", "spell", "struct_source"]
 
 def packs(source: str) -> bool:
     """True when ``source`` (its code: see :func:`struct_source`) may pack a struct: a
@@ -32,8 +39,8 @@ def packs(source: str) -> bool:
     packed``), ``#pragma pack`` or ``#pragma options align=...`` (clang takes both), or
     either as ``_Pragma("...")`` (whose text ``code_only`` keeps); the word in a comment did
     not count."""
-    if re.search(r'#\s*pragma\s+(?:pack|options\s+align)\b|\b_Pragma\s*\(\s*"\s*'
-                 r'(?:pack|options\s+align)\b', source):
+    if re.search(r'#\s*pragma\s+(?:pack|options\s+align)\b|\b_Pragma\s*\(\s*(?:L|u8|u|U)?"'
+                 r'\s*(?:pack|options\s+align)\b', source):
         return True
     return any(re.search(r"\b(?:__)?packed(?:__)?\b", text) for text in _attributes(source))
 
@@ -99,7 +106,7 @@ def _spelled(dtype: np.dtype) -> tuple[str, np.dtype]:
     names = list(dtype.names or ())
     texts, made = [], []  # each field's element type spelled and made, and its shape
     for field in names:
-        base, shape = _flat(described[field][0])
+        base, shape = flat(described[field][0])
         text, one = _spelled(base) if base.names else (repr(base.str.lstrip("|")), base)
         texts.append((text, shape))
         made.append(np.dtype((one, shape)) if shape else one)
@@ -126,33 +133,15 @@ def _spelled(dtype: np.dtype) -> tuple[str, np.dtype]:
     return candidates[-1][0], dtype
 
 
-def _flat(ftype: np.dtype) -> tuple[np.dtype, tuple[int, ...]]:
-    """A field's element type and its whole shape, sub-arrays of sub-arrays walked
-    (``(('<f4', (4,)), (2,))`` is float32 of shape (2, 4); its element's ``.str`` is
-    ``V16``)."""
-    shape: tuple[int, ...] = ()
-    while ftype.subdtype is not None:
-        ftype, inner = ftype.subdtype
-        shape += inner
-    return ftype, shape
-
-
-def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
-    """(name, dtype, offset) of each field of structured ``dtype``, in order."""
-    described: Any = dtype.fields or {}
-    return [(field, described[field][0], described[field][1]) for field in dtype.names or ()]
-
-
 def _paired(fields: list[tuple[str, np.dtype, int]], struct: CType
             ) -> list[tuple[tuple[str, np.dtype, int], Member]]:
-    """The fields beside the members they stand for, in order: where the records name the
-    struct's members (in any order), as many fields as members. Fields named otherwise
-    may group the values otherwise (``ab`` for floats a and b): they are judged value by
-    value (:func:`_leaf_misfit`), not field by member."""
+    """Each field named as a member beside that member (by name: in any order, whatever the
+    other fields are called: a field named ``x`` at ``y``'s bytes ran with x and y swapped
+    where one other field was named otherwise). Fields named otherwise may group the values
+    otherwise (``ab`` for floats a and b): they are judged value by value
+    (:func:`value_misfit`), not field by member."""
     by_name = {member.field: member for member in struct.members}
-    if len(fields) != len(by_name) or {field for field, _, _ in fields} != set(by_name):
-        return []
-    return [(field, by_name[field[0]]) for field in fields]  # by name: any order
+    return [(field, by_name[field[0]]) for field in fields if field[0] in by_name]
 
 
 def _placed_misfit(dtype: np.dtype, struct: CType) -> str | None:
@@ -160,7 +149,7 @@ def _placed_misfit(dtype: np.dtype, struct: CType) -> str | None:
     field at another offset than the member it stands for (:func:`_paired`); another record
     size. None when both agree."""
     name = struct.name.removeprefix("struct ")
-    fields = _fields(dtype)
+    fields = fields_of(dtype)
     for (field, ftype, at), member in _paired(fields, struct):
         if at != member.offset:
             number = struct.members.index(member) + 1
@@ -179,12 +168,15 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
     its member (a float32 for an int: its bits; 3 floats for a float4), or a nested record
     that misfits its member's struct."""
     name = struct.name.removeprefix("struct ")
-    fields = _fields(dtype)
+    fields = fields_of(dtype)
     members = struct.members
     pairs = _paired(fields, struct)
-    for (field, ftype, _), member in pairs:
-        base = _flat(ftype)[0]
-        if member.ctype.members and base.names:  # a nested struct's record, judged first
+    at_offset = {m.offset: m for m in members if m.ctype.members}
+    for field, ftype, at in fields:  # a nested struct's record, judged first: the field
+        base = flat(ftype)[0]  # named as its member, or any record of its size at its bytes
+        member = dict(pairs).get((field, ftype, at)) or at_offset.get(at)
+        if member is not None and member.ctype.members and base.names and (
+                member.field == field or base.itemsize == member.ctype.size):
             inner = _placed_misfit(base, member.ctype) or _member_misfit(base, member.ctype)
             if inner is not None:
                 return f"in field {field!r} (member {member.field!r} of struct {name!r}), {inner}"
@@ -198,133 +190,34 @@ def _member_misfit(dtype: np.dtype, struct: CType) -> str | None:
         else:
             runs.append([lo, hi])
     starts = [lo for lo, _ in runs]
-    values = _c_values(struct)
-    spans = ([(at, C_SIZES_OF[ctype], path) for at, (ctype, path) in sorted(values.items())]
-             if values else [(m.offset, m.extent, m.field) for m in members])
+    values = c_values(struct)
+    spans = ([(at, C_SIZES[ctype], path) for at, (ctype, path) in sorted(values.items())]
+             if values else [(m.offset, m.extent, m.field) for m in members
+                             if not m.ctype.members])  # a nested one's padding needs none
     for at, size, path in spans:
         run = bisect.bisect_right(starts, at) - 1
         if size and (run < 0 or runs[run][1] < at + size):
             return (f"no field covers member {path!r} (bytes {at} to {at + size - 1}), so "
                     f"the kernel would read bytes the records do not hold")
     for (field, ftype, _), member in pairs:  # paired by name: a field named as another
-        base, shape = _flat(ftype)  # member than the one at its bytes is misplaced, above
+        base, shape = flat(ftype)  # member than the one at its bytes is misplaced, above
         ctype, dims = member.ctype, member.dims
         if ctype.members:  # a nested struct: its records were judged above, numbers
             continue  # over it value by value (_leaf_misfit)
         want = np.dtype(C_DTYPES[ctype.scalar or ctype.element or "char"])
         lanes = ctype.size // want.itemsize  # a vector's lanes, its padding lane too
-        counts = {lanes * math.prod(dims)} | ({ctype.lanes} if not dims else set())
+        # the member's own shape (an array's dims, then a vector's lanes), or all its values
+        # in a row: float m[2][3] given as (3, 2) read m[i][j] from another place
+        whole = dims + ((lanes,) if ctype.element is not None else ())
+        shapes = {whole, (math.prod(whole),)}
+        if not dims:
+            shapes |= {(ctype.lanes,)} if ctype.element is not None else {(), (1,)}
         if base.kind in "biuf" and (base.kind != want.kind or base.itemsize != want.itemsize
-                                    or math.prod(shape) not in counts):
+                                    or shape not in shapes):
             return (f"field {field!r} holds {ftype} where member {member.field!r} of struct "
                     f"{name!r} is {ctype.name}{''.join(f'[{d}]' for d in dims)}, so the "
                     f"kernel would read its bytes as another type")
     return None
-
-
-#: Records whose values are compared one by one (:func:`_leaf_misfit`) hold at most this many:
-#: beyond, a member of a million floats is judged by its field's type only.
-_MOST_LEAVES = 4096
-
-
-def _c_values(struct: CType, at: int = 0, path: str = "") -> dict[int, tuple[str, str]]:
-    """Each value ``struct`` holds (vectors as lanes, arrays as elements, nested structs
-    walked), by its byte: (C scalar type, member path). Empty where there are more than
-    _MOST_LEAVES."""
-    found: dict[int, tuple[str, str]] = {}
-    for member in struct.members:
-        ctype = member.ctype
-        for index in range(math.prod(member.dims)):
-            where = at + member.offset + index * ctype.size
-            named = f"{path}{member.field}" + (f"[{index}]" if member.dims else "")
-            if ctype.members:
-                inner = _c_values(ctype, where, f"{named}.")
-                if not inner:
-                    return {}
-                found.update(inner)
-            elif ctype.element is not None:
-                size = C_SIZES_OF[ctype.element]
-                for lane in range(ctype.lanes):
-                    found[where + lane * size] = (ctype.element, f"{named}.s{lane:x}")
-            else:
-                found[where] = (str(ctype.scalar), named)
-            if len(found) > _MOST_LEAVES:
-                return {}
-    return found
-
-
-def _np_values(dtype: np.dtype) -> list[tuple[int, np.dtype, str]] | None:
-    """Each numeric value a record of ``dtype`` holds, by its byte: (byte, dtype, field
-    path); a complex value as its two floats, a date or a duration as the int64 it is.
-    None (not judged) beyond _MOST_LEAVES values, or _MOST_LEAVES steps through fields that
-    hold none (a million records of no bytes)."""
-    found: list[tuple[int, np.dtype, str]] = []
-    steps = 0
-
-    def walk(dtype: np.dtype, at: int, path: str) -> bool:
-        nonlocal steps
-        for field, ftype, offset in _fields(dtype):
-            base, shape = _flat(ftype)
-            for index in range(math.prod(shape)):
-                steps += 1
-                if len(found) > _MOST_LEAVES or steps > 4 * _MOST_LEAVES:
-                    return False
-                where = at + offset + index * base.itemsize
-                named = f"{path}{field}" + (f"[{index}]" if shape else "")
-                if base.names:
-                    if not walk(base, where, f"{named}."):
-                        return False
-                elif base.kind in "biuf":
-                    found.append((where, base, named))
-                elif base.kind == "c":
-                    half = np.dtype(f"{base.byteorder}f{base.itemsize // 2}")
-                    found.extend([(where, half, f"{named}.real"),
-                                  (where + half.itemsize, half, f"{named}.imag")])
-                elif base.kind in "mM":
-                    found.append((where, np.dtype("int64"), named))
-        return True
-
-    return found if walk(dtype, 0, "") else None
-
-
-def _leaf_misfit(dtype: np.dtype, struct: CType) -> str | None:
-    """A numeric value of the records that lies where the struct holds a value of another
-    type (a float field over a nested struct's int, a record of floats over an int4, a
-    nested struct's members given flat), or over part of one; None when every value the
-    records hold lies on values of its own type, or in padding. Integers over integers of
-    other sizes pass: packed binary read as the struct's own integers is a layout a kernel
-    means (a u2 then a u4 for ``ushort w[3]``: round eight)."""
-    c_values = _c_values(struct)
-    values = _np_values(dtype)
-    if not c_values or values is None:
-        return None
-    starts = sorted(c_values)
-    name = struct.name.removeprefix("struct ")
-    for at, ftype, field in values:
-        own = c_values.get(at)
-        if own is not None:
-            want = np.dtype(C_DTYPES[own[0]])
-            if ftype.kind == want.kind and ftype.itemsize == want.itemsize or \
-                    _both_integers(ftype, want):
-                continue
-            return (f"field {field!r} holds {ftype} at byte {at}, where struct {name!r} "
-                    f"holds {own[0]} ({own[1]}), so the kernel would read its bytes as "
-                    f"another type")
-        # over part of one of the struct's values: the last that starts before its end
-        # (the struct's values do not overlap, so no earlier one reaches it)
-        last = bisect.bisect_left(starts, at + ftype.itemsize) - 1
-        if last >= 0 and starts[last] + C_SIZES_OF[c_values[starts[last]][0]] > at:
-            ctype, member = c_values[starts[last]]
-            if _both_integers(ftype, np.dtype(C_DTYPES[ctype])):
-                continue
-            return (f"field {field!r} holds {ftype} at byte {at}, across {ctype} {member} of "
-                    f"struct {name!r}, so the kernel would read its bytes as another type")
-    return None
-
-
-def _both_integers(one: np.dtype, other: np.dtype) -> bool:
-    """Both integer types (signed, unsigned or bool), of any sizes."""
-    return one.kind in "biu" and other.kind in "biu"
 
 
 def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str) -> None:
@@ -364,6 +257,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     converted)."""
     if not dtype.names or source is None or packs(source):
         return
+    check_nesting(where, dtype)
     struct = struct_type(source, type_name)
     wanted = c_dtype(source, type_name)
     if struct is None or wanted is None:
@@ -371,13 +265,13 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     verb = "ask for" if output else "pass"
     misfit = _placed_misfit(dtype, struct)
     if misfit is None:
-        members = _member_misfit(dtype, struct) or _leaf_misfit(dtype, struct)
+        members = _member_misfit(dtype, struct) or value_misfit(dtype, struct)
         if members is None:
             return
         raise InputError(f"{where} has structured dtype {dtype}, but {members}: {verb} "
                          f"records of the struct's own dtype, {spell(wanted)}, with each "
                          f"field filled by its name")
-    fields = _fields(dtype)
+    fields = fields_of(dtype)
     aligned = np.dtype([(field, ftype) for field, ftype, _ in fields], align=True)
     if aligned == wanted:
         padded = spell(aligned)

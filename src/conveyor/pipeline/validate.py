@@ -18,7 +18,7 @@ from conveyor.kernels.argcast import caster
 from conveyor.kernels.signature import Param
 from conveyor.pipeline.plan import ArraySpec
 from conveyor.pipeline.reduce import BUILTIN_OPS
-from conveyor.pipeline.structs import check_fields, struct_source
+from conveyor.pipeline.structs import check_fields, check_nesting, struct_source
 from conveyor.pipeline.structs import check_struct as _check_layout
 
 
@@ -627,6 +627,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     as C lays out that struct in ``source`` (pipeline/structs.py: check_struct; not judged
     without the source). ``fix`` says what to do about the byte order (default: convert the
     array; see :func:`native_order_fix`)."""
+    check_nesting(where, dtype)
     swapped = _swapped_field(dtype)
     if swapped is not None:
         field, ftype = swapped
