@@ -212,3 +212,17 @@ def test_own_layout_renamed_or_padded_is_taken(defs):
         _judge(defs, dict(layout, names=names + [f"_pad{g}" for g in gaps],
                           formats=layout["formats"] + ["V1"] * gaps.size,
                           offsets=layout["offsets"] + [int(g) for g in gaps]))
+
+
+def test_records_of_exponentially_many_fields_are_refused_at_once():
+    # Found at the final re-read: a record of two records of two records... 40 levels deep
+    # names 2**40 fields (NumPy shares one dtype per level). Printing it in a message,
+    # hashing it (dtype == and hash walk all of it), walking or spelling it never ended.
+    from conveyor.pipeline.recordvalues import check_nesting
+
+    dtype = np.dtype([("x", "<f4")])
+    for _ in range(40):
+        dtype = np.dtype([("a", dtype), ("b", dtype)])
+    with pytest.raises(InputError, match=r"records of more than 65536 fields"):
+        check_nesting("input 0", dtype)
+    check_nesting("input 0", np.dtype([("p", [("a", "u1"), ("b", "<f4")]), ("c", "<i4")]))

@@ -6,7 +6,7 @@ What must hold is that each number the records hold lies where the struct holds 
 its own type (or in padding), and that the struct's values are all covered by some field:
 :func:`c_values` lists the struct's values by byte, :func:`np_values` the records', and
 :func:`value_misfit` compares them. :func:`check_nesting` refuses records nested past any
-struct, before anything walks them.
+struct, or naming exponentially many fields, before anything walks, prints or hashes them.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def c_values(struct: CType, at: int = 0, path: str = "") -> dict[int, tuple[str,
 def np_values(dtype: np.dtype) -> list[tuple[int, np.dtype, str]] | None:
     """Each numeric value a record of ``dtype`` holds, by its byte: (byte, dtype, field
     path); a complex value as its two floats, a date or a duration as the int64 it is.
-    None (not judged) beyond _MOST_LEAVES values, or _MOST_LEAVES steps through fields that
-    hold none (a million records of no bytes)."""
+    None (not judged) beyond _MOST_LEAVES values or 4 x _MOST_LEAVES steps (fields that hold
+    no number are not walked at all: a million records of no bytes)."""
     found: list[tuple[int, np.dtype, str]] = []
     steps = 0
 
@@ -162,11 +162,16 @@ def _both_integers(one: np.dtype, other: np.dtype) -> bool:
 #: reads nests so deep; conveyor lays out 8 levels): 3,000 levels in a .npy header raised a
 #: RecursionError from the walk, and 400 from NumPy's own printing of the dtype.
 _MOST_NESTING = 64
+#: Records whose dtype names more fields than this (nested ones counted where they stand) are
+#: refused too: a record of two records of two records... of 40 levels is 2**40 fields to
+#: print in a message, to walk or to spell.
+_MOST_FIELDS = 65536
 
 
 def check_nesting(where: str, dtype: np.dtype) -> None:
     """InputError (naming no dtype: its text is what overflows) when records of ``dtype``
-    nest records more than _MOST_NESTING levels deep; walked without recursion."""
+    nest records more than _MOST_NESTING levels deep, or name more than _MOST_FIELDS fields
+    counted where they stand; walked without recursion, each nested dtype once a level."""
     level, layer = 0, [dtype]
     while layer:
         level += 1
@@ -183,4 +188,40 @@ def check_nesting(where: str, dtype: np.dtype) -> None:
                     ftype = ftype.subdtype[0]
                 if ftype.names:
                     inner.append(ftype)
-        layer = inner
+        # one record dtype shared by many fields, once (by identity: a dtype's hash and ==
+        # walk all its nesting, 2**40 fields for 40 levels of two)
+        layer = list({id(one): one for one in inner}.values())
+    counted: dict[int, int] = {}
+    for one in _innermost_first(dtype):
+        total = 0
+        for name in one.names or ():
+            base = flat(one.fields[name][0])[0]  # type: ignore[index]
+            total += counted[id(base)] if base.names else 1
+        counted[id(one)] = min(total, _MOST_FIELDS + 1)
+    if counted[id(dtype)] > _MOST_FIELDS:
+        raise InputError(
+            f"{where} has records of more than {_MOST_FIELDS} fields (records within records "
+            f"counted where they stand), which no C struct a kernel reads has: flatten them "
+            f"to the struct's members")
+
+
+def _innermost_first(dtype: np.dtype) -> list[np.dtype]:
+    """``dtype`` and every record dtype nested in it, each once, innermost first (the
+    nesting is bounded: :func:`check_nesting` walked its levels)."""
+    order: list[np.dtype] = []
+    seen: set[int] = set()  # by identity, as check_nesting's layers
+    stack: list[tuple[np.dtype, bool]] = [(dtype, False)]
+    while stack:
+        one, done = stack.pop()
+        if done:
+            order.append(one)
+            continue
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        stack.append((one, True))
+        for name in one.names or ():
+            base = flat(one.fields[name][0])[0]  # type: ignore[index]
+            if base.names and id(base) not in seen:
+                stack.append((base, False))
+    return order
