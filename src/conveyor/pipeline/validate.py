@@ -526,6 +526,9 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
     :func:`check_struct`); without it, a structured dtype's layout is not checked. ``given``
     is the input's Source, for what a message says to do (a file is rewritten, not
     converted with ``a.astype``)."""
+    if dtype is not None and dtype.names:  # before any message prints the dtype
+        check_nesting(f"kernel parameter {param.name!r} ({param.type_text}), which receives "
+                      f"{what},", dtype)
     if not param.is_pointer:
         raise InputError(
             f"kernel parameter {param.name!r} ({param.type_text}) receives {what}, so it "
