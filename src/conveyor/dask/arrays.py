@@ -173,7 +173,9 @@ def _as_declared(data: Sequence[Any], declared: Sequence[np.dtype]) -> list[Any]
     for i, want in enumerate(declared[:len(blocks)]):
         block = blocks[i]
         if want.names and isinstance(block, np.ndarray) and block.dtype != want:
-            blocks[i] = block.astype(want)  # fields matched by name: the same values
+            # NumPy casts records field by position: dask's concatenate keeps the fields
+            # and their order, only their offsets change, so the values are the same
+            blocks[i] = block.astype(want)
     return blocks
 
 
