@@ -45,10 +45,18 @@ def fields_of(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
 _MOST_LEAVES = 65536
 
 
-def c_values(struct: CType, at: int = 0, path: str = "") -> dict[int, tuple[str, str]]:
+@functools.lru_cache(maxsize=16)
+def c_values(struct: CType) -> dict[int, tuple[str, str]]:
     """Each value ``struct`` holds (vectors as lanes, arrays as elements, nested structs
     walked), by its byte: (C scalar type, member path). Empty where there are more than
-    _MOST_LEAVES."""
+    _MOST_LEAVES. Listed once per struct (clayout reads each struct once per source): the
+    coverage and the value checks, and every stream of one kernel, share it (read only)."""
+    return _values_at(struct, 0, "")
+
+
+def _values_at(struct: CType, at: int, path: str) -> dict[int, tuple[str, str]]:
+    """:func:`c_values` of ``struct`` placed at byte ``at``, its members named under
+    ``path``."""
     found: dict[int, tuple[str, str]] = {}
     for member in struct.members:
         ctype = member.ctype
@@ -56,7 +64,7 @@ def c_values(struct: CType, at: int = 0, path: str = "") -> dict[int, tuple[str,
             where = at + member.offset + index * ctype.size
             named = f"{path}{member.field}" + (f"[{index}]" if member.dims else "")
             if ctype.members:
-                inner = c_values(ctype, where, f"{named}.")
+                inner = _values_at(ctype, where, f"{named}.")
                 if not inner:
                     return {}
                 found.update(inner)
