@@ -151,7 +151,10 @@ class ChainResidents:
 
     def __init__(self, links: list[BoundLink]) -> None:
         self.links = links
-        self.claimed: list[resident.Resident] = []
+        self.claimed = resident.Claim([], [], None)
+        for b in links:
+            if b.residents is not None:
+                b.residents.top = False  # the chain takes and copies back every link's
 
     @property
     def nbytes(self) -> int:
@@ -167,17 +170,16 @@ class ChainResidents:
                      for b in self.links)
 
     def copy_back(self, queue: Any) -> None:
-        """Writable tables back into their host arrays (after a stream that succeeded)."""
-        for b in self.links:
-            if b.residents is not None:
-                b.residents.copy_back(queue)
+        """Writable tables back into their host arrays (after a stream that succeeded), each
+        once, but for those a stream this one runs inside holds (resident.copy_back)."""
+        resident.copy_back(self.claimed, queue)
 
     def release(self) -> None:
         """Let go of every link's tables."""
         for b in self.links:
             if b.residents is not None:
                 b.residents.release()
-        claimed, self.claimed = self.claimed, []
+        claimed, self.claimed = self.claimed, resident.Claim([], [], None)
         resident.let_go(claimed)
 
 

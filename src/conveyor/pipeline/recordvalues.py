@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -45,13 +46,35 @@ def fields_of(dtype: np.dtype) -> list[tuple[str, np.dtype, int]]:
 _MOST_LEAVES = 65536
 
 
-@functools.lru_cache(maxsize=16)
+#: Structs of at most this many values keep their list between calls (:func:`c_values`);
+#: larger ones are listed again at each call (tens of ms at _MOST_LEAVES), so that no stream
+#: leaves megabytes of member paths behind it (16 structs of 64,513 values kept 170 MiB).
+_KEPT_LEAVES = 4096
+
+
 def c_values(struct: CType) -> dict[int, tuple[str, str]]:
     """Each value ``struct`` holds (vectors as lanes, arrays as elements, nested structs
     walked), by its byte: (C scalar type, member path). Empty where there are more than
-    _MOST_LEAVES. Listed once per struct (clayout reads each struct once per source): the
-    coverage and the value checks, and every stream of one kernel, share it (read only)."""
-    return _values_at(struct, 0, "")
+    _MOST_LEAVES. A small struct's list is made once (clayout reads each struct once per
+    source): the coverage and the value checks, and every stream of one kernel, share it
+    (read only)."""
+    with _kept_lock:
+        kept = _kept.get(struct)
+    if kept is not None:
+        return kept
+    values = _values_at(struct, 0, "")
+    if len(values) <= _KEPT_LEAVES:
+        with _kept_lock:
+            if len(_kept) >= _KEPT_STRUCTS:
+                _kept.pop(next(iter(_kept)))  # the oldest
+            _kept[struct] = values
+    return values
+
+
+#: Small structs' value lists, oldest first (:func:`c_values`).
+_kept: dict[CType, dict[int, tuple[str, str]]] = {}
+_kept_lock = threading.Lock()
+_KEPT_STRUCTS = 64
 
 
 def _values_at(struct: CType, at: int, path: str) -> dict[int, tuple[str, str]]:
@@ -209,8 +232,10 @@ def check_nesting(where: str, dtype: np.dtype) -> None:
     if counted[id(dtype)] > _MOST_FIELDS:
         raise InputError(
             f"{where} has records of more than {_MOST_FIELDS} fields (records within records "
-            f"counted where they stand), which no C struct a kernel reads has: flatten them "
-            f"to the struct's members")
+            f"counted where they stand), more than conveyor judges: for a struct of that "
+            f"many members, pass the records as their bytes, a.view(np.dtype((np.void, "
+            f"a.itemsize))) (then nothing checks that they are laid out as the kernel's "
+            f"struct), or group members into arrays")
 
 
 def _innermost_first(dtype: np.dtype) -> list[np.dtype]:

@@ -23,6 +23,7 @@ so is a dtype without fields (``float32``) for a pointer to a struct the source 
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -60,8 +61,9 @@ class Resident(Closeable):
         self.closed = False
         self._lock = threading.RLock()
         self._kept = False  # array holds the device's values, read back by evict()
-        # A writable table is held by one thread's streams at a time (see claim()).
-        self._owner: int | None = None
+        # A writable table is held by one outermost stream (and those inside it) at a time:
+        # its token (see claim()).
+        self._owner: object | None = None
         self._claim_count = 0
         if device is not None:
             from conveyor.memory.keep import _device
@@ -240,39 +242,78 @@ def resident(array: Any, *, writable: bool = False,
 
 #: Guards every writable table's owner (see :func:`claim`).
 _claims = threading.Condition()
+#: The streams that hold writable tables, as one token per outermost stream: set by its
+#: claim in the context it runs in, which the streams it starts inside (a callable's, on its
+#: thread; a cv.iterate generator's, on its staging thread) see.
+_holder: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "conveyor_resident_holder", default=None)
 
 
-def claim(handles: Sequence[Resident]) -> list[Resident]:
-    """Take the writable tables among ``handles`` for this thread's stream, all at once;
-    returns them, for :func:`let_go`. Streams sharing one writable device table could not drop
-    a failed one's partial writes (the other's copy-back brought them home with its own), so a
-    stream on another thread waits until every one of its tables is free. All at once, never
-    one by one: two streams taking two tables in opposite orders each held one and waited for
-    the other. One on the same thread (a callable's nested stream, which its outer stream waits
-    for) shares them."""
+class Claim:
+    """Writable tables taken by :func:`claim` for one stream, for :func:`let_go`; ``nested``
+    those that a stream this one runs inside already held."""
+
+    __slots__ = ("tables", "nested", "_reset")
+
+    def __init__(self, tables: list[Resident], nested: list[Resident],
+                 reset: contextvars.Token[object | None] | None) -> None:
+        self.tables, self.nested, self._reset = tables, nested, reset
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+
+def claim(handles: Sequence[Resident]) -> Claim:
+    """Take the writable tables among ``handles`` for this stream, all at once. Streams
+    sharing one writable device table could not drop a failed one's partial writes (the
+    other's copy-back brought them home with its own), so a stream of another thread waits
+    until every one of its tables is free. All at once, never one by one: two streams taking
+    two tables in opposite orders each held one and waited for the other. A stream started
+    inside one that holds them (a callable's nested stream, or a ``cv.iterate`` generator's
+    on the staging thread: the outer stream waits for either) shares them: ownership is the
+    outermost stream's, found through the context, not the thread (a generator's stream on
+    the staging thread waited for its own outer stream for ever)."""
     writable = [h for h in dict.fromkeys(handles) if h.writable]
     if not writable:
-        return []
-    me = threading.get_ident()
+        return Claim([], [], None)
+    held = _holder.get()
+    token = held if held is not None else object()
     with _claims:
-        while any(h._owner not in (None, me) for h in writable):
+        while any(h._owner not in (None, token) for h in writable):
             interrupts.wait(_claims)
+        nested = [h for h in writable if h._owner is token]
         for handle in writable:
-            handle._owner = me
+            handle._owner = token
             handle._claim_count += 1
-    return writable
+    return Claim(writable, nested, None if held is not None else _holder.set(token))
 
 
-def let_go(handles: Sequence[Resident]) -> None:
+def copy_back(taken: Claim, queue: Queue) -> None:
+    """After a stream that succeeded: the writable tables it took, back into their host
+    arrays, but for those a stream it runs inside holds. That outermost stream copies them
+    back when it succeeds: a nested stream's copy-back brought the outer stream's writes home
+    as well, and they stayed there when the outer stream then failed."""
+    for handle in taken.tables:
+        if handle not in taken.nested:
+            handle.copy_back(queue)
+
+
+def let_go(taken: Claim | None) -> None:
     """Give back tables taken by :func:`claim`."""
-    if not handles:
+    if not taken:
         return
     with _claims:
-        for handle in handles:
+        for handle in taken.tables:
             handle._claim_count -= 1
             if not handle._claim_count:
                 handle._owner = None
         _claims.notify_all()
+    if taken._reset is not None:
+        try:
+            _holder.reset(taken._reset)
+        except ValueError:  # let go of in another context than the claim's
+            _holder.set(None)
+        taken._reset = None
 
 
 class ResidentArgs:
@@ -289,7 +330,10 @@ class ResidentArgs:
         self.owned = list(owned)  # made for this stream from plain arrays: closed at its end
         self.used: list[Resident] = []
         self.waits: list[Any] = []  # device arrays' pending events (bind)
-        self.claimed: list[Resident] = []  # writable tables taken for the stream (claim())
+        self.claimed = Claim([], [], None)  # writable tables taken for the stream (claim())
+        #: False for a chain link's: the chain takes every link's tables, and copies them back
+        #: (chainbind.ChainResidents).
+        self.top = True
 
     @property
     def nbytes(self) -> int:
@@ -304,7 +348,8 @@ class ResidentArgs:
             event.wait()
         for index, value in self.device_arrays.items():
             values[index] = value
-        self.claimed = claim(list(self.handles.values()))
+        if self.top:
+            self.claimed = claim(list(self.handles.values()))
         for index, handle in self.handles.items():
             values[index] = handle.use(device, queue)
             self.used.append(handle)
@@ -312,15 +357,15 @@ class ResidentArgs:
 
     def copy_back(self, queue: Queue) -> None:
         """After a stream that succeeded: writable tables back into their host arrays."""
-        for handle in self.used:
-            handle.copy_back(queue)
+        if self.top:
+            copy_back(self.claimed, queue)
 
     def release(self) -> None:
         """The stream is over (every queue finished): let go of the tables."""
         used, self.used = self.used, []
         for handle in used:
             handle.done()
-        claimed, self.claimed = self.claimed, []
+        claimed, self.claimed = self.claimed, Claim([], [], None)
         let_go(claimed)
         for handle in self.owned:
             handle.close()
@@ -387,7 +432,10 @@ def _host_buffer(value: Any) -> bool:
     array interface), not text and not a list (whose element type NumPy would guess)."""
     if isinstance(value, str | bytes | list | tuple) or isinstance(value, Resident):
         return False
-    if hasattr(value, "__array_interface__") or hasattr(value, "__array__"):
+    # an ndarray first: its __array_interface__ lists every field of its dtype (seconds
+    # for records of millions of fields)
+    if isinstance(value, np.ndarray) or hasattr(value, "__array_interface__") or hasattr(
+            value, "__array__"):
         return True
     try:
         memoryview(value)
@@ -413,6 +461,10 @@ def _table(value: Any, what: str) -> np.ndarray:
     from conveyor.pipeline import overlap
 
     overlap.check_map_sizes([(what, array)])  # a map whose file was cut: SIGBUS at upload
+    if array.dtype.names:  # before any message prints the dtype (records of 2**23 fields)
+        from conveyor.pipeline.recordvalues import check_nesting
+
+        check_nesting(what, array.dtype)
     if array.dtype.hasobject or array.ndim == 0 or array.size == 0:
         why = ("holds Python objects" if array.dtype.hasobject
                else "is a scalar" if array.ndim == 0 else "has no elements")
@@ -426,6 +478,10 @@ def _table(value: Any, what: str) -> np.ndarray:
 def _check(param: Param, index: int, handle: Resident, source: str | None) -> None:
     where = f"args[{index}] (kernel parameter {param.name!r}, {param.type_text})"
     read_only = param.is_const or param.address == "constant"
+    if handle.dtype.names:  # before any message prints the dtype
+        from conveyor.pipeline.recordvalues import check_nesting
+
+        check_nesting(where, handle.dtype)
     if not read_only and not handle.writable:
         raise InputError(
             f"{where} is not const, so the kernel may write the resident array it receives: "

@@ -22,6 +22,7 @@ there a thread hand-off costs more than the copy it would hide (bench/NOTES.md).
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import queue
 import threading
@@ -78,7 +79,10 @@ class _StagingThread(Closeable):
         never started keeps its target, and through it the engine's arrays, alive until the
         garbage collector runs."""
         if not self.inline:
-            self._thread = threading.Thread(target=self._main, args=(self._work,),
+            # In the stream's context: a cv.iterate generator that streams again on this
+            # thread is inside the stream, and shares its writable tables (resident.claim).
+            self._thread = threading.Thread(target=contextvars.copy_context().run,
+                                            args=(self._main, self._work),
                                             name=f"conveyor-{self.lane}", daemon=True)
             start_thread(self._thread)
 
