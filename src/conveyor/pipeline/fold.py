@@ -13,7 +13,8 @@ device that runs ahead of the fold).
 
 The result is what ``functools.reduce`` over the partials in block order gives, with
 ``np.sum``'s rules for ``"sum"`` (``reduce.widened``), Python's ``min``/``max`` for Python
-ints (no overflow past int64), and a float16 total for float16 partials. A tuple or list
+ints (no overflow past int64), and a float16 total for float16 partials (added in float32),
+a float32 one for float32 partials (added in float64). A tuple or list
 partial is folded element by element, each element as a partial of its own (a histogram and
 a count, an int64 and a float: stacking them into one array made NumPy's ValueError, or
 an int64 past 2**53 a float64), and the total is a tuple (list) of the elements' totals.
@@ -80,6 +81,8 @@ class Fold:
         self._next = 0  # the block whose partial is folded next
         self._first: tuple[int, tuple[int, ...]] | None = None  # (block, shape) of the first
         self._halves = True  # every partial so far float16 ("sum" gives a float16 total)
+        self._singles = True  # every partial so far float32 (added in float64, given back
+        # as float32: one by one in float32, 2**24 + 1.0 + 1.0 ... stayed 2**24)
         self._parts: list[Fold] | None = None  # tuple or list partials: a fold per element
         self._kind: type = tuple  # ... and the type of block 0's (its total's type)
         # ... or, while every one holds numbers of one type, one fold of them as an array
@@ -116,6 +119,8 @@ class Fold:
         if self.op == "sum" and self._halves:  # added in float32, as np.sum adds halves
             return WideHalves(self.total) if _keep_wide.get() else \
                 self.total.astype(np.float16)
+        if self.op == "sum" and self._singles:
+            return self.total.astype(np.float32)
         return self.total
 
     def _made(self, totals: list[Any]) -> Any:
@@ -150,10 +155,14 @@ class Fold:
             value = value.total
         self._check(value, block)
         self._halves = self._halves and (wide or getattr(value, "dtype", None) == np.float16)
+        self._singles = self._singles and not wide and getattr(value, "dtype", None) == \
+            np.float32 and isinstance(value, np.ndarray | np.generic)
         if op == "sum":
             from conveyor.pipeline.reduce import widened
 
             value = widened(value)
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]  # a 0-d array is its scalar, as np.sum of partials gives it
         if not self.count:
             self.total, self.count = value, 1
             return
@@ -234,6 +243,7 @@ class Fold:
         for total in totals:
             part = Fold(self.op, self.element, kernel=self.kernel)
             part.total, part.count, part._halves = total, flat.count, flat._halves
+            part._singles = flat._singles
             part._first = (self._first[0], ())
             parts.append(part)
         self._parts, self._flat, self._flat_type = parts, None, None

@@ -438,7 +438,10 @@ def make_plan(
                "or use a smaller halo" if by_pinned else
                "use a larger block_bytes or memory_limit, or a smaller halo")
         )
-    if footprint > limit:
+    # A stream of no rows has no block, and allocates no ring (stream.open_sinks returns
+    # first): its ring is not measured against the limits (an empty input with a ratio of
+    # (1, 10**6) was refused for a ring of 10**6 rows).
+    if footprint > limit and rows:
         # Only what can help: a block already of the fewest rows cannot shrink, one slot is
         # the least depth, and a limit that is the pool's is raised there (a larger
         # memory_limit= was advised, and then failed with OutOfMemoryError under the pool).
@@ -457,7 +460,7 @@ def make_plan(
                   + [spec.device_bytes(spec.block_rows_of(block_rows), block_rows, inputs[0])
                      for spec in outputs]
                   + [block_rows * row_bytes for row_bytes in temp_row_bytes])
-    if biggest > max_alloc_bytes:
+    if biggest > max_alloc_bytes and rows:
         raise InputError(
             f"a block buffer of {biggest} bytes is more than the device's largest allocation "
             f"({max_alloc_bytes} bytes): use a smaller block_bytes"

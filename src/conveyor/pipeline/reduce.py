@@ -142,16 +142,19 @@ def widened(partial: Any) -> Any:
     partials would; float16 as float32 (``combine`` gives the total back as float16). Added
     as they are, ``np.bool_`` partials were or-ed (``True + True`` is ``True``: 20 blocks
     summed to True), int8/int16/int32 ones wrapped around (int8 arrays silently) and float16
-    ones rounded each partial away (2048 + 1.0 is 2048 in float16). Anything else (Python
-    numbers, float32/64, dicts) is returned as it is."""
+    ones rounded each partial away (2048 + 1.0 is 2048 in float16); float32 as float64
+    (``combine`` gives float32 back: 2**24 + 1.0 + 1.0 ... stayed 2**24, where np.sum's
+    pairwise sum kept most of the ones). Anything else (Python numbers, float64, dicts) is
+    returned as it is."""
     if isinstance(partial, bool):  # Python's: True is 1, as np.sum counts it
         return int(partial)
     dtype = getattr(partial, "dtype", None)
     if not isinstance(partial, np.ndarray | np.generic) or dtype is None:
         return partial
-    if dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize < 8) or dtype == np.float16:
-        wider = np.dtype(np.uint64 if dtype.kind == "u" else np.float32 if dtype.kind == "f"
-                         else np.int64)
+    if dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize < 8) or \
+            dtype in (np.float16, np.float32):
+        wider = np.dtype(np.uint64 if dtype.kind == "u" else np.float32 if dtype == np.float16
+                         else np.float64 if dtype.kind == "f" else np.int64)
         return wider.type(partial) if isinstance(partial, np.generic) else partial.astype(wider)
     return partial
 

@@ -440,13 +440,16 @@ def partial_of(result: Any, block: Block) -> Any:
         raise InputError(
             f"with reduce=, the callable returns each block's partial value; it returned None "
             f"for block {block.index} (rows {block.start}..{block.stop}): return the block's "
-            f"value (e.g. x.sum())")
+            f"value, a number or a NumPy array made from the block's arrays")
     # A tuple or list of device arrays (one partial per figure), nested too: each brought to
     # the host, and each ndarray copied (below).
     value = _host_copy(result, block)
     # Records (kind V) are left to the fold: a function folds them, "sum" says it cannot.
-    if isinstance(value, str | bytes) or getattr(value, "dtype", None) is not None and \
-            value.dtype.kind in "OSU":
+    # Text is refused; an object array is taken unless it holds text (Python ints past int64,
+    # Fractions: np.sum adds them exactly, as it adds a list of them).
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if isinstance(value, str | bytes) or kind in ("S", "U") or kind == "O" and any(
+            isinstance(one, str | bytes) for one in np.asarray(value).flat):
         raise InputError(
             f"with reduce=, the callable returned {type(value).__name__} {value!r:.60} for "
             f"block {block.index}: return a number or a numeric array")
