@@ -92,8 +92,62 @@ def default_device_spec() -> str | None:
 
 
 def pyopencl_build_options() -> str:
-    """The words PyOpenCL adds to every OpenCL build (``PYOPENCL_BUILD_OPTIONS``), or ''."""
-    return _get(PYOPENCL_BUILD_OPTIONS_VAR) or ""
+    """The words PyOpenCL adds to every OpenCL build (``PYOPENCL_BUILD_OPTIONS``), or ''.
+    InputError where they are not UTF-8 (PyOpenCL's build would fail encoding them)."""
+    value = _get(PYOPENCL_BUILD_OPTIONS_VAR) or ""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InputError(f"{PYOPENCL_BUILD_OPTIONS_VAR}={value!r} holds bytes that are not "
+                         f"UTF-8, which PyOpenCL cannot pass to a build: write the options "
+                         f"in UTF-8, or unset it") from None
+    return value
+
+
+#: Variables of OpenCL drivers that only log, trace, place threads or name a cache: they do
+#: not change what a build makes. Every other ``POCL_*`` variable may (``POCL_EXTRA_BUILD_FLAGS``
+#: adds options to every build; others pick the target CPU or the work-group code).
+_DRIVER_VARS_NOT_BUILDS = frozenset({
+    "POCL_DEBUG", "POCL_DEBUG_LLVM_PASSES", "POCL_CACHE_DIR", "POCL_KERNEL_CACHE",
+    "POCL_TRACING", "POCL_TRACING_OPT", "POCL_TRACING_FILTER", "POCL_AFFINITY",
+    "POCL_MAX_PTHREAD_COUNT", "POCL_STARTUP_DELAY", "POCL_LEAVE_KERNEL_COMPILER_TEMP_FILES",
+    "POCL_VECTORIZER_REMARKS", "POCL_IMPLICIT_FINISH", "POCL_MEMORY_LIMIT",
+})
+#: Variables other OpenCL drivers read to add options to every build.
+_DRIVER_BUILD_VARS = ("AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND")
+
+
+def driver_build_variables() -> tuple[tuple[str, str], ...]:
+    """The environment variables, set now, through which an OpenCL driver may build the same
+    source into other code (``POCL_EXTRA_BUILD_FLAGS``, ``AMD_OCL_BUILD_OPTIONS``...), as
+    sorted ``(name, value)`` pairs: the kernel cache's key takes them, so a binary built under
+    one is never served to a run without it."""
+    found = [(name, value) for name, value in os.environ.items()
+             if (name.startswith("POCL_") and name not in _DRIVER_VARS_NOT_BUILDS)
+             or name in _DRIVER_BUILD_VARS]
+    return tuple(sorted(found))
+
+
+def driver_cache_home() -> str | None:
+    """The folder PyOpenCL (through platformdirs) and PoCL keep their caches under, as they
+    read it: ``XDG_CACHE_HOME`` as given (a relative one included), else ``~/.cache``
+    (``HOME``, else the password database); None where there is no home at all."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg.strip():
+        return xdg
+    home = os.path.expanduser("~")
+    return None if home == "~" or not home else os.path.join(home, ".cache")
+
+
+def pocl_cache_dir_set() -> bool:
+    """Whether ``POCL_CACHE_DIR`` names PoCL's cache folder (PoCL's own setting, kept)."""
+    return bool(os.environ.get("POCL_CACHE_DIR", "").strip())
+
+
+def set_pocl_cache_dir(path: Path) -> None:
+    """Point PoCL's cache at ``path`` for this process: PoCL reads ``POCL_CACHE_DIR`` when it
+    starts (backends/drivercaches.py says when conveyor does this)."""
+    os.environ["POCL_CACHE_DIR"] = str(path)
 
 
 def parse_bool(name: str, value: str | None, default: bool) -> bool:
@@ -279,16 +333,26 @@ def cache_dir() -> Path:
     override = _get(CACHE_DIR_VAR)
     if override is not None:
         try:
-            path = Path(override).expanduser()
-        except RuntimeError as exc:  # "~nosuchuser/x": no such home
+            path = _expand_home(Path(override))
+        except (RuntimeError, NoHomeError) as exc:  # "~nosuchuser/x", or no home at all
             raise InputError(f"{CACHE_DIR_VAR}={override!r}: its ~ names no home directory "
-                             f"here: give an absolute path") from exc
+                             f"here ({exc}): give an absolute path") from None
         if not path.is_absolute():
             raise InputError(f"{CACHE_DIR_VAR}={override!r} must be an absolute path")
         return path
     xdg = _get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else _home() / ".cache"
     return base / "conveyor"
+
+
+def _expand_home(path: Path) -> Path:
+    """``path`` with a leading ``~`` (this user) read as :func:`_home` reads the home (HOME
+    when absolute, else the password database): ``Path.expanduser`` took HOME='' as '/' and
+    a relative HOME as relative. ``~user`` is the password database's, as expanduser has it."""
+    parts = path.parts
+    if parts and parts[0] == "~":
+        return _home().joinpath(*parts[1:])
+    return path.expanduser()
 
 
 class NoHomeError(InputError):

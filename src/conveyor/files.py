@@ -201,7 +201,20 @@ def joined(path: PathLike) -> str:
     (``os.path.abspath`` drops ``link/..`` as text, where the OS follows the link first); an
     absolute path as it is (the current folder may have been removed)."""
     text = os.fspath(path)
-    return text if os.path.isabs(text) else os.path.join(os.getcwd(), text)
+    return text if os.path.isabs(text) else os.path.join(current_folder(text), text)
+
+
+def current_folder(relative: str) -> str:
+    """``os.getcwd()``, for making the relative path ``relative`` absolute; InputError naming
+    it when the current folder was removed: getcwd's bare "[Errno 2] No such file or
+    directory" named neither the path nor the folder (``conveyor map -o y.npy`` run from a
+    folder another shell deleted)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise InputError(f"{relative} is relative to the current folder, which no longer "
+                         f"exists (it was removed): give an absolute path, or cd to a folder "
+                         f"that exists") from None
 
 
 def raise_if_too_many_open(exc: OSError, what: str) -> None:
@@ -253,7 +266,7 @@ def resolve(path: PathLike, what: str) -> Path:
     root), replace that file when it commits the output."""
     text = path_text(path, what)
     pending = text.split("/")[::-1]  # names still to walk, the next one last
-    resolved = "/" if text.startswith("/") else os.getcwd()
+    resolved = "/" if text.startswith("/") else current_folder(text)
     followed = 0
     while pending:
         name = pending.pop()
@@ -331,7 +344,9 @@ def same_file(a: PathLike, b: PathLike) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
+        # Joined first: realpath's own getcwd raised a bare FileNotFoundError for a relative
+        # name in a removed current folder, naming nothing (joined names the path).
+        return os.path.realpath(joined(a)) == os.path.realpath(joined(b))
 
 
 def new_part(target: Path) -> tuple[int, Path]:

@@ -129,10 +129,13 @@ def _device(spec: str | None) -> Device:
             return chosen
     found = devices()
     if not found:
-        raise InputError(
-            "no compute device found: install pocl-binary-distribution for the CPU device, "
-            "or a GPU driver with OpenCL or CUDA"
-        )
+        from conveyor.backends.diagnose import hidden_devices
+
+        # A setting that hides installed devices is what to change, not an install.
+        causes = "; ".join(hidden_devices()) or (
+            "install pocl-binary-distribution for the CPU device, or a GPU driver with "
+            "OpenCL or CUDA")
+        raise InputError(f"no compute device found: {causes}")
     if text is None:
         return min(found, key=_rank)
     from conveyor.backends.diagnose import problems

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +62,58 @@ def unregistered_nvidia_opencl(
         f"(as root), or for one shell: `mkdir -p ~/.icd && echo {library} > ~/.icd/nvidia.icd "
         f"&& cp /etc/OpenCL/vendors/*.icd ~/.icd/ 2>/dev/null; export OCL_ICD_VENDORS=~/.icd`"
     )
+
+
+def hidden_devices() -> list[str]:
+    """Settings that hide installed devices, each with its fix, for a machine where no device
+    was found at all: "install pocl-binary-distribution" was the only advice, for a PoCL
+    that was installed all along."""
+    found = []
+    # What OCL_ICD_VENDORS names (icd_vendor_dirs lists it before the system's folder): the
+    # ICD loader then reads drivers' .icd files from there instead of /etc/OpenCL/vendors.
+    for place in config.icd_vendor_dirs():
+        if place == SYSTEM_VENDORS:
+            continue
+        what = (" and does not exist" if not place.exists() else
+                " and holds no .icd file" if place.is_dir() and not any(place.glob("*.icd"))
+                else "")
+        found.append(f"{config.ICD_VENDORS_VAR}={str(place)!r} is set{what}: the OpenCL ICD "
+                     f"loader looks for drivers' .icd files there instead of {SYSTEM_VENDORS}, "
+                     f"so the installed ones are not found; unset it, or copy the .icd files "
+                     f"of {SYSTEM_VENDORS} into it")
+    home = pocl_home_refusal()
+    if home is not None:
+        found.append(home)
+    return found
+
+
+#: Where the OpenCL ICD loader finds drivers' .icd files unless OCL_ICD_VENDORS says.
+SYSTEM_VENDORS = Path("/etc/OpenCL/vendors")
+
+
+def pocl_home_refusal() -> str | None:
+    """Why PoCL cannot make its kernel cache under the home (``XDG_CACHE_HOME``, else
+    ``HOME/.cache``), or None. PoCL then lists no device at all (a HOME that is a file, or
+    one this user cannot write: ``docker run -u 1000`` with HOME=/)."""
+    if config.pocl_cache_dir_set():
+        return None  # PoCL's cache is where POCL_CACHE_DIR says, not under the home
+    base = config.driver_cache_home()
+    if base is None:
+        why = "there is no home folder"
+    else:
+        probe = Path(base).absolute()
+        while not os.path.lexists(probe) and probe.parent != probe:
+            probe = probe.parent
+        if not probe.is_dir():
+            why = f"{probe} is not a folder"
+        elif not os.access(probe, os.W_OK | os.X_OK):
+            why = f"this user cannot write {probe}"
+        else:
+            return None
+    where = f"{base}/pocl" if base is not None else "the home folder"
+    return (f"PoCL keeps its kernel cache under {where} (XDG_CACHE_HOME, else HOME/.cache), "
+            f"and {why}, so PoCL lists no device: set HOME to a folder you can write, or "
+            f"POCL_CACHE_DIR to one for PoCL's cache")
 
 
 def cuda_without_devices(devices: Sequence[Device], cuda_installed: bool | None = None

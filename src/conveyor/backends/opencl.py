@@ -912,6 +912,9 @@ def discover() -> list[Device]:
     """Every OpenCL device on every platform, in platform then device order; BackendError in
     a child forked after its parent used OpenCL."""
     _check_not_forked()
+    from conveyor.backends import drivercaches
+
+    drivercaches.guard()  # before PoCL starts: its cache, and PyOpenCL's, in a safe folder
     try:
         platforms = cl.get_platforms()
     except cl.Error:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyopencl as cl
 
+from conveyor import config
 from conveyor.backends import base
 from conveyor.errors import CompileError, InputError
 from conveyor.interrupts import deferred_sigint, start_thread
@@ -129,13 +130,24 @@ def build_binary(device: Device, source: str, options: Sequence[str]) -> bytes:
                                                devices=[device.cl_device], cache_dir=False))
     except cl.RuntimeError as exc:
         log = _build_log(program, device.cl_device) or str(exc)
-        raise CompileError(f"OpenCL build failed on {device.name}", log=log,
-                           source=source) from exc
+        raise CompileError(f"OpenCL build failed on {device.name}{_variable_options()}",
+                           log=log, source=source) from exc
     except cl.Error as exc:
         raise _backend_error(exc, "clBuildProgram") from exc
     _check_names(device, program)
     binaries = program.get_info(cl.program_info.BINARIES)
     return bytes(binaries[0])
+
+
+def _variable_options() -> str:
+    """Where PYOPENCL_BUILD_OPTIONS is set, a note naming it for a failed build's message:
+    PyOpenCL adds its words to every build, so "Invalid build option: -bogus" blamed an
+    option the caller never passed and named no place to change it."""
+    value = config.pyopencl_build_options()
+    if not value:
+        return ""
+    return (f" (with {config.PYOPENCL_BUILD_OPTIONS_VAR}={value!r} set, whose options PyOpenCL "
+            f"adds to every build: if the log below blames one, correct or unset the variable)")
 
 
 #: PoCL aborts the process (SIGABRT, "Final linking of kernel ... failed.") when it links a

@@ -33,9 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # command's modules had loaded, it killed the process silently (-15) during start-up.
     previous = signal.signal(signal.SIGTERM, _terminated)
     guard = None
+    strict: list[TextIO] = []
     try:
         try:
             _open_closed_std_streams()
+            strict = _tolerant_std_streams()
             guard = sys.stdout = GuardedStdout(sys.stdout)
             from conveyor.cli.commands import run
 
@@ -67,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if guard is not None and sys.stdout is guard:
             sys.stdout = guard.stream
+        for stream in strict if argv is not None else ():  # a caller's streams as they were
+            try:
+                stream.reconfigure(errors="strict")  # type: ignore[attr-defined]
+            except (OSError, ValueError):  # its flush failed (a full disk): it stays escaping
+                pass
         # The process's own command (no argv given) is done: a SIGTERM while the interpreter
         # shuts down (~0.1 s, the drivers' clean-up) is ignored, not a silent -15 after the
         # outputs were written. Called in-process, the caller's handler comes back.
@@ -132,6 +139,21 @@ def stdout_gone() -> None:
         os.dup2(devnull, 1)
     finally:
         os.close(devnull)
+
+
+def _tolerant_std_streams() -> list[TextIO]:
+    """Write what stdout and stderr cannot encode as backslash escapes; return the streams
+    changed (those that were strict). A file name of non-UTF-8 bytes under a strict UTF-8
+    locale, or any non-ASCII name beside ``PYTHONIOENCODING=ascii``, made ``print(f"wrote
+    {name}")`` a UnicodeEncodeError traceback (exit 1) after the outputs were written. A
+    stream that escapes already (C.UTF-8's surrogateescape writes the name's own bytes) is
+    left as it is."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+            changed.append(stream)
+    return changed
 
 
 def _open_closed_std_streams() -> None:

@@ -151,7 +151,7 @@ def _headers_read(kernel_file: str) -> list[tuple[str, str]]:
 
     path = Path(kernel_file)
     try:
-        source = anchor_includes(read_kernel(path), path.parent)
+        source = anchor_includes(read_kernel(path), path.parent, f"kernel file {path}")
     except InputError:
         return []
     # An OpenCL build also searches PYOPENCL_BUILD_OPTIONS' -I folders (kernels/build.py
@@ -170,7 +170,8 @@ def kernel_source(options: argparse.Namespace) -> tuple[str, str]:
     backend = KERNEL_SUFFIXES.get(kernel_path.suffix.lower())
     if backend is None:
         raise InputError(f"{kernel_path}: name OpenCL C sources .cl and CUDA C sources .cu")
-    source = anchor_includes(read_kernel(kernel_path), kernel_path.parent)
+    source = anchor_includes(read_kernel(kernel_path), kernel_path.parent,
+                             f"kernel file {kernel_path}")
     if not source.lstrip("\ufeff \t\r\n"):
         raise InputError(f"kernel file {kernel_path} is empty: write the kernel "
                          f"{options.kernel!r} in it (or name the file that has it)")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def run_devices(options: argparse.Namespace) -> int:
     """The device table, known misconfigurations, and (``--measure``) link bandwidth."""
-    from conveyor.backends.diagnose import problems
+    from conveyor.backends.diagnose import hidden_devices, problems
 
     found = cv.devices()
     rows = [("SPEC", "BACKEND", "KIND", "MEMORY", "CUS", "SVM", "UNIFIED", "NAME")]
@@ -33,7 +33,10 @@ def run_devices(options: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if not found:
-        print("no device found: install pocl-binary-distribution, or a GPU driver")
+        # A setting that hides installed devices is what to change, not an install.
+        causes = ("; ".join(hidden_devices())
+                  or "install pocl-binary-distribution, or a GPU driver")
+        print(f"no device found: {causes}")
     for problem in problems(found, probe=True):
         print(f"note: {problem}")
     from conveyor import config

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 
 _Rule = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
@@ -144,23 +144,68 @@ def _cast_advice(match: re.Match[str], inputs: Sequence[str]) -> str:
 
 @contextlib.contextmanager
 def compiler_output() -> Iterator[None]:
-    """Hold what a compiler writes to the process's stderr (fd 2) while the block runs; then
-    print it, less the "N errors generated." summary lines of a log conveyor prints anyway.
+    """Pass what a compiler writes to the process's stderr (fd 2) while the block runs on to
+    stderr as it comes, less the "N errors generated." summary lines of a log conveyor prints
+    anyway (PoCL's Clang writes them straight to fd 2, ahead of the command's own message).
 
-    PoCL's Clang writes such lines straight to fd 2, ahead of the command's own message.
+    As it comes: a compiler that ends the process mid-build (PoCL's LLVM: "LLVM ERROR: IO
+    failure on output stream: File too large" under ``ulimit -f``, then exit(1)) left what it
+    said in a held file that was never printed: exit 1 in silence. The lines go through a
+    small filter process, not a thread: a thread dies with the process, and lost the race to
+    exit(1) about once in 20 runs on a busy machine; the filter reads the pipe to its end.
+    Where no filter can be started, the compiler writes to stderr itself, summary included.
     """
     sys.stderr.flush()
     saved = os.dup(2)
-    held = tempfile.TemporaryFile()
-    os.dup2(held.fileno(), 2)
     try:
-        yield
+        filter_ = _start_filter(saved)
+        if filter_ is None or filter_.stdin is None:
+            yield
+            return
+        os.dup2(filter_.stdin.fileno(), 2)
+        filter_.stdin.close()  # fd 2 is the pipe's only writer now
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)  # the filter sees the pipe's end and exits
+            try:
+                filter_.wait(_FILTER_WAIT_S)  # its lines before the command's own message
+            except subprocess.TimeoutExpired:  # a process the compiler started holds the
+                pass  # pipe: the filter passes on what it says, and ends with it
     finally:
-        os.dup2(saved, 2)
         os.close(saved)
-        held.seek(0)
-        text = held.read().decode(errors="replace")
-        held.close()
-        kept = [line for line in text.splitlines() if not _COMPILER_SUMMARY.match(line.strip())]
-        if any(line.strip() for line in kept):
-            print("\n".join(kept), file=sys.stderr)
+
+
+def _start_filter(stderr: int) -> subprocess.Popen[bytes] | None:
+    """The filter process, writing to the descriptor ``stderr``; None where no interpreter
+    can be started (a frozen application, no processes left)."""
+    if getattr(sys, "frozen", False) or not sys.executable:
+        return None
+    try:
+        # Its own session: a Ctrl-C at the terminal is the command's alone, and the filter
+        # ends when the pipe does, whoever holds it.
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _FILTER, _COMPILER_SUMMARY.pattern],
+            stdin=subprocess.PIPE, stdout=stderr, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+    except OSError:
+        return None
+
+
+#: How long the end of a build waits for the filter to pass on the compiler's last lines.
+_FILTER_WAIT_S = 10.0
+
+#: The filter: stdin to stdout line by line as each comes, less the lines matching argv[1].
+#: It reads to the end even once stdout fails, so the compiler's writes never fail.
+_FILTER = """
+import os, re, sys
+summary = re.compile(sys.argv[1])
+for line in sys.stdin.buffer:
+    if summary.match(line.decode(errors="replace").strip()):
+        continue
+    try:
+        while line:
+            line = line[os.write(1, line):]
+    except OSError:
+        pass
+"""

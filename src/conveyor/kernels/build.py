@@ -62,20 +62,32 @@ def default_cache() -> KernelCache | None:
                           stacklevel=3)
         return None
     with _lock:
-        cache = _caches.get(path)
-        if cache is None:
-            cache = KernelCache(path)
-            _caches[path] = cache
+        cache = _caches.pop(path, None) or KernelCache(path)
+        _caches[path] = cache  # the most recently used last
+        # Each cache holds its folder open: a process that gives every job its own folder,
+        # removed after the job, held one descriptor per job. A cache whose folder is gone
+        # serves nothing again: it is closed. (One whose folder exists stays: another thread
+        # may be reading it through that descriptor now.)
+        for other, held in list(_caches.items()):
+            if other != path and held.removed():
+                _caches.pop(other).close()
         return cache
 
 
 def build_identity(device: Device) -> str:
     """What the cache key takes as the compiler: the device's ``compiler_identity()`` and, on
-    OpenCL, the options PyOpenCL adds from ``PYOPENCL_BUILD_OPTIONS`` to every build (so a
-    binary built under that variable is never loaded by a run without it, nor the reverse)."""
+    OpenCL, the options PyOpenCL adds from ``PYOPENCL_BUILD_OPTIONS`` to every build and the
+    drivers' own variables that change builds (``POCL_EXTRA_BUILD_FLAGS``...), so a binary
+    built under one is never loaded by a run without it, nor the reverse."""
     compiler = f"{device.compiler_identity()}|checks={identity.checks_identity()}"
-    forced = config.pyopencl_build_options() if device.backend == "opencl" else ""
-    return f"{compiler}|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}" if forced else compiler
+    if device.backend != "opencl":
+        return compiler
+    forced = config.pyopencl_build_options()
+    if forced:
+        compiler += f"|{config.PYOPENCL_BUILD_OPTIONS_VAR}={forced}"
+    for name, value in config.driver_build_variables():
+        compiler += f"|{name}={value!r}"
+    return compiler
 
 
 def device_key(device: Device, options: Sequence[str], source: str) -> str:

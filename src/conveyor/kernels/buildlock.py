@@ -54,26 +54,37 @@ def _warn_once(what: str, message: str) -> None:
 
 
 def lock_dir(cache: KernelCache | None) -> Path:
-    """Where the lock files of ``cache`` go: its ``locks/`` folder, or, with no usable cache,
-    ``conveyor-<uid>-locks`` in the system's temporary directory."""
-    if cache is not None and cache.enabled:
+    """Where the lock files of ``cache`` go: its ``locks/`` folder, or, with no usable cache
+    (or a read-only one), ``conveyor-<uid>-locks`` in the system's temporary directory."""
+    if cache is not None and cache.enabled and not cache.read_only:
         return cache.path / LOCK_FOLDER
     uid = os.getuid() if hasattr(os, "getuid") else 0
     return Path(tempfile.gettempdir()) / f"conveyor-{uid}-locks"
 
 
-def _usable(folder: Path) -> bool:
+def _usable(folder: Path, temporary: bool = False) -> bool:
+    """Whether ``folder`` may hold lock files (made if missing); a warning once where not.
+    ``temporary``: it is the one under the system's temporary directory (no usable cache)."""
+    fix = ""
+    if temporary:
+        # The cache's own advice ("keep the cache under folders only you can write") named
+        # nothing to change here: the folder is TMPDIR's, whatever the cache's is.
+        fix = (f". With the kernel cache off or refused, lock files go under the temporary "
+               f"directory {folder.parent} (TMPDIR, else /tmp): set TMPDIR to a folder only "
+               f"you (or root) can write, or use the kernel cache")
     try:
         make_private_dirs(folder)
     except OSError as exc:
         _warn_once(str(folder), f"cannot create the build-lock folder {folder} "
-                               f"({exc.strerror or exc}); kernels are built without it")
+                               f"({exc.strerror or exc}); kernels are built without it{fix}")
         return False
     why = refusal(folder)
     if why is not None:
+        if temporary:
+            why = why.split("; keep the cache", 1)[0]
         _warn_once(str(folder), f"the build-lock folder {folder} {why}; kernels are built "
                                f"without it (processes that build one kernel at once may "
-                               f"crash PoCL)")
+                               f"crash PoCL){fix}")
         return False
     return True
 
@@ -89,7 +100,7 @@ def build_lock(key: str, cache: KernelCache | None) -> Iterator[None]:
         yield
         return
     folder = lock_dir(cache)
-    if not _usable(folder):
+    if not _usable(folder, temporary=cache is None or not cache.enabled or cache.read_only):
         yield
         return
     path = folder / f"{key}.lock"

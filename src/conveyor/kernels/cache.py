@@ -88,6 +88,18 @@ _warned_lock = threading.Lock()
 _warned_dirs: set[str] = set()
 
 
+def _warn_read_only(path: Path) -> None:
+    """Once per directory per process: a read-only cache is read, and stores nothing."""
+    with _warned_lock:
+        if f"ro:{path}" in _warned_dirs:
+            return
+        _warned_dirs.add(f"ro:{path}")
+    warnings.warn(
+        f"conveyor: kernel cache directory {path} is read-only: the kernels it holds are "
+        f"loaded, and kernels built now are not stored (make it writable to keep them)",
+        RuntimeWarning, stacklevel=5)
+
+
 def _warn_once(path: Path, why: str) -> None:
     """One RuntimeWarning per directory per process: a refused cache is news once, not noise."""
     with _warned_lock:
@@ -235,6 +247,8 @@ class KernelCache:
         self._lock = threading.Lock()
         self._usable: bool | None = None
         self._fd: int | None = None
+        #: True when the folder is ours but cannot be written: entries are loaded, not stored.
+        self.read_only = False
         self._closer: weakref.finalize | None = None
 
     def __repr__(self) -> str:
@@ -264,6 +278,15 @@ class KernelCache:
         again (owner, mode, what the path names) at every call."""
         return self._dir_fd() is not None
 
+    def removed(self) -> bool:
+        """True when the held folder has been deleted (no name links to it any more)."""
+        with self._lock:
+            fd = self._fd
+            try:
+                return fd is not None and os.fstat(fd).st_nlink == 0
+            except OSError:
+                return True
+
     def _disable(self, why: str) -> None:
         with self._lock:
             self._usable = False
@@ -278,12 +301,18 @@ class KernelCache:
             self.refused = f"cannot be created ({exc.strerror or exc})"
             _warn_once(self.path, self.refused)
             return False
-        fd, why = open_private_dir(self.path)
+        # A read-only folder of ours (a cache warmed when an image was built, mounted
+        # read-only) is as safe to read as a writable one: its binaries are loaded, and only
+        # new builds are not stored.
+        fd, why = open_private_dir(self.path, writable=False)
         if fd is None:
             self.refused = why or "is refused"
             _warn_once(self.path, self.refused)
             return False
         self._fd = fd
+        self.read_only = not os.access(self.path, os.W_OK | os.X_OK)
+        if self.read_only:
+            _warn_read_only(self.path)
         # A finalizer, not __del__: the descriptor closes once whether close() or the
         # collector gets there first, and never raises at interpreter shutdown.
         self._closer = weakref.finalize(self, os.close, fd)
@@ -362,12 +391,21 @@ class KernelCache:
         try:
             # Checked on the descriptor, so it is the file read: a folder would raise
             # IsADirectoryError below, a FIFO or device would give whatever its writer sends.
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                self._not_a_file(key, suffix, mode)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self._not_a_file(key, suffix, st.st_mode)
                 return None
             with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read()
+                # The header first, and the rest only where the file is as long as the
+                # header says: a huge file under an entry's name (an 8 TiB sparse one raised
+                # MemoryError) is a miss, not read whole.
+                data = f.read(HEADER_BYTES)
+                if len(data) == HEADER_BYTES:
+                    length = _HEADER.unpack_from(data)[2]
+                    if st.st_size != HEADER_BYTES + length:
+                        data = b""
+                    else:
+                        data += f.read(length + 1)
         except OSError:
             self._drop(key, suffix)
             return None
@@ -412,7 +450,7 @@ class KernelCache:
 
     def _write(self, key: str, suffix: str, payload: bytes) -> bool:
         dir_fd = self._dir_fd()
-        if dir_fd is None:
+        if dir_fd is None or self.read_only:
             return False
         tmp_name: str | None = None
         try:

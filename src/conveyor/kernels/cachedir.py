@@ -43,7 +43,21 @@ def make_private_dirs(path: Path) -> None:
             os.mkdir(directory, 0o700)
         except FileExistsError:
             continue  # another process made it first; refusal() still checks the leaf
-        os.chmod(directory, 0o700)
+        # 0700 exactly, whatever the umask, on the folder just made: through a descriptor
+        # that follows no link, so a symlink swapped in for it meanwhile (by whoever can write
+        # the parent) never has its target's mode changed. Such a swap fails the open here
+        # and is refused by refusal() afterwards.
+        try:
+            fd = os.open(directory, _DIR_FLAGS)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == (_uid() if _uid() is not None
+                                                           else st.st_uid):
+                os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
 
 
 def own_refusal(st: os.stat_result) -> str | None:
@@ -113,9 +127,10 @@ def parents_refusal(path: Path, fd: int) -> str | None:
         os.close(current)
 
 
-def open_private_dir(path: Path) -> tuple[int | None, str | None]:
+def open_private_dir(path: Path, writable: bool = True) -> tuple[int | None, str | None]:
     """Open directory ``path`` and check it and its parents: ``(descriptor, None)`` when it
-    may hold binaries we run, else ``(None, why)`` (``why`` completes "the directory ...")."""
+    may hold binaries we run (and, with ``writable``, we may write it), else ``(None, why)``
+    (``why`` completes "the directory ...")."""
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as exc:
@@ -125,7 +140,7 @@ def open_private_dir(path: Path) -> tuple[int | None, str | None]:
         return None, f"cannot be read ({exc.strerror or exc})"
     try:
         why = own_refusal(os.fstat(fd)) or parents_refusal(path, fd)
-        if why is None and not os.access(path, os.W_OK | os.X_OK):
+        if why is None and writable and not os.access(path, os.W_OK | os.X_OK):
             why = "is not writable"
     except OSError as exc:
         why = f"cannot be checked ({exc.strerror or exc})"

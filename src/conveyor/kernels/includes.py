@@ -191,7 +191,7 @@ _QUOTED_DEFINE = re.compile(r"(?P<lead>" + _DIRECTIVE + r"define(?:[ \t]|\\\r?\n
                             + _TEXT_GAP + r')"(?P<name>[^"\n]+)"', re.MULTILINE)
 
 
-def anchor_includes(source: str, folder: Path) -> str:
+def anchor_includes(source: str, folder: Path, what: str = "the kernel") -> str:
     """``source``, read from a file in ``folder``, with each ``#include "name"`` whose header
     lies in ``folder`` written as that header's absolute path (and each ``#define NAME
     "name"`` that an ``#include NAME`` uses). A compiler looks for a quoted include beside the
@@ -199,7 +199,9 @@ def anchor_includes(source: str, folder: Path) -> str:
     folder instead (another project's header of the same name: wrong values, exit 0). Other
     includes are left as written (the -I folders, the compiler's). A path that cannot be
     written between quotes (a folder named with a backslash) is written between angle
-    brackets; InputError where neither holds it (a quote or '>' in the folder's name)."""
+    brackets; InputError where neither holds it (a quote or '>' in the folder's name), or
+    where the path is not UTF-8 (the source reaches the compiler as UTF-8 text). ``what``
+    names the including file in those messages."""
     from conveyor.errors import InputError
 
     folder = folder.absolute()
@@ -209,13 +211,24 @@ def anchor_includes(source: str, folder: Path) -> str:
         if Path(name).is_absolute() or not os.path.isfile(beside):
             return None
         text = str(beside)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A folder named on a Latin-1 system: its bytes have no UTF-8 text to write in
+            # the source (source.encode() was a UnicodeEncodeError traceback).
+            shown = os.fsencode(folder).decode("utf-8", "backslashreplace")
+            raise InputError(f"{what} includes {name!r}, beside it in {shown}, whose name is "
+                             f"not UTF-8: the compiler reads the source as UTF-8 text, so that "
+                             f"path cannot be written in an #include; rename the folder in "
+                             f"UTF-8, or move the kernel and its headers to a folder that "
+                             f"is") from None
         if '"' not in text and "\\" not in text:
             return f'"{text}"'
         if not macro and not any(c in text for c in '">\n'):
             # An absolute path: no search folder applies. (A quote in it would end the name
             # where the kernel cache's key reads the header: a stale kernel after an edit.)
             return f"<{text}>"
-        raise InputError(f"the kernel includes {name!r}, beside it in {folder}, whose path "
+        raise InputError(f"{what} includes {name!r}, beside it in {folder}, whose path "
                          f"cannot be written in an #include: move the kernel and its headers "
                          f"to a folder without quotes, backslashes or '>' in its name")
 

@@ -1,0 +1,94 @@
+"""The caches of the OpenCL stack under conveyor: kept out of folders others may write.
+
+conveyor's own cache runs nothing from a folder another user could write (kernels/cachedir.py).
+Two caches below it did not follow that rule:
+
+- PyOpenCL keeps, for every ``pyopencl.Kernel`` made (each kernel conveyor loads), a pytools
+  dictionary of pickled code under ``$XDG_CACHE_HOME/pytools`` (else ``~/.cache/pytools``):
+  whoever can write there runs code in the next process (round forty-one).
+- PoCL compiles each kernel into a shared object under ``$XDG_CACHE_HOME/pocl`` (else
+  ``~/.cache/pocl``) and loads it from there later; with a relative ``XDG_CACHE_HOME`` that is
+  under the current folder, and with a ``HOME`` that is a file PoCL lists no device at all.
+
+:func:`guard` runs before PyOpenCL first asks for platforms (which starts PoCL): where the
+folder those caches take is not one conveyor would keep binaries in, PyOpenCL's disk caches
+are turned off (conveyor's own replaces them) and, unless ``POCL_CACHE_DIR`` names one, PoCL
+is given a private folder: ``pocl`` in conveyor's cache folder where that is usable, else a
+0700 temporary folder removed at exit. Where the folder is fine, nothing changes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from conveyor import config
+from conveyor.kernels import cachedir
+
+
+def unsafe_reason(base: str | None) -> str | None:
+    """Why the drivers' cache folder ``base`` (what they take as ``XDG_CACHE_HOME``) must not
+    hold code this process runs, or None where it may: absolute, and either ours and written
+    by no one else, or not made yet under folders only we (or root) can change."""
+    if not base:
+        return "no cache folder"
+    path = Path(base)
+    if not path.is_absolute():
+        return f"{base!r} is relative (under whatever folder the process is in)"
+    probe = path
+    while not os.path.lexists(probe):
+        if probe.parent == probe:
+            return f"{base!r} has no existing folder above it"
+        probe = probe.parent
+    try:
+        fd = os.open(probe, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        return f"{probe} cannot be opened as a folder ({exc.strerror or exc})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{probe} is not a folder"
+        why = (cachedir.own_refusal(st) if probe == path else cachedir.parent_refusal(st)) \
+            or cachedir.parents_refusal(probe, fd)
+    except OSError as exc:
+        why = f"cannot be checked ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    return None if why is None else f"{probe} {why}"
+
+
+@functools.cache
+def guard() -> str | None:
+    """Keep PyOpenCL's and PoCL's caches out of an unsafe folder (see the module's
+    docstring), once per process, before the first platform query. Returns why they were
+    moved, or None where nothing was changed."""
+    why = unsafe_reason(config.driver_cache_home())
+    if why is None:
+        return None
+    import pyopencl as cl
+
+    cl._PYOPENCL_NO_CACHE = True  # its pickled invoker cache and build cache: never read
+    if not config.pocl_cache_dir_set():
+        config.set_pocl_cache_dir(_private_pocl_folder())
+    return why
+
+
+def _private_pocl_folder() -> Path:
+    """``pocl`` in conveyor's cache folder where that folder passes conveyor's checks, else a
+    new 0700 temporary folder, removed when the process exits."""
+    with contextlib.suppress(config.InputError, OSError):
+        if not config.cache_disabled():
+            ours = config.cache_dir()
+            cachedir.make_private_dirs(ours / "pocl")
+            if cachedir.refusal(ours / "pocl") is None:
+                return ours / "pocl"
+    made = Path(tempfile.mkdtemp(prefix="conveyor-pocl-"))
+    atexit.register(shutil.rmtree, made, True)
+    return made
