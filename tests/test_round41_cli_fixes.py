@@ -34,6 +34,13 @@ TWICE = """__kernel void twice(__global const float *a, __global float *out, ulo
 """
 
 
+@pytest.fixture(autouse=True)
+def _opencl_c_only(request):
+    """The kernels here are OpenCL C: a test given a CUDA device skips."""
+    if "device" in request.fixturenames and request.getfixturevalue("device").backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+
+
 def _env(**extra: str) -> dict[str, str]:
     """The environment of a child running the conveyor under test."""
     path = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))

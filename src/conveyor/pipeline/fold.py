@@ -81,8 +81,12 @@ class Fold:
         self._next = 0  # the block whose partial is folded next
         self._first: tuple[int, tuple[int, ...]] | None = None  # (block, shape) of the first
         self._halves = True  # every partial so far float16 ("sum" gives a float16 total)
-        self._singles = True  # every partial so far float32 (added in float64, given back
-        # as float32: one by one in float32, 2**24 + 1.0 + 1.0 ... stayed 2**24)
+        # The type NumPy promotes the partials to (None: none yet; off once a Python number
+        # came, which np.sum's array coercion makes float64): a float16 or float32 total is
+        # added wider and given back in it (one by one in float32, 2**24 + 1.0 ... stayed
+        # 2**24).
+        self._dtype: np.dtype | None = None
+        self._dtype_off = False
         self._parts: list[Fold] | None = None  # tuple or list partials: a fold per element
         self._kind: type = tuple  # ... and the type of block 0's (its total's type)
         # ... or, while every one holds numbers of one type, one fold of them as an array
@@ -119,8 +123,9 @@ class Fold:
         if self.op == "sum" and self._halves:  # added in float32, as np.sum adds halves
             return WideHalves(self.total) if _keep_wide.get() else \
                 self.total.astype(np.float16)
-        if self.op == "sum" and self._singles:
-            return self.total.astype(np.float32)
+        if self.op == "sum" and not self._dtype_off and self._dtype in (np.float16,
+                                                                         np.float32):
+            return self.total.astype(self._dtype)
         return self.total
 
     def _made(self, totals: list[Any]) -> Any:
@@ -155,8 +160,11 @@ class Fold:
             value = value.total
         self._check(value, block)
         self._halves = self._halves and (wide or getattr(value, "dtype", None) == np.float16)
-        self._singles = self._singles and not wide and getattr(value, "dtype", None) == \
-            np.float32 and isinstance(value, np.ndarray | np.generic)
+        if wide or isinstance(value, np.ndarray | np.generic):
+            kind = np.dtype(np.float16) if wide else value.dtype
+            self._dtype = kind if self._dtype is None else np.result_type(self._dtype, kind)
+        else:
+            self._dtype_off = True
         if op == "sum":
             from conveyor.pipeline.reduce import widened
 
@@ -243,7 +251,7 @@ class Fold:
         for total in totals:
             part = Fold(self.op, self.element, kernel=self.kernel)
             part.total, part.count, part._halves = total, flat.count, flat._halves
-            part._singles = flat._singles
+            part._dtype, part._dtype_off = flat._dtype, flat._dtype_off
             part._first = (self._first[0], ())
             parts.append(part)
         self._parts, self._flat, self._flat_type = parts, None, None

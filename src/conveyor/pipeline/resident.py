@@ -242,11 +242,11 @@ def resident(array: Any, *, writable: bool = False,
 
 #: Guards every writable table's owner (see :func:`claim`).
 _claims = threading.Condition()
-#: The streams that hold writable tables, as one token per outermost stream: set by its
-#: claim in the context it runs in, which the streams it starts inside (a callable's, on its
+#: The streams a stream runs inside, as their tokens, outermost first: set by each claim in
+#: the context its stream runs in, which the streams it starts inside (a callable's, on its
 #: thread; a cv.iterate generator's, on its staging thread) see.
-_holder: contextvars.ContextVar[object | None] = contextvars.ContextVar(
-    "conveyor_resident_holder", default=None)
+_holder: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
+    "conveyor_resident_holder", default=())
 
 
 class Claim:
@@ -256,7 +256,7 @@ class Claim:
     __slots__ = ("tables", "nested", "_reset")
 
     def __init__(self, tables: list[Resident], nested: list[Resident],
-                 reset: contextvars.Token[object | None] | None) -> None:
+                 reset: contextvars.Token[tuple[object, ...]] | None) -> None:
         self.tables, self.nested, self._reset = tables, nested, reset
 
     def __bool__(self) -> bool:
@@ -266,26 +266,28 @@ class Claim:
 def claim(handles: Sequence[Resident]) -> Claim:
     """Take the writable tables among ``handles`` for this stream, all at once. Streams
     sharing one writable device table could not drop a failed one's partial writes (the
-    other's copy-back brought them home with its own), so a stream of another thread waits
-    until every one of its tables is free. All at once, never one by one: two streams taking
-    two tables in opposite orders each held one and waited for the other. A stream started
-    inside one that holds them (a callable's nested stream, or a ``cv.iterate`` generator's
-    on the staging thread: the outer stream waits for either) shares them: ownership is the
-    outermost stream's, found through the context, not the thread (a generator's stream on
-    the staging thread waited for its own outer stream for ever)."""
+    other's copy-back brought them home with its own), so a stream waits until every one of
+    its tables is free. All at once, never one by one: two streams taking two tables in
+    opposite orders each held one and waited for the other. A stream started inside one that
+    holds a table (a callable's nested stream, or a ``cv.iterate`` generator's on the staging
+    thread: the outer stream waits for either) shares that table: the streams it runs inside
+    are found through the context, not the thread (a generator's stream on the staging
+    thread waited for its own outer stream for ever). A table no enclosing stream holds is
+    this stream's own: two streams inside one outer stream wait for each other for it."""
     writable = [h for h in dict.fromkeys(handles) if h.writable]
     if not writable:
         return Claim([], [], None)
-    held = _holder.get()
-    token = held if held is not None else object()
+    enclosing = _holder.get()
+    mine = object()
     with _claims:
-        while any(h._owner not in (None, token) for h in writable):
+        while any(h._owner is not None and h._owner not in enclosing for h in writable):
             interrupts.wait(_claims)
-        nested = [h for h in writable if h._owner is token]
+        nested = [h for h in writable if h._owner is not None]  # an enclosing stream's
         for handle in writable:
-            handle._owner = token
+            if handle._owner is None:
+                handle._owner = mine
             handle._claim_count += 1
-    return Claim(writable, nested, None if held is not None else _holder.set(token))
+    return Claim(writable, nested, _holder.set((*enclosing, mine)))
 
 
 def copy_back(taken: Claim, queue: Queue) -> None:
@@ -312,7 +314,7 @@ def let_go(taken: Claim | None) -> None:
         try:
             _holder.reset(taken._reset)
         except ValueError:  # let go of in another context than the claim's
-            _holder.set(None)
+            _holder.set(())
         taken._reset = None
 
 
