@@ -139,6 +139,12 @@ def driver_cache_home() -> str | None:
     return None if home == "~" or not home else os.path.join(home, ".cache")
 
 
+def pocl_devices() -> str | None:
+    """``POCL_DEVICES``: the kinds of device PoCL lists (``cpu``, ``pthread``...), or None."""
+    value = os.environ.get("POCL_DEVICES", "").strip()
+    return value or None
+
+
 def pocl_cache_dir_set() -> bool:
     """Whether ``POCL_CACHE_DIR`` names PoCL's cache folder (PoCL's own setting, kept)."""
     return bool(os.environ.get("POCL_CACHE_DIR", "").strip())

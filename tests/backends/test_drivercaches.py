@@ -27,5 +27,9 @@ def test_folders_others_may_change_are_not(tmp_path):
     assert "relative" in unsafe_reason(".cache")
     assert unsafe_reason(None) == "no cache folder"
     link = tmp_path / "link"
-    os.symlink(tmp_path, link)
-    assert unsafe_reason(str(link)) is not None  # a link could point anywhere
+    os.symlink(shared, link)
+    assert unsafe_reason(str(link)) is not None  # a link is judged as what it names
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.symlink(private, tmp_path / "to-private")
+    assert unsafe_reason(str(tmp_path / "to-private")) is None

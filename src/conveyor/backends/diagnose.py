@@ -84,6 +84,10 @@ def hidden_devices() -> list[str]:
     home = pocl_home_refusal()
     if home is not None:
         found.append(home)
+    kinds = config.pocl_devices()
+    if kinds is not None:  # a typo ("pthreads") lists none of PoCL's devices
+        found.append(f"POCL_DEVICES={kinds!r} is set: PoCL lists only the kinds of device it "
+                     f"names (cpu, pthread, basic...); unset it, or name one PoCL has")
     return found
 
 

@@ -24,7 +24,6 @@ import contextlib
 import functools
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
@@ -34,8 +33,10 @@ from conveyor.kernels import cachedir
 
 def unsafe_reason(base: str | None) -> str | None:
     """Why the drivers' cache folder ``base`` (what they take as ``XDG_CACHE_HOME``) must not
-    hold code this process runs, or None where it may: absolute, and either ours and written
-    by no one else, or not made yet under folders only we (or root) can change."""
+    hold code this process runs, or cannot hold PoCL's cache, or None where it may: absolute,
+    writable by this user, lying (links followed) in folders only we or root can change, and
+    so are the ``pytools`` and ``pocl`` folders in it where they exist (a link from a private
+    folder to a shared one is the shared one)."""
     if not base:
         return "no cache folder"
     path = Path(base)
@@ -46,22 +47,34 @@ def unsafe_reason(base: str | None) -> str | None:
         if probe.parent == probe:
             return f"{base!r} has no existing folder above it"
         probe = probe.parent
+    why = _folder_refusal(probe, own=probe == path)
+    if why is None and not os.access(probe, os.W_OK | os.X_OK):
+        why = f"{probe} is not writable by this user (PoCL lists no device then)"
+    if why is None and probe == path:
+        for name in ("pytools", "pocl"):
+            if os.path.lexists(path / name):
+                why = _folder_refusal(path / name, own=True)
+                if why is not None:
+                    break
+    return why
+
+
+def _folder_refusal(folder: Path, own: bool) -> str | None:
+    """Why ``folder`` (links followed: what it is, where it really lies) may be changed by
+    another user, or None. ``own``: the drivers write into it (else it is a folder above)."""
     try:
-        fd = os.open(probe, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                     | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
-        return f"{probe} cannot be opened as a folder ({exc.strerror or exc})"
+        return f"{folder} cannot be opened as a folder ({exc.strerror or exc})"
     try:
         st = os.fstat(fd)
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{probe} is not a folder"
-        why = (cachedir.own_refusal(st) if probe == path else cachedir.parent_refusal(st)) \
-            or cachedir.parents_refusal(probe, fd)
+        why = (cachedir.own_refusal(st) if own else cachedir.parent_refusal(st)) \
+            or cachedir.parents_refusal(folder, fd)
     except OSError as exc:
         why = f"cannot be checked ({exc.strerror or exc})"
     finally:
         os.close(fd)
-    return None if why is None else f"{probe} {why}"
+    return None if why is None else f"{folder} {why}"
 
 
 @functools.cache
@@ -90,5 +103,12 @@ def _private_pocl_folder() -> Path:
             if cachedir.refusal(ours / "pocl") is None:
                 return ours / "pocl"
     made = Path(tempfile.mkdtemp(prefix="conveyor-pocl-"))
-    atexit.register(shutil.rmtree, made, True)
+    atexit.register(_remove_in, os.getpid(), made)
     return made
+
+
+def _remove_in(pid: int, folder: Path) -> None:
+    """Remove ``folder`` at exit, in the process that made it only: a forked child inherits
+    the exit hook, and removed its parent's live PoCL folder (every later build failed)."""
+    if os.getpid() == pid:
+        shutil.rmtree(folder, ignore_errors=True)

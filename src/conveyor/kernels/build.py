@@ -62,7 +62,11 @@ def default_cache() -> KernelCache | None:
                           stacklevel=3)
         return None
     with _lock:
-        cache = _caches.pop(path, None) or KernelCache(path)
+        cache = _caches.pop(path, None)
+        if cache is not None and cache.removed():  # removed by hand: made again, not off
+            cache.close()
+            cache = None
+        cache = cache or KernelCache(path)
         _caches[path] = cache  # the most recently used last
         # Each cache holds its folder open: a process that gives every job its own folder,
         # removed after the job, held one descriptor per job. A cache whose folder is gone

@@ -43,7 +43,18 @@ def expand_checked(source: str, options: Sequence[str] = (),
     ``headers`` names the contents of the headers the source includes (the kernel cache key
     covers them): the expansions are memoized, and an edited header must not be served the
     expansion of its old text."""
-    return _expand(source, tuple(options), tuple(macros), headers)
+    try:
+        return _expand(source, tuple(options), tuple(macros), headers)
+    except _NoCurrentFolder:
+        # Not memoized: the same source is expanded once the process is in a folder again.
+        _warn_once("conveyor's preprocessor could not expand a kernel source: the current "
+                   "folder no longer exists (pcpp asks for it), so its parameter types are "
+                   "read unexpanded: cd to a folder that exists")
+        return source, False
+
+
+class _NoCurrentFolder(Exception):
+    """pcpp could not start: the process's current folder was removed."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -72,7 +83,10 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
             return True if directive.value in ("error", "warning") else None
 
     try:
-        pre = _Quiet()
+        try:
+            pre = _Quiet()
+        except FileNotFoundError:  # its os.path.abspath(''): no current folder
+            raise _NoCurrentFolder() from None
         pre.line_directive = None
         words = [word for option in options for word in option.split()]
         implied = [("__FAST_RELAXED_MATH__", "1")] if "-cl-fast-relaxed-math" in words else []
@@ -89,6 +103,8 @@ def _expand(source: str, options: tuple[str, ...], macros: tuple[tuple[str, str]
                   "kernel")
         out = io.StringIO()
         pre.write(out)
+    except _NoCurrentFolder:
+        raise
     except Exception as exc:  # pcpp fails on some inputs: read the unexpanded source
         _warn_once(f"conveyor's preprocessor could not expand a kernel source ({exc}): its "
                    f"parameter types are read unexpanded")
