@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except SystemExit as exc:
         # argparse's --help and --version end here, and argparse drops a failed write.
+        if guard is not None and guard.broken and exc.code in (0, None):
+            stdout_gone()
+            return 141  # as for a command whose reader went away (| head -1)
         if guard is None or guard.failure is None or exc.code not in (0, None):
             raise
         print(f"conveyor: {guard.failure}", file=sys.stderr)
@@ -102,12 +105,16 @@ class GuardedStdout:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.failure: StdoutError | None = None  # the first failed write, once one failed
+        #: The reader went away during a write or flush (argparse drops that error for
+        #: --help: the command says so by its exit code, 141, all the same).
+        self.broken = False
 
     def write(self, text: str) -> int:
         """Write ``text`` to standard output."""
         try:
             return self.stream.write(text)
         except BrokenPipeError:
+            self.broken = True
             raise
         except OSError as exc:
             raise self._failed(exc) from exc
@@ -117,6 +124,7 @@ class GuardedStdout:
         try:
             self.stream.flush()
         except BrokenPipeError:
+            self.broken = True
             raise
         except OSError as exc:
             raise self._failed(exc) from exc

@@ -203,18 +203,20 @@ def _temp(name: Any, value: Any) -> Temp:
         raise InputError(f"temp name {name!r}: name temps with identifiers, e.g. 'flags'")
     shape: tuple[int, ...] | None = None
     if isinstance(value, tuple) and len(value) == 2 and isinstance(
-            value[0], tuple | list | range | int | np.integer) or (
+            value[0], tuple | list | range | int | np.integer | float) or (
             isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], np.ndarray)
             and value[0].ndim <= 1):
+        from conveyor.pipeline.options import _whole
+
         raw, value = value
-        raw = ((raw,) if isinstance(raw, int | np.integer)
+        raw = ((raw,) if isinstance(raw, int | np.integer | float)
                else (raw.item(),) if isinstance(raw, np.ndarray) and raw.ndim == 0
                else tuple(raw))
-        if not all(isinstance(d, int | np.integer) and not isinstance(d, bool) and d >= 0
-                   for d in raw):
+        wholes = [_whole(d) for d in raw]  # an integral float taken as meant (2.0 as 2)
+        if not all(d is not None and d >= 0 for d in wholes):
             raise InputError(f"temp {name!r}: row shape {raw!r} must be whole numbers of 0 or "
                              f"more, e.g. ((3,), np.float32)")
-        shape = tuple(int(d) for d in raw)
+        shape = tuple(int(d) for d in wholes)  # type: ignore[arg-type]
         if 0 in shape:
             raise InputError(f"temp {name!r}: row shape {raw!r} holds no elements; give each "
                              f"row at least one, e.g. ((3,), np.float32)")

@@ -241,6 +241,7 @@ def _bind_link(index: int, item: Link, known: dict[str, tuple[str, int, np.dtype
     else:
         from conveyor.pipeline.step import check_signature
 
+        resident.refuse_in_callable_args(item.args, f"{where} is a callable: its")
         try:  # called with its reads, its writes, its args, then queue=, offset=, n=
             check_signature(compute, len(reads) + len(writes) + len(item.args))
         except InputError as exc:

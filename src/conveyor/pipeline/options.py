@@ -307,8 +307,10 @@ def scalar_args(value: Any) -> tuple[Any, ...]:
         return tuple(value)
     if isinstance(value, numbers.Number | np.generic):
         return (value,)  # one scalar argument
-    raise InputError(f"args={value!r}{_kind(value)}: args takes a tuple of scalar kernel "
-                     f"arguments, e.g. args=(2.0, 7)")
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return (value,)  # a 0-d array is one scalar, as it is inside a tuple
+    raise InputError(f"args={value!r}{_kind(value)}: args takes a tuple of kernel arguments, "
+                     f"e.g. args=(2.0, 7), or args=(table,) for one array or resident table")
 
 
 def _boundary(value: Any) -> str | int | float | complex:

@@ -429,6 +429,18 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
     return made
 
 
+def refuse_in_callable_args(args: Sequence[Any], whose: str) -> None:
+    """InputError for a :func:`resident` handle among a Python callable's ``args`` (passed
+    as given: the callable got the handle itself, nothing uploaded and a writable table
+    never copied back)."""
+    for index, value in enumerate(args):
+        if isinstance(value, Resident):
+            raise InputError(
+                f"args[{index}] is a cv.resident table, but {whose} args are passed as given: "
+                f"a resident table is for a kernel's pointer parameter. Give the callable the "
+                f"array itself (or your own device array)")
+
+
 def _host_buffer(value: Any) -> bool:
     """Whether ``value`` is host memory NumPy takes as it is (the buffer protocol, or an
     array interface), not text and not a list (whose element type NumPy would guess)."""

@@ -66,9 +66,12 @@ class Rows(Shaped):
         self.dtype = _dtype(dtype, "rows")
         try:
             parts = tuple(ratio)
-            # Checked before int(): int(float("inf")) raised a bare OverflowError.
-            valid = all(_integer(v) for v in parts)
-            p, q = (int(v) for v in parts) if valid else (0, 0)
+            # Whole numbers, integral floats taken as meant (_whole: inf and nan are not).
+            from conveyor.pipeline.options import _whole
+
+            wholes = [_whole(v) for v in parts]
+            valid = len(wholes) == 2 and all(v is not None for v in wholes)
+            p, q = (int(v) for v in wholes) if valid else (0, 0)  # type: ignore[arg-type]
             valid = valid and p > 0 and q > 0
         except (TypeError, ValueError):
             valid = False
@@ -142,15 +145,20 @@ def _integer(value: Any) -> bool:
 
 
 def _dims(shape: Any, message: str) -> tuple[int, ...]:
-    """``shape`` (one int, or a sequence of them) as a tuple of positive ints; InputError
-    with ``message`` for anything else (a float, a string, a zero or negative size)."""
-    dims = (shape,) if _integer(shape) else shape
+    """``shape`` (one whole number, or a sequence of them) as a tuple of positive ints, an
+    integral float taken as meant (``2.0`` as 2, as ``depth=3.0`` is); InputError with
+    ``message`` for anything else (2.5, a string, a bool, a zero or negative size)."""
+    from conveyor.pipeline.options import _whole
+
+    dims = (shape,) if _whole(shape) is not None else shape
     if isinstance(dims, np.ndarray) and dims.ndim == 1:  # taken by cv.raw and the others
         dims = list(dims)
-    if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or not all(
-            _integer(d) and d > 0 for d in dims):
+    if isinstance(dims, str | bytes) or not isinstance(dims, Sequence):
         raise InputError(message)
-    return tuple(int(d) for d in dims)
+    whole = [_whole(d) for d in dims]
+    if not all(d is not None and d > 0 for d in whole):
+        raise InputError(message)
+    return tuple(int(d) for d in whole)  # type: ignore[arg-type]
 
 
 #: The most dimensions a NumPy array has (NumPy 2: 64); an output adds one for its rows.

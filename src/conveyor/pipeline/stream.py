@@ -444,6 +444,8 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
             f"compute must be a Kernel (device.compile) or a callable, "
             f"got {type(compute).__name__}"
         )
+    else:
+        resident.refuse_in_callable_args(opts.args, "the callable's")
     overlap.check_tables(_writable_tables(residents), sinks)
     first = sources[0]
     reduction = Reduction.make(reduce, element, first.dtype,
