@@ -51,12 +51,37 @@ def unsafe_reason(base: str | None) -> str | None:
     if why is None and not os.access(probe, os.W_OK | os.X_OK):
         why = f"{probe} is not writable by this user (PoCL lists no device then)"
     if why is None and probe == path:
-        for name in ("pytools", "pocl"):
+        for name in ("pytools", "pocl", "pocl/kcache"):
             if os.path.lexists(path / name):
                 why = _folder_refusal(path / name, own=True)
                 if why is not None:
-                    break
+                    return why
+        why = _entry_refusal(path / "pytools")
     return why
+
+
+#: Entries of PyOpenCL's cache folder checked one by one (its sqlite files: a few).
+_MOST_ENTRIES = 1000
+
+
+def _entry_refusal(folder: Path) -> str | None:
+    """Why an entry of ``folder`` (PyOpenCL's pickles, read as code) may be another user's:
+    a symlink (it could name a shared file), or a file not ours or writable by others."""
+    try:
+        with os.scandir(folder) as entries:
+            for count, entry in enumerate(entries):
+                if count >= _MOST_ENTRIES:
+                    return f"{folder} holds more than {_MOST_ENTRIES} entries, not all checked"
+                st = entry.stat(follow_symlinks=False)
+                if entry.is_symlink():
+                    return f"{entry.path} is a symbolic link (it could name a shared file)"
+                if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                    return f"{entry.path} is another user's, or writable by others"
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{folder} cannot be listed ({exc.strerror or exc})"
+    return None
 
 
 def _folder_refusal(folder: Path, own: bool) -> str | None:

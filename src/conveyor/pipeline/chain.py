@@ -203,13 +203,13 @@ def _temp(name: Any, value: Any) -> Temp:
         raise InputError(f"temp name {name!r}: name temps with identifiers, e.g. 'flags'")
     shape: tuple[int, ...] | None = None
     if isinstance(value, tuple) and len(value) == 2 and isinstance(
-            value[0], tuple | list | range | int | np.integer | float) or (
+            value[0], tuple | list | range | int | np.integer | float | np.floating) or (
             isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], np.ndarray)
             and value[0].ndim <= 1):
         from conveyor.pipeline.options import _whole
 
         raw, value = value
-        raw = ((raw,) if isinstance(raw, int | np.integer | float)
+        raw = ((raw,) if isinstance(raw, int | np.integer | float | np.floating)
                else (raw.item(),) if isinstance(raw, np.ndarray) and raw.ndim == 0
                else tuple(raw))
         wholes = [_whole(d) for d in raw]  # an integral float taken as meant (2.0 as 2)

@@ -36,19 +36,21 @@ from conveyor.interrupts import deferred_sigint, interruptible
 
 
 class WideHalves:
-    """The float32 total of float16 partials, not yet cast to float16: what a part of a
-    reduction gives inside :func:`halves_kept_wide` (``conveyor.dask`` folds the chunks'
-    totals; each cast on its own turned 30000 + 30000 + ... into inf, and inf - inf into nan
-    where ``cv.stream`` over the whole array gives 0). A fold takes it as a float16 partial
-    of that value."""
+    """A total of narrow float partials (float16, float32, complex64) kept in the wider type
+    it was added in, not yet cast back to ``dtype``: what a part of a reduction gives inside
+    :func:`halves_kept_wide` (``conveyor.dask`` folds the chunks' totals; each cast on its own
+    turned 30000 + 30000 + ... into inf and inf - inf into nan for float16, 3e38 + 3e38 into
+    inf for float32, where ``cv.stream`` over the whole array gives 0). A fold takes it as a
+    ``dtype`` partial of that value."""
 
-    __slots__ = ("total",)
+    __slots__ = ("total", "dtype")
 
-    def __init__(self, total: Any) -> None:
+    def __init__(self, total: Any, dtype: Any = np.float16) -> None:
         self.total = total
+        self.dtype = np.dtype(dtype)
 
     def __reduce__(self) -> tuple[Any, ...]:  # sent between Dask workers
-        return (WideHalves, (self.total,))
+        return (WideHalves, (self.total, self.dtype.str))
 
 
 _keep_wide: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_wide", default=False)
@@ -80,7 +82,6 @@ class Fold:
         self.pending: dict[int, Any] = {}  # block -> partial, come before an earlier block's
         self._next = 0  # the block whose partial is folded next
         self._first: tuple[int, tuple[int, ...]] | None = None  # (block, shape) of the first
-        self._halves = True  # every partial so far float16 ("sum" gives a float16 total)
         # The type NumPy promotes the partials to (None: none yet; off once a Python number
         # came, which np.sum's array coercion makes float64): a float16 or float32 total is
         # added wider and given back in it (one by one in float32, 2**24 + 1.0 ... stayed
@@ -113,19 +114,20 @@ class Fold:
             return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
         if self._flat is not None:
             flat = self._flat.result()
-            if isinstance(flat, WideHalves):  # tuples of halves: each element carried wide
+            if isinstance(flat, WideHalves):  # narrow floats: each element carried wide
                 if _keep_wide.get():
-                    return self._made([WideHalves(total) for total in flat.total])
-                flat = flat.total.astype(np.float16)
+                    return self._made([WideHalves(total, flat.dtype) for total in flat.total])
+                flat = flat.total.astype(flat.dtype)
             return self._made(flat.tolist() if self._python_totals() else list(flat))
         if self._parts is not None:
             return self._made([part.result() for part in self._parts])
-        if self.op == "sum" and self._halves:  # added in float32, as np.sum adds halves
-            return WideHalves(self.total) if _keep_wide.get() else \
-                self.total.astype(np.float16)
-        if self.op == "sum" and not self._dtype_off and self._dtype in (np.float16,
-                                                                         np.float32):
-            return self.total.astype(self._dtype)
+        narrow = self._dtype
+        if self.op == "sum" and not self._dtype_off and narrow is not None and \
+                narrow.kind in "fc" and getattr(self.total, "dtype", narrow) != narrow:
+            # Added wider (reduce.widened), given back in the partials' own type as np.sum
+            # gives it; kept wide while it is a part of a larger reduction.
+            return WideHalves(self.total, narrow) if _keep_wide.get() else \
+                self.total.astype(narrow)
         return self.total
 
     def _made(self, totals: list[Any]) -> Any:
@@ -155,13 +157,13 @@ class Fold:
             self._fold_parts(partial, block)
             return
         value = partial
-        wide = isinstance(value, WideHalves)
-        if wide:  # a part's float32 total of halves: a float16 partial, not yet rounded
-            value = value.total
+        kind: np.dtype | None = None
+        if isinstance(value, WideHalves):  # a part's wide total: a partial of its own type
+            kind, value = value.dtype, value.total
         self._check(value, block)
-        self._halves = self._halves and (wide or getattr(value, "dtype", None) == np.float16)
-        if wide or isinstance(value, np.ndarray | np.generic):
-            kind = np.dtype(np.float16) if wide else value.dtype
+        if kind is None and isinstance(value, np.ndarray | np.generic):
+            kind = value.dtype
+        if kind is not None:
             self._dtype = kind if self._dtype is None else np.result_type(self._dtype, kind)
         else:
             self._dtype_off = True
@@ -171,10 +173,21 @@ class Fold:
             value = widened(value)
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]  # a 0-d array is its scalar, as np.sum of partials gives it
+        if op == "sum" and self._dtype_off:
+            # A Python number among the partials: np.sum's array of them is float64 (or
+            # complex128), so float16 + 1e-9 is not rounded in float32.
+            value = _double(value)
         if not self.count:
             self.total, self.count = value, 1
             return
         total = self.total
+        if op == "sum":
+            if self._dtype_off:
+                total = _double(total)
+            elif self._dtype is not None and self._dtype.kind == "i":
+                # Signed and unsigned integers together: np.sum gives a signed total (int64
+                # and uint8 partials: exact int64, where uint64 beside int64 was float64).
+                total, value = _signed(total), _signed(value)
         try:
             if _python_int_pair(total, value):
                 # Python ints past int64 (with a NumPy integer too): NumPy raised
@@ -250,7 +263,7 @@ class Fold:
         parts = []
         for total in totals:
             part = Fold(self.op, self.element, kernel=self.kernel)
-            part.total, part.count, part._halves = total, flat.count, flat._halves
+            part.total, part.count = total, flat.count
             part._dtype, part._dtype_off = flat._dtype, flat._dtype_off
             part._first = (self._first[0], ())
             parts.append(part)
@@ -373,3 +386,24 @@ def _python_int_pair(total: Any, value: Any) -> bool:
 
 def _int_kind(value: Any) -> bool:
     return isinstance(value, np.ndarray | np.integer) and value.dtype.kind in "iu"
+
+
+def _double(value: Any) -> Any:
+    """A NumPy float or complex narrower than 64 bits (128 complex) as float64
+    (complex128); anything else as it is."""
+    dtype = getattr(value, "dtype", None)
+    if not isinstance(value, np.ndarray | np.generic) or dtype is None:
+        return value
+    if dtype.kind == "f" and dtype.itemsize < 8:
+        return value.astype(np.float64)
+    if dtype.kind == "c" and dtype.itemsize < 16:
+        return value.astype(np.complex128)
+    return value
+
+
+def _signed(value: Any) -> Any:
+    """A NumPy unsigned integer (uint64 from reduce.widened) as int64, wrapping as np.sum's
+    int64 total does; anything else as it is."""
+    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind == "u":
+        return value.astype(np.int64)
+    return value

@@ -152,9 +152,10 @@ def widened(partial: Any) -> Any:
     if not isinstance(partial, np.ndarray | np.generic) or dtype is None:
         return partial
     if dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize < 8) or \
-            dtype in (np.float16, np.float32):
+            dtype in (np.float16, np.float32, np.complex64):
         wider = np.dtype(np.uint64 if dtype.kind == "u" else np.float32 if dtype == np.float16
-                         else np.float64 if dtype.kind == "f" else np.int64)
+                         else np.float64 if dtype.kind == "f" else np.complex128
+                         if dtype.kind == "c" else np.int64)
         return wider.type(partial) if isinstance(partial, np.generic) else partial.astype(wider)
     return partial
 
