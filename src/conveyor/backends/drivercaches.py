@@ -72,7 +72,10 @@ def _entry_refusal(folder: Path) -> str | None:
             for count, entry in enumerate(entries):
                 if count >= _MOST_ENTRIES:
                     return f"{folder} holds more than {_MOST_ENTRIES} entries, not all checked"
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed meanwhile (an sqlite journal): the rest
+                    continue
                 if entry.is_symlink():
                     return f"{entry.path} is a symbolic link (it could name a shared file)"
                 if st.st_uid != os.getuid() or st.st_mode & 0o022:

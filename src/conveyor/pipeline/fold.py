@@ -123,11 +123,15 @@ class Fold:
             return self._made([part.result() for part in self._parts])
         narrow = self._dtype
         if self.op == "sum" and not self._dtype_off and narrow is not None and \
-                narrow.kind in "fc" and getattr(self.total, "dtype", narrow) != narrow:
-            # Added wider (reduce.widened), given back in the partials' own type as np.sum
-            # gives it; kept wide while it is a part of a larger reduction.
-            return WideHalves(self.total, narrow) if _keep_wide.get() else \
-                self.total.astype(narrow)
+                getattr(self.total, "dtype", narrow) != narrow:
+            # Added wider (reduce.widened): kept wide, with the partials' own type, while it
+            # is a part of a larger reduction (Dask's chunks: an int8 chunk's int64 total
+            # beside a float16 one's is float16, as np.sum of all the partials); a float or
+            # complex total given back in that type, as np.sum gives it.
+            if _keep_wide.get():
+                return WideHalves(self.total, narrow)
+            if narrow.kind in "fc":
+                return self.total.astype(narrow)
         return self.total
 
     def _made(self, totals: list[Any]) -> Any:
@@ -173,21 +177,22 @@ class Fold:
             value = widened(value)
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]  # a 0-d array is its scalar, as np.sum of partials gives it
-        if op == "sum" and self._dtype_off:
-            # A Python number among the partials: np.sum's array of them is float64 (or
-            # complex128), so float16 + 1e-9 is not rounded in float32.
+        if self._dtype_off:
+            # A Python number among the partials: NumPy's array of them is float64 (or
+            # complex128), so float16 + 1e-9 is not rounded in float32, nor max(float16,
+            # 1e5) inf.
             value = _double(value)
         if not self.count:
             self.total, self.count = value, 1
             return
         total = self.total
-        if op == "sum":
-            if self._dtype_off:
-                total = _double(total)
-            elif self._dtype is not None and self._dtype.kind == "i":
-                # Signed and unsigned integers together: np.sum gives a signed total (int64
-                # and uint8 partials: exact int64, where uint64 beside int64 was float64).
-                total, value = _signed(total), _signed(value)
+        if self._dtype_off:
+            total = _double(total)
+        elif op == "sum" and self._dtype is not None and self._dtype.kind in "iu":
+            # Integers of both signs (or bools, widened to int64) together: np.sum gives the
+            # promoted kind (int64 and uint8: exact int64; bool and uint64: exact uint64),
+            # where int64 beside uint64 was float64.
+            total, value = _as_kind(total, self._dtype.kind), _as_kind(value, self._dtype.kind)
         try:
             if _python_int_pair(total, value):
                 # Python ints past int64 (with a NumPy integer too): NumPy raised
@@ -265,6 +270,8 @@ class Fold:
             part = Fold(self.op, self.element, kernel=self.kernel)
             part.total, part.count = total, flat.count
             part._dtype, part._dtype_off = flat._dtype, flat._dtype_off
+            if self._flat_type in _PYTHON_NUMBERS:  # Python numbers (an object array here)
+                part._dtype, part._dtype_off = None, True
             part._first = (self._first[0], ())
             parts.append(part)
         self._parts, self._flat, self._flat_type = parts, None, None
@@ -401,9 +408,10 @@ def _double(value: Any) -> Any:
     return value
 
 
-def _signed(value: Any) -> Any:
-    """A NumPy unsigned integer (uint64 from reduce.widened) as int64, wrapping as np.sum's
-    int64 total does; anything else as it is."""
-    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind == "u":
-        return value.astype(np.int64)
+def _as_kind(value: Any, kind: str) -> Any:
+    """A NumPy integer as int64 (``kind`` "i") or uint64 ("u"), wrapping as np.sum's total
+    does; anything else (floats, Python ints) as it is."""
+    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "iu" and \
+            value.dtype.kind != kind:
+        return value.astype(np.int64 if kind == "i" else np.uint64)
     return value
