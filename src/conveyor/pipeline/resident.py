@@ -430,15 +430,17 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
 
 
 def refuse_in_callable_args(args: Sequence[Any], whose: str) -> None:
-    """InputError for a :func:`resident` handle among a Python callable's ``args`` (passed
-    as given: the callable got the handle itself, nothing uploaded and a writable table
-    never copied back)."""
+    """InputError for a writable :func:`resident` handle among a Python callable's ``args``:
+    they are passed as given, so the callable gets the handle itself, and the copy-back a
+    writable table promises would never happen (a read-only handle is passed as it is:
+    round eleven's rule)."""
     for index, value in enumerate(args):
-        if isinstance(value, Resident):
+        if isinstance(value, Resident) and value.writable:
             raise InputError(
-                f"args[{index}] is a cv.resident table, but {whose} args are passed as given: "
-                f"a resident table is for a kernel's pointer parameter. Give the callable the "
-                f"array itself (or your own device array)")
+                f"args[{index}] is a writable cv.resident table, but {whose} args are passed "
+                f"as given (the handle itself: nothing would be copied back into its array). "
+                f"A resident table is for a kernel's pointer parameter: give the callable the "
+                f"array itself, and write it there")
 
 
 def _host_buffer(value: Any) -> bool:
