@@ -122,10 +122,29 @@ def driver_build_variables() -> tuple[tuple[str, str], ...]:
     source into other code (``POCL_EXTRA_BUILD_FLAGS``, ``AMD_OCL_BUILD_OPTIONS``...), as
     sorted ``(name, value)`` pairs: the kernel cache's key takes them, so a binary built under
     one is never served to a run without it."""
-    found = [(name, value) for name, value in os.environ.items()
-             if (name.startswith("POCL_") and name not in _DRIVER_VARS_NOT_BUILDS)
-             or name in _DRIVER_BUILD_VARS]
-    return tuple(sorted(found))
+    found = tuple(sorted(
+        (name, value) for name, value in os.environ.items()
+        if (name.startswith("POCL_") and name not in _DRIVER_VARS_NOT_BUILDS)
+        or name in _DRIVER_BUILD_VARS))
+    global _first_driver_variables
+    if _first_driver_variables is None:
+        _first_driver_variables = found
+    elif found != _first_driver_variables:
+        # PoCL reads them once (at a library's first build) and keeps them: a binary built
+        # after a change would hold the old flags under a key naming the new ones (a
+        # later build with -DFACTOR=6 came out x5 once POCL_EXTRA_BUILD_FLAGS had been set).
+        then, now = dict(_first_driver_variables), dict(found)
+        name = next(n for n in sorted({*then, *now}) if then.get(n) != now.get(n))
+        raise InputError(
+            f"{name} is {now.get(name, 'unset')!r} now but was {then.get(name, 'unset')!r} at "
+            f"this process's first kernel build: OpenCL drivers (PoCL) read it once per "
+            f"process, so builds would not follow the change; set it before the process "
+            f"starts (start a new one to change it)")
+    return found
+
+
+#: The drivers' build variables as this process's first build saw them.
+_first_driver_variables: tuple[tuple[str, str], ...] | None = None
 
 
 def driver_cache_home() -> str | None:

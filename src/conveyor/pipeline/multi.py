@@ -24,6 +24,7 @@ so the result is bitwise the one device's.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import threading
@@ -82,9 +83,16 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
         if now != compute.headers:
             # A header edited (or the current folder changed) since: the other devices would
             # build what it holds now, and half the rows would come from other code.
+            then_vars, now_vars = _variables(compute.headers), _variables(now)
             if _forced(compute.headers) != _forced(now):
                 what = (f"{config.PYOPENCL_BUILD_OPTIONS_VAR}={_forced(compute.headers)!r}, "
                         f"which is {_forced(now)!r} now")
+            elif then_vars != now_vars:
+                name = next(n for n in sorted({*then_vars, *now_vars})
+                            if then_vars.get(n) != now_vars.get(n))
+                what = (f"{name}={then_vars.get(name, '')!r} set, which is "
+                        f"{now_vars.get(name, '')!r} now (a driver variable that changes "
+                        f"builds)")
             else:
                 changed = next((then for then, new in zip(compute.headers, now, strict=False)
                                 if then != new), (compute.headers or now)[-1])
@@ -103,6 +111,11 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
                      f"several devices; to leave it out, name the devices to use, e.g. "
                      f"device=[{compute.device.spec!r}, ...]")
         raise
+
+
+def _variables(headers: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+    """The drivers' build variables a header state was read under (kernels/build.py)."""
+    return {name: words for name, path, words in headers if path == "environment"}
 
 
 def _forced(headers: Sequence[tuple[str, str, str]]) -> str:
@@ -467,8 +480,12 @@ def _run_engines_held(engines: list[Engine], supply: Supply,
             while running[0]:
                 interrupts.wait(done)  # a held Ctrl-C is raised here
 
-    threads = [threading.Thread(target=main, args=(i,), name=f"conveyor-device-{i}",
-                                daemon=True) for i in range(len(engines))]
+    # Each in a copy of the stream's context, as on one device (where the engine runs on the
+    # calling thread): a stream a callable starts there is inside this one (resident.claim),
+    # and a callable sees its caller's context variables.
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(main, i),
+                                name=f"conveyor-device-{i}", daemon=True)
+               for i in range(len(engines))]
     interrupted: BaseException | None = None
     try:
         for thread in threads:

@@ -192,6 +192,15 @@ def stream(
             from conveyor.pipeline import multi
 
             multi.check_devices(devs, schedule)
+        elif isinstance(compute, Kernel) and (
+                isinstance(device, list | tuple) or isinstance(device, str) and (
+                    "," in device or device.endswith(":all"))):
+            # Several devices asked for, one found or named: a kernel of another device is
+            # built for it, as over two (code that streams over devices[:k] ran for k = 2
+            # and was refused for k = 1).
+            from conveyor.pipeline import multi
+
+            compute = multi.kernel_for(compute, dev)
         if trace is not None:
             # A str or pathlib.Path, as report.timeline.save takes.
             trace = files.path_text(trace, "trace=")
