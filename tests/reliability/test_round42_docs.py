@@ -50,6 +50,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and streamkit)
 from reliakit import (  # noqa: E402
     assert_clean,
+    child_env,
     first_device_only,  # noqa: E402, F401 (autouse: first device only)
     kernel,
     opencl_c_kernels,  # noqa: F401 (autouse: OpenCL C kernels)
@@ -76,7 +77,7 @@ def _closed_reader_run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run([sys.executable, "-m", "conveyor", *argv], stdout=write_end,
                               stderr=subprocess.PIPE, text=True, timeout=60,
-                              env=dict(os.environ, PYTHONPATH=str(SRC)))
+                              env=child_env(str(SRC)))
     finally:
         os.close(write_end)
 
