@@ -210,3 +210,11 @@ def run_threads(target: Any, count: int) -> None:
     assert not any(thread.is_alive() for thread in threads)
     if errors:
         raise errors[0]
+
+
+#: Counts each value of a uint input mod 16 into a writable table (round forty-one on).
+HIST = """__kernel void hist(__global const uint *x, __global uint *counts, ulong offset,
+                         ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) atomic_inc(&counts[x[i] % 16]);
+}"""

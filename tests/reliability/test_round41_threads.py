@@ -39,6 +39,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
 from reliakit import (  # noqa: E402
+    HIST,
     assert_clean,
     first_device_only,  # noqa: F401 (autouse: first device only)
     opencl_c_kernels,  # noqa: F401 (autouse: OpenCL C kernels)
@@ -48,12 +49,6 @@ import conveyor as cv  # noqa: E402
 from conveyor import interrupts  # noqa: E402
 from conveyor.hazards import HazardWarning  # noqa: E402
 from conveyor.pipeline import resident  # noqa: E402
-
-HIST = """__kernel void hist(__global const uint *x, __global uint *counts, ulong offset,
-                         ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) atomic_inc(&counts[x[i] % 16]);
-}"""
 
 
 class Boom(Exception):
