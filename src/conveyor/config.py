@@ -137,9 +137,9 @@ def driver_build_variables() -> tuple[tuple[str, str], ...]:
         name = next(n for n in sorted({*then, *now}) if then.get(n) != now.get(n))
         raise InputError(
             f"{name} is {now.get(name, 'unset')!r} now but was {then.get(name, 'unset')!r} at "
-            f"this process's first kernel build: OpenCL drivers (PoCL) read it once per "
-            f"process, so builds would not follow the change; set it before the process "
-            f"starts (start a new one to change it)")
+            f"this process's first kernel build: PoCL keeps a value it has seen for the rest "
+            f"of the process, so builds would not follow every change; set it before the "
+            f"process starts (start a new one to change it)")
     return found
 
 

@@ -167,6 +167,8 @@ class Fold:
         self._check(value, block)
         if kind is None and isinstance(value, np.ndarray | np.generic):
             kind = value.dtype
+        elif kind is None and isinstance(value, bool):
+            kind = np.dtype(np.bool_)  # NumPy lets a bool widen no float (max of float32, True)
         if kind is not None:
             self._dtype = kind if self._dtype is None else np.result_type(self._dtype, kind)
         else:

@@ -277,6 +277,8 @@ def _several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
     elif not callable(first_kernel):
         raise InputError(f"compute must be a Kernel (device.compile) or a callable, "
                          f"got {type(first_kernel).__name__}")
+    else:  # a callable: a writable resident in its args would never be copied back
+        resident.refuse_in_callable_args(opts.args, "the callable's")
     first = sources[0]
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
@@ -324,6 +326,16 @@ def _one_element(elements: Sequence[Any], devices: Sequence[Device]) -> Any:
                          f"({each}): its source chooses the type by a macro of each "
                          f"device's compiler; declare one type, or stream on one device")
     return elements[0] if elements else None
+
+
+def chain_kernels_for(chain: Chain, device: Device) -> Chain:
+    """``chain`` with its kernel links built for ``device`` (kernel_for), args as given: for a
+    stream on one device named as a list (its resident args are bound as on one device)."""
+    made = copy.copy(chain)
+    made.links = [replace(item, compute=kernel_for(item.compute, device))
+                  if isinstance(item, Link) else kernel_for(item, device)
+                  for item in chain.links]
+    return made
 
 
 def _chain_for(chain: Chain, device: Device, homes: _Homes) -> Chain:

@@ -192,15 +192,14 @@ def stream(
             from conveyor.pipeline import multi
 
             multi.check_devices(devs, schedule)
-        elif isinstance(compute, Kernel) and (
-                isinstance(device, list | tuple) or isinstance(device, str) and (
-                    "," in device or device.endswith(":all"))):
-            # Several devices asked for, one found or named: a kernel of another device is
-            # built for it, as over two (code that streams over devices[:k] ran for k = 2
-            # and was refused for k = 1).
+        elif isinstance(compute, Kernel | Chain) and _several_asked(device):
+            # Several devices asked for, one found or named: a kernel of another device (a
+            # chain's too) is built for it, as over two (code that streams over devices[:k]
+            # ran for k = 2 and was refused for k = 1).
             from conveyor.pipeline import multi
 
-            compute = multi.kernel_for(compute, dev)
+            compute = (multi.kernel_for(compute, dev) if isinstance(compute, Kernel)
+                       else multi.chain_kernels_for(compute, dev))
         if trace is not None:
             # A str or pathlib.Path, as report.timeline.save takes.
             trace = files.path_text(trace, "trace=")
@@ -292,6 +291,15 @@ def _close_iterables(inputs: Any, stream: object) -> None:
     for item in inputs if isinstance(inputs, list | tuple) else [inputs]:
         if isinstance(item, IterSource) and item.claimed_by(stream):
             item.close()
+
+
+def _several_asked(device: Any) -> bool:
+    """Whether ``device=`` asks for a list of devices (a list or tuple, a comma spec, an
+    "all" spec), whatever it found."""
+    if isinstance(device, list | tuple):
+        return True
+    text = device.strip().lower() if isinstance(device, str) else ""
+    return "," in text or text == "all" or text.endswith(":all")
 
 
 def _compile_source(source: str, dev: Device) -> Kernel:
