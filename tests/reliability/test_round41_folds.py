@@ -44,10 +44,13 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import (  # noqa: E402
+from reliakit import (
     assert_clean,
     compiled,
     first_device_only,  # noqa: E402, F401 (autouse: first device only)
+)
+from reliakit import (  # noqa: E402
+    opencl_c_only as _opencl_callable,
 )
 
 import conveyor as cv  # noqa: E402
@@ -76,9 +79,6 @@ RATIO = """__kernel void rk(__global const uint *x, __global uint *y, __global l
 }"""
 
 
-def _opencl_callable(device) -> None:
-    if device.backend != "opencl":
-        pytest.skip("the callable reads PyOpenCL arrays (x.get())")
 
 
 # -- findings --------------------------------------------------------------------------------

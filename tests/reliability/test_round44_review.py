@@ -47,19 +47,17 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import (  # noqa: E402
+from reliakit import (
     assert_clean,
     first_device_only,  # noqa: F401 (autouse: first device only)
     opencl_c_kernels,  # noqa: F401 (autouse: OpenCL C kernels)
 )
+from reliakit import (  # noqa: E402
+    opencl_c_only as _opencl_callable,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.pipeline.fold import combine  # noqa: E402
-
-
-def _opencl_callable(device) -> None:
-    if device.backend != "opencl":
-        pytest.skip("the callable reads PyOpenCL arrays")
 
 
 def _stepping(partials):

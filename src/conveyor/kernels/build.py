@@ -116,14 +116,12 @@ def kernel_headers(device: Device, options: Sequence[str], source: str
     the state: the same source under other forced options is other code."""
     forced = config.pyopencl_build_options().split() if device.backend == "opencl" else []
     state = header_state(source, [*options, *forced])
-    # The drivers' own build variables (POCL_EXTRA_BUILD_FLAGS...) lead it too: a kernel
-    # built under one, given to another device after it was unset, had that device build
-    # other code (half the rows x5, half x3).
-    drivers = config.driver_build_variables() if device.backend == "opencl" else ()
-    lead = tuple((name, "environment", value) for name, value in drivers)
+    # The drivers' own build variables (POCL_EXTRA_BUILD_FLAGS...) need no entry: a change
+    # of one after the process's first build is refused (config.driver_build_variables),
+    # so every build of a process reads the same ones.
     if forced:
-        lead = ((config.PYOPENCL_BUILD_OPTIONS_VAR, "", " ".join(forced)), *lead)
-    return (*lead, *state) if lead else state
+        return ((config.PYOPENCL_BUILD_OPTIONS_VAR, "", " ".join(forced)), *state)
+    return state
 
 
 def source_params(

@@ -13,8 +13,9 @@ device that runs ahead of the fold).
 
 The result is what ``functools.reduce`` over the partials in block order gives, with
 ``np.sum``'s rules for ``"sum"`` (``reduce.widened``), Python's ``min``/``max`` for Python
-ints (no overflow past int64), and a float16 total for float16 partials (added in float32),
-a float32 one for float32 partials (added in float64). A tuple or list
+ints (no overflow past int64), and a total in the type NumPy promotes the partials to (float16
+partials added in float32, float32 and complex64 ones in float64 and complex128, given back
+narrow; float64 beside a Python number). A tuple or list
 partial is folded element by element, each element as a partial of its own (a histogram and
 a count, an int64 and a float: stacking them into one array made NumPy's ValueError, or
 an int64 past 2**53 a float64), and the total is a tuple (list) of the elements' totals.

@@ -83,16 +83,9 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
         if now != compute.headers:
             # A header edited (or the current folder changed) since: the other devices would
             # build what it holds now, and half the rows would come from other code.
-            then_vars, now_vars = _variables(compute.headers), _variables(now)
             if _forced(compute.headers) != _forced(now):
                 what = (f"{config.PYOPENCL_BUILD_OPTIONS_VAR}={_forced(compute.headers)!r}, "
                         f"which is {_forced(now)!r} now")
-            elif then_vars != now_vars:
-                name = next(n for n in sorted({*then_vars, *now_vars})
-                            if then_vars.get(n) != now_vars.get(n))
-                what = (f"{name}={then_vars.get(name, '')!r} set, which is "
-                        f"{now_vars.get(name, '')!r} now (a driver variable that changes "
-                        f"builds)")
             else:
                 changed = next((then for then, new in zip(compute.headers, now, strict=False)
                                 if then != new), (compute.headers or now)[-1])
@@ -111,11 +104,6 @@ def kernel_for(compute: Compute, device: Device) -> Compute:
                      f"several devices; to leave it out, name the devices to use, e.g. "
                      f"device=[{compute.device.spec!r}, ...]")
         raise
-
-
-def _variables(headers: Sequence[tuple[str, str, str]]) -> dict[str, str]:
-    """The drivers' build variables a header state was read under (kernels/build.py)."""
-    return {name: words for name, path, words in headers if path == "environment"}
 
 
 def _forced(headers: Sequence[tuple[str, str, str]]) -> str:

@@ -139,11 +139,6 @@ def rows(dtype: Any, ratio: tuple[int, int] = (1, 1), shape: Sequence[int] | Non
     return Rows(dtype, ratio, shape)
 
 
-def _integer(value: Any) -> bool:
-    """An int or a NumPy integer, not a bool (``True`` for 1 is a mistake)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
-
-
 def _dims(shape: Any, message: str) -> tuple[int, ...]:
     """``shape`` (one whole number, or a sequence of them) as a tuple of positive ints, an
     integral float taken as meant (``2.0`` as 2, as ``depth=3.0`` is); InputError with
