@@ -205,7 +205,7 @@ def _unregister(ptr: int) -> None:
 def _host_pointer(array: np.ndarray, call: str) -> int:
     if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
         raise InputError(f"{call} needs a C-contiguous NumPy array: pass np.ascontiguousarray(a)")
-    return int(array.__array_interface__["data"][0])
+    return hostmem.address(array)
 
 
 def _device_pointer(buf: base.DeviceBuffer, offset: int, nbytes: int, call: str) -> int:

@@ -366,7 +366,7 @@ class Queue(base.Queue):
 
     def _copy_registered(self, dst: base.DeviceBuffer, src: np.ndarray, kept: Any,
                          dst_offset: int, wait_for: Sequence[base.Event]) -> Event:
-        start = int(src.__array_interface__["data"][0]) - kept.address
+        start = hostmem.address(src) - kept.address
         registration = kept.registration
         try:
             ev = registration.copy(lambda before: cl.enqueue_copy(
@@ -384,7 +384,7 @@ class Queue(base.Queue):
         driver may hold the buffer's contents elsewhere). The unmap's event is the copy's."""
         if not dst.nbytes:
             return self.marker(wait_for)
-        start = int(dst.__array_interface__["data"][0]) - kept.address
+        start = hostmem.address(dst) - kept.address
         registration = kept.registration
         buf = registration.cl_buffer
         try:

@@ -39,6 +39,7 @@ import numpy as np
 from conveyor import config
 from conveyor.closing import Closeable
 from conveyor.errors import InputError
+from conveyor.memory import hostmem
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Device, Registration
@@ -147,7 +148,7 @@ def kept_bytes() -> int:
 
 
 def _key(array: np.ndarray, device: Device) -> tuple[int, int, int]:
-    return (id(device), int(array.__array_interface__["data"][0]), array.nbytes)
+    return (id(device), hostmem.address(array), array.nbytes)
 
 
 def _owner(array: np.ndarray) -> np.ndarray:
@@ -323,7 +324,7 @@ def find(device: Device, array: np.ndarray, *, written: bool = False) -> Kept | 
     held last (:func:`hold` moves what it holds to the end)."""
     if not _kept:
         return None
-    start = int(array.__array_interface__["data"][0])
+    start = hostmem.address(array)
     end = start + array.nbytes
     with _locked():
         for kept in reversed(_kept.values()):
@@ -348,7 +349,7 @@ def locked_elsewhere(device: Device, array: np.ndarray, *, written: bool = False
 def _overlaps_kept(device: Device, array: np.ndarray) -> bool:
     """True when a kept registration on ``device`` shares a byte with ``array`` (``_lock``
     held)."""
-    start = int(array.__array_interface__["data"][0])
+    start = hostmem.address(array)
     end = start + array.nbytes
     return any(kept.device is device and kept.address < end
                and start < kept.address + kept.nbytes for kept in _kept.values())
@@ -401,7 +402,7 @@ def hold(device: Device, arrays: list[np.ndarray], written: Sequence[bool] = ()
         for array, w in zip(arrays, writes, strict=True):
             if w or not array.flags.c_contiguous or not array.nbytes:
                 continue
-            low = int(array.__array_interface__["data"][0])
+            low = hostmem.address(array)
             high = low + array.nbytes
             for other in list(_kept.values()):
                 if (other.device is device and other.address < high and not other.doomed

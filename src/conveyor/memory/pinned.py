@@ -25,7 +25,7 @@ from numpy.typing import DTypeLike
 from conveyor import config
 from conveyor.errors import InputError, OutOfMemoryError
 from conveyor.interrupts import deferred_sigint
-from conveyor.memory import numa
+from conveyor.memory import hostmem, numa
 from conveyor.memory.pool import BlockPool
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class PinnedOwner:
         self.device = pool.device
         self.block = block
         self.nbytes = nbytes
-        pointer = int(block.array.__array_interface__["data"][0])
+        pointer = hostmem.address(block.array)
         self.__array_interface__ = {
             "shape": (nbytes,),
             "typestr": "|u1",

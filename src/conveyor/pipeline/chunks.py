@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import InputError
+from conveyor.memory.hostmem import address
 from conveyor.pipeline import overlap, validate
 from conveyor.pipeline.io import FileRows, Source
 from conveyor.pipeline.options import _whole
@@ -36,8 +37,7 @@ def _same_rows(chunk: np.ndarray, out: np.ndarray, start: int) -> bool:
     """Whether ``chunk`` is rows ``start:start+len(chunk)`` of ``out`` itself."""
     return (chunk.dtype == out.dtype and chunk.shape[1:] == out.shape[1:]
             and chunk.strides == out.strides and start + len(chunk) <= len(out)
-            and chunk.__array_interface__["data"][0]
-            == out.__array_interface__["data"][0] + start * out.strides[0])
+            and address(chunk) == address(out) + start * out.strides[0])
 
 
 class IterSource(Source):

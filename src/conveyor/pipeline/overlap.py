@@ -32,9 +32,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.array_utils import byte_bounds
 
 from conveyor.errors import InputError
+from conveyor.memory.hostmem import address, byte_bounds
 from conveyor.pipeline.io import ArraySource, FileSource, Source
 from conveyor.pipeline.sinks import ArraySink, Sink
 
@@ -181,7 +181,7 @@ def _relation(a: _Region, b: _Region) -> str:
     if a.array is not None and b.array is not None and np.may_share_memory(a.array, b.array):
         if (a.contiguous and b.contiguous and a.rows == b.rows
                 and a.array.nbytes == b.array.nbytes
-                and _address(a.array) == _address(b.array)):
+                and address(a.array) == address(b.array)):
             return "same"
         shared = _shares(a.array, b.array)
         if shared is None:
@@ -214,10 +214,6 @@ def _shares(a: np.ndarray, b: np.ndarray) -> bool | None:
         return bool(np.shares_memory(a, b, max_work=MAX_WORK))  # type: ignore[arg-type]
     except np.exceptions.TooHardError:
         return None
-
-
-def _address(array: np.ndarray) -> int:
-    return int(array.__array_interface__["data"][0])
 
 
 def file_backed(array: np.ndarray) -> bool:

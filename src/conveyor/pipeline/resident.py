@@ -430,17 +430,45 @@ def bind(kernel: Kernel, first_arg: int, args: Sequence[Any]) -> ResidentArgs:
 
 
 def refuse_in_callable_args(args: Sequence[Any], whose: str) -> None:
-    """InputError for a writable :func:`resident` handle among a Python callable's ``args``:
-    they are passed as given, so the callable gets the handle itself, and the copy-back a
-    writable table promises would never happen (a read-only handle is passed as it is:
-    round eleven's rule)."""
+    """InputError for a writable :func:`resident` handle among a Python callable's ``args``,
+    at any depth of the tuples, lists, sets and dicts it is given in: they are passed as
+    given, so the callable gets the handle itself, and the copy-back a writable table
+    promises would never happen (a read-only handle is passed as it is: round eleven's
+    rule)."""
     for index, value in enumerate(args):
-        if isinstance(value, Resident) and value.writable:
+        where = _writable_within(value, f"args[{index}]")
+        if where is not None:
             raise InputError(
-                f"args[{index}] is a writable cv.resident table, but {whose} args are passed "
+                f"{where} is a writable cv.resident table, but {whose} args are passed "
                 f"as given (the handle itself: nothing would be copied back into its array). "
                 f"A resident table is for a kernel's pointer parameter: give the callable the "
                 f"array itself, and write it there")
+
+
+def _writable_within(value: Any, where: str) -> str | None:
+    """The path (``args[0][1]['k']``) of a writable :func:`resident` handle in ``value`` or
+    in the tuples, lists, sets and dicts (keys and values) it holds, at any depth, or None.
+    Walked with a stack of its own (no recursion limit) and each container once (one that
+    holds itself ends); an array's elements are never walked (they are not handles)."""
+    stack, seen = [(value, where)], set()
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, Resident):
+            if item.writable:
+                return path
+            continue
+        if not isinstance(item, tuple | list | set | frozenset | dict) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            pairs = [(inner, f"{path}[{key!r}]") for key, inner in item.items()]
+            pairs += [(key, f"a key of {path}") for key in item]
+        elif isinstance(item, set | frozenset):
+            pairs = [(inner, f"an element of {path}") for inner in item]
+        else:
+            pairs = [(inner, f"{path}[{i}]") for i, inner in enumerate(item)]
+        stack.extend(reversed(pairs))
+    return None
 
 
 def _host_buffer(value: Any) -> bool:

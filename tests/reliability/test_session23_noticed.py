@@ -1,0 +1,85 @@
+"""Two things session 22 noticed and left, mended in session 23.
+
+- A writable ``cv.resident`` handle nested inside a callable's args (``args=((h,),)``, a list,
+  a dict) was passed to the callable as it was: the refusal looked at the top level only, and
+  the copy-back a writable table promises never happened.
+- Host addresses were read through ``__array_interface__``, which lists every field of a
+  record dtype first (43 ms for 60,000 fields, once per block where chunks are compared):
+  ``hostmem.address`` and ``hostmem.byte_bounds`` read them without it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.lib.array_utils import byte_bounds as numpy_byte_bounds
+
+import conveyor as cv
+from conveyor.memory import hostmem
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the callable ran: the writable handle was not refused")
+
+
+def _nestings(handle):
+    loop: list = [1]
+    loop.append(loop)
+    loop.append(handle)
+    return [
+        ("args[0][0]", ((handle,),)),
+        ("args[1][1][0]", (1, [2, [handle]])),
+        ("args[0]['table']", ({"table": handle},)),
+        ("an element of args[0]", ({handle},)),
+        ("a key of args[0]", ({handle: 1},)),
+        ("args[0][2]", (loop,)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_a_nested_writable_handle_in_a_callables_args_is_refused(device, index):
+    x = np.ones(1000, np.float32)
+    table = np.zeros(4, np.int32)
+    with cv.resident(table, writable=True) as handle:
+        where, args = _nestings(handle)[index]
+        with pytest.raises(cv.InputError) as caught:
+            cv.stream(_never, [x], device=device, reduce="sum", args=args, block_bytes=400)
+    assert f"{where} is a writable cv.resident table" in str(caught.value)
+
+
+def test_a_deeply_nested_list_is_walked_without_recursion(device):
+    x = np.ones(100, np.float32)
+    table = np.zeros(4, np.int32)
+    with cv.resident(table, writable=True) as handle:
+        deep: list = [handle]
+        for _ in range(100_000):
+            deep = [deep]
+        with pytest.raises(cv.InputError, match="writable cv.resident"):
+            cv.stream(_never, [x], device=device, reduce="sum", args=(deep,), block_bytes=400)
+
+
+def test_a_nested_read_only_handle_is_passed_as_given(device):
+    x = np.ones(1000, np.float32)
+    seen = []
+
+    def count(a, *args, **launch):
+        seen.append(args[0][0])
+        return np.int64(launch["n"])
+
+    with cv.resident(np.zeros(4, np.int32)) as handle:
+        total = cv.stream(count, [x], device=device, reduce="sum", args=((handle,),),
+                          block_bytes=400).result
+    assert total == 1000
+    assert seen and all(item is handle for item in seen)
+
+
+@pytest.mark.parametrize("view", [
+    lambda a: a, lambda a: a[::2], lambda a: a[:, ::-1], lambda a: a[..., ::-3],
+    lambda a: a.T, lambda a: a[:0], lambda a: a[:, :0, ::-1], lambda a: a[1],
+    lambda a: a[::-1, 2:, ::2], lambda a: np.broadcast_to(a[0], (3, 5, 6)),
+    lambda a: a.view(np.dtype([("p", np.float32), ("q", np.float32)])),
+])
+def test_byte_bounds_and_address_agree_with_numpy(view):
+    array = view(np.arange(120, dtype=np.float32).reshape(4, 5, 6))
+    assert hostmem.byte_bounds(array) == numpy_byte_bounds(array)
+    assert hostmem.address(array) == array.__array_interface__["data"][0]
