@@ -146,15 +146,14 @@ def test_min_max_of_narrow_floats_beside_python_numbers_stay_wide():
 
 
 # -- 4. integer totals that wrap before a float partial -----------------------------------------
-@pytest.mark.xfail(strict=True, reason="integer partials are added (and wrap) in int64/uint64 "
-                                       "before a later float partial; np.sum promotes first")
 @pytest.mark.parametrize("partials", [
     [np.int64(-2**63 + 5), np.int64(-7), np.float64(1.0)],
     [np.uint64(200), np.uint64(2**64 - 1), np.float64(200.0)],
 ], ids=["int64-sign-flip", "uint64-wrap"])
 def test_integer_partials_then_a_float_sum_as_np_sum_gives(partials):
     """np.sum of the partials is float64 with no wrap (-9.2e18; 1.8e19); the fold wrapped
-    the integers first (+9.2e18, a sign flip; 399.0). The same at 7186e09."""
+    the integers first (+9.2e18, a sign flip; 399.0). The same at 7186e09. Fixed in session
+    23: the fold keeps the integer partials' float64 sum for a float partial that comes."""
     want = _np("sum", partials)
     with np.errstate(all="ignore"):
         got = combine("sum", list(partials))

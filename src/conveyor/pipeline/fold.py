@@ -89,6 +89,11 @@ class Fold:
         # 2**24).
         self._dtype: np.dtype | None = None
         self._dtype_off = False
+        # While every partial of a "sum" is an integer (or bool): their sum in float64 too,
+        # for the float partial that may come. np.sum of all the partials then promotes each
+        # integer to float64 before adding, where the int64 total had wrapped (-2**63 + 5
+        # and -7 gave +9.2e18, a sign flip).
+        self._floats: Any = None
         self._parts: list[Fold] | None = None  # tuple or list partials: a fold per element
         self._kind: type = tuple  # ... and the type of block 0's (its total's type)
         # ... or, while every one holds numbers of one type, one fold of them as an array
@@ -170,6 +175,7 @@ class Fold:
             kind = value.dtype
         elif kind is None and isinstance(value, bool):
             kind = np.dtype(np.bool_)  # NumPy lets a bool widen no float (max of float32, True)
+        integers_so_far = self._dtype is None or self._dtype.kind in "biu"
         if kind is not None:
             self._dtype = kind if self._dtype is None else np.result_type(self._dtype, kind)
         else:
@@ -178,6 +184,11 @@ class Fold:
             from conveyor.pipeline.reduce import widened
 
             value = widened(value)
+            if self.count and integers_so_far and self._floats is not None and \
+                    _inexact(value):
+                self.total = self._floats  # the integers, each as float64, as np.sum adds
+            self._floats = _integers_as_floats(self._floats, value) if integers_so_far \
+                and (not self.count or self._floats is not None) else None
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]  # a 0-d array is its scalar, as np.sum of partials gives it
         if self._dtype_off:
@@ -409,6 +420,23 @@ def _double(value: Any) -> Any:
     if dtype.kind == "c" and dtype.itemsize < 16:
         return value.astype(np.complex128)
     return value
+
+
+def _inexact(value: Any) -> bool:
+    """Whether ``value`` is a float or complex (NumPy's or Python's), scalar or array."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.dtype.kind in "fc"
+    return isinstance(value, float | complex)
+
+
+def _integers_as_floats(floats: Any, value: Any) -> Any:
+    """``floats`` (the float64 sum of the integer partials so far, None before the first)
+    plus the integer partial ``value`` as float64; None once ``value`` is no NumPy integer
+    (a Python int is exact already; a float ends the integers)."""
+    if not isinstance(value, np.ndarray | np.generic) or value.dtype.kind not in "iu":
+        return None
+    as_float = value.astype(np.float64)
+    return as_float if floats is None else floats + as_float
 
 
 def _as_kind(value: Any, kind: str) -> Any:
