@@ -121,11 +121,9 @@ def driver_build_variables() -> tuple[tuple[str, str], ...]:
     """The environment variables, set now, through which an OpenCL driver may build the same
     source into other code (``POCL_EXTRA_BUILD_FLAGS``, ``AMD_OCL_BUILD_OPTIONS``...), as
     sorted ``(name, value)`` pairs: the kernel cache's key takes them, so a binary built under
-    one is never served to a run without it."""
-    found = tuple(sorted(
-        (name, value) for name, value in os.environ.items()
-        if (name.startswith("POCL_") and name not in _DRIVER_VARS_NOT_BUILDS)
-        or name in _DRIVER_BUILD_VARS))
+    one is never served to a run without it. InputError where they differ from what
+    :func:`note_driver_variables` first took."""
+    found = _driver_variables_now()
     global _first_driver_variables
     if _first_driver_variables is None:
         _first_driver_variables = found
@@ -136,15 +134,34 @@ def driver_build_variables() -> tuple[tuple[str, str], ...]:
         then, now = dict(_first_driver_variables), dict(found)
         name = next(n for n in sorted({*then, *now}) if then.get(n) != now.get(n))
         raise InputError(
-            f"{name} is {now.get(name, 'unset')!r} now but was {then.get(name, 'unset')!r} at "
-            f"this process's first kernel build: PoCL keeps a value it has seen for the rest "
-            f"of the process, so builds would not follow every change; set it before the "
-            f"process starts (start a new one to change it)")
+            f"{name} is {now.get(name, 'unset')!r} now but was {then.get(name, 'unset')!r} "
+            f"when this process first used OpenCL (or built a kernel): PoCL keeps a value it "
+            f"has seen for the rest of the process, so builds would not follow every change; "
+            f"set it before the process starts (start a new one to change it)")
     return found
 
 
 #: The drivers' build variables as this process's first build saw them.
 _first_driver_variables: tuple[tuple[str, str], ...] | None = None
+
+
+def note_driver_variables() -> None:
+    """Take the drivers' build variables as set now for the ones this process's builds have,
+    where nothing has taken them yet: when conveyor first lists OpenCL devices. A build of
+    anyone's after that (PyOpenCL's elementwise code in a callable: ``a * 2``) is PoCL's
+    first, and PoCL keeps what it saw: a variable unset after such a build, before conveyor's
+    own first build, made every kernel of the process come out with its flags (x5 for a
+    source of x3), and the cache kept them under a key naming no variable."""
+    global _first_driver_variables
+    if _first_driver_variables is None:
+        _first_driver_variables = _driver_variables_now()
+
+
+def _driver_variables_now() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(
+        (name, value) for name, value in os.environ.items()
+        if (name.startswith("POCL_") and name not in _DRIVER_VARS_NOT_BUILDS)
+        or name in _DRIVER_BUILD_VARS))
 
 
 def driver_cache_home() -> str | None:

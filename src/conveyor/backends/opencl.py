@@ -915,6 +915,7 @@ def discover() -> list[Device]:
     from conveyor.backends import drivercaches
 
     drivercaches.guard()  # before PoCL starts: its cache, and PyOpenCL's, in a safe folder
+    config.note_driver_variables()  # what PoCL's first build will see, whoever builds
     try:
         platforms = cl.get_platforms()
     except cl.Error:

@@ -174,7 +174,10 @@ class Fold:
         if kind is None and isinstance(value, np.ndarray | np.generic):
             kind = value.dtype
         elif kind is None and isinstance(value, bool):
-            kind = np.dtype(np.bool_)  # NumPy lets a bool widen no float (max of float32, True)
+            # NumPy lets a bool widen no float (max of float32, True), and adds it as a NumPy
+            # bool: as a Python int 1 it made the integer total a Python int, which NumPy then
+            # added to a float16's float32 in float32 (2**24 + 1 lost its 1).
+            kind, value = np.dtype(np.bool_), np.bool_(value)
         integers_so_far = self._dtype is None or self._dtype.kind in "biu"
         if kind is not None:
             self._dtype = kind if self._dtype is None else np.result_type(self._dtype, kind)

@@ -317,13 +317,35 @@ def _one_element(elements: Sequence[Any], devices: Sequence[Device]) -> Any:
 
 
 def chain_kernels_for(chain: Chain, device: Device) -> Chain:
-    """``chain`` with its kernel links built for ``device`` (kernel_for), args as given: for a
-    stream on one device named as a list (its resident args are bound as on one device)."""
+    """``chain`` with its kernel links built for ``device`` (kernel_for) and their read-only
+    resident args of another device as tables (``tables_of_others``): for a stream on one
+    device named as a list (the rest of its resident args are bound as on one device)."""
+    links: list[Any] = []
+    for item in chain.links:
+        if isinstance(item, Link):
+            compute = kernel_for(item.compute, device)
+            args = tables_of_others(item.args, device) if isinstance(compute, Kernel) \
+                else item.args  # a callable link gets its args as given
+            links.append(replace(item, compute=compute, args=args))
+        else:
+            links.append(kernel_for(item, device))
     made = copy.copy(chain)
-    made.links = [replace(item, compute=kernel_for(item.compute, device))
-                  if isinstance(item, Link) else kernel_for(item, device)
-                  for item in chain.links]
+    made.links = links
     return made
+
+
+def tables_of_others(args: Sequence[Any], device: Device) -> tuple[Any, ...]:
+    """``args`` for a kernel streamed on ``device`` alone, the device named as a list (code
+    that streams over ``devices[:k]``, for k = 1): a read-only cv.resident handle that lives
+    on another device becomes its table as that device holds it, uploaded for the stream, as
+    over several devices (``_Homes``); everything else as given (a writable one of another
+    device is still refused: its writes would go to a copy)."""
+    values = list(args)
+    for index, value in enumerate(values):
+        if isinstance(value, resident.Resident) and not value.writable and \
+                not value.closed and value.device is not None and value.device is not device:
+            values[index] = value.current() if value.buffer is None else value.host_copy()
+    return tuple(values)
 
 
 def _chain_for(chain: Chain, device: Device, homes: _Homes) -> Chain:

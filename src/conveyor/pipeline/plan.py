@@ -204,7 +204,10 @@ class Plan:
         pinned pool bins it: counted as the device ring, 512-byte bins and ``depth``
         entries, one-row blocks were undercounted 8 times), each input's halo pad rows (and
         the int64 row numbers they are made from), and on a device that shares host memory
-        the device's ring too."""
+        the device's ring too. A stream of no blocks holds none of it (an empty input with an
+        output ratio of 2**40 was refused for a ring no block would use)."""
+        if not self.block_count:
+            return 0
         pads = 2 * self.halo * sum(spec.row_bytes + 8 for spec in self.inputs)
         entries = max(min(self.depth + STAGING_EXTRA, self.block_count), 1)
         staged = entries * sum(page_bin(max(n, 1)) for n in (*self.input_device_bytes,

@@ -200,6 +200,8 @@ def stream(
 
             compute = (multi.kernel_for(compute, dev) if isinstance(compute, Kernel)
                        else multi.chain_kernels_for(compute, dev))
+            # ... and a read-only resident table of another device is its table here
+            opts = replace(opts, args=multi.tables_of_others(opts.args, dev))
         if trace is not None:
             # A str or pathlib.Path, as report.timeline.save takes.
             trace = files.path_text(trace, "trace=")
