@@ -36,8 +36,16 @@ class AggregateFigures:
 
 def group_key(devices: Sequence[Device]) -> tuple[str, str]:
     """(spec, name) under which the ceiling of ``devices`` together is cached: what the
-    merged report of a stream over them looks up."""
-    return ",".join(d.spec for d in devices), ",".join(d.name for d in devices)
+    merged report of a stream over them looks up, in whatever order they were given (the
+    devices sorted by spec: a stream over ``[d1, d0]`` found no ceiling measured for
+    ``[d0, d1]``)."""
+    return sorted_key([(d.spec, d.name) for d in devices])
+
+
+def sorted_key(pairs: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """The (spec, name) key of devices given as (spec, name) pairs, sorted by spec."""
+    ordered = sorted(pairs)
+    return ",".join(spec for spec, _ in ordered), ",".join(name for _, name in ordered)
 
 
 def groups(devices: Sequence[Device]) -> list[list[Device]]:

@@ -94,6 +94,9 @@ class IterSource(Source):
         self._cond = threading.Condition()  # guards the loans
         self._loans: list[_Loan] = []  # rows lent to staging copies since the last next()
         self._maps_checked: dict[int, object] = {}  # mappings whose file size was checked
+        #: The files behind memory-mapped chunks, by mapping (a stream's trace must not
+        #: replace one: stream.py checks them before it writes the trace).
+        self.mapped_files: dict[int, str] = {}
         try:
             first = self._next()
             if first is None and rows:
@@ -144,9 +147,14 @@ class IterSource(Source):
         # A map whose file was cut: SIGBUS. Once per mapping: each look reads
         # /proc/self/maps, and chunks of one np.memmap may come by the hundred thousand.
         mapping = overlap.mapping_of(array)
-        if mapping is not None and id(mapping) not in self._maps_checked:
-            overlap.check_map_sizes([(where, array)])
+        # (An empty chunk reads nothing: the check, which skips it, waits for one with rows.)
+        if mapping is not None and array.size and id(mapping) not in self._maps_checked:
+            maps = overlap.read_maps()
+            overlap.check_map_sizes([(where, array)], maps)
             self._maps_checked[id(mapping)] = mapping  # held: its id stays its own
+            path = overlap.mapped_path(array, maps)
+            if path is not None:
+                self.mapped_files[id(mapping)] = path
         if hasattr(self, "shape") and (array.dtype != self.dtype
                                        or array.shape[1:] != self.shape[1:]):
             raise InputError(

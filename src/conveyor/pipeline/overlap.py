@@ -244,11 +244,12 @@ def shared_file(array: np.ndarray, maps: list[Mapping]) -> str | None:
                  if start <= low < end and not private), None)
 
 
-def check_map_sizes(arrays: Sequence[tuple[str, np.ndarray]]) -> None:
+def check_map_sizes(arrays: Sequence[tuple[str, np.ndarray]],
+                    maps: list[Mapping] | None = None) -> None:
     """InputError for a file-backed array (``what``, array) whose file was cut below what its
     map reaches after it was mapped: reading or writing those pages kills the process with
-    SIGBUS (no Python error), so it is refused before any work."""
-    maps: list[Mapping] | None = None
+    SIGBUS (no Python error), so it is refused before any work. ``maps``: :func:`read_maps`
+    already read (read here where needed, else)."""
     for what, array in arrays:
         if not array.size or not _file_backed(array):
             continue

@@ -117,7 +117,14 @@ class Report:
         """The device's measured pinned copy bandwidth (``conveyor devices --measure`` caches
         it), or None when it was never measured on this machine."""
         if self._ceiling is _UNREAD:
-            self._ceiling = link_ceiling(self.device, self.device_name)
+            if self.devices:  # several: the devices' ceiling together, in any order given
+                from conveyor.measure_all import sorted_key
+
+                spec, name = sorted_key([(r.device, r.device_name) for r in self.devices])
+                self._ceiling = link_ceiling(spec, name) or link_ceiling(self.device,
+                                                                         self.device_name)
+            else:
+                self._ceiling = link_ceiling(self.device, self.device_name)
         found: LinkCeiling | None = self._ceiling
         return found
 
@@ -164,7 +171,8 @@ class Report:
 
     @property
     def busy_seconds(self) -> dict[str, float]:
-        """Busy time of each lane that ran, in seconds (overlapping spans counted once)."""
+        """Busy time of each lane that ran, in seconds (overlapping spans counted once); on
+        several devices each device's own, summed (``Timeline.busy_ns``)."""
         timeline = self.timeline
         return {lane: timeline.busy_ns(lane) / 1e9 for lane in timeline.lanes}
 
@@ -219,7 +227,8 @@ class Report:
         # the host stall below.
         busy = [(lane, timeline.busy_ns(lane)) for lane in WORK_LANES if timeline.lane(lane)]
         if busy and wall > 0:
-            lines.append("  lane        busy ms  share of wall")
+            lines.append("  lane        busy ms  share of wall" + (
+                " (each device's, summed)" if len(self.devices) > 1 else ""))
             for lane, ns in busy:
                 lines.append(f"  {lane:<10} {ns / 1e6:8.2f}  {ns / wall:6.0%}")
         stall = self.host_stall_seconds

@@ -202,10 +202,14 @@ def stream(
                        else multi.chain_kernels_for(compute, dev))
             # ... and a read-only resident table of another device is its table here
             opts = replace(opts, args=multi.tables_of_others(opts.args, dev))
+        trace_at = ""
         if trace is not None:
             # A str or pathlib.Path, as report.timeline.save takes.
             trace = files.path_text(trace, "trace=")
             files.output_target(trace, f"trace={trace!r}", probe=True)  # before any work
+            # Checked and written as it names the file now: written after the work, a
+            # relative one followed a callable's os.chdir onto the stream's own input.
+            trace_at = files.joined(trace)
         sources: list[Source] = []
         sinks: list[Sink] = []
         begun: list[FileSource] = []
@@ -244,7 +248,7 @@ def stream(
                     inner.writes_in_place(this_stream)
             validate.check_widths(sources, sinks)
             if trace is not None:
-                _check_trace(trace, sources, sinks, opts.args)
+                _check_trace(trace_at, sources, sinks, _all_args(compute, opts.args), trace)
             if len(devs) > 1:
                 from conveyor.pipeline import multi
 
@@ -270,8 +274,12 @@ def stream(
             from conveyor.trace.export import save_chrome_trace
 
             try:
-                save_chrome_trace(report.timeline, trace)
-                report.trace_file = trace
+                read = _iterated_file(trace_at, sources)
+                if read is not None:  # a chunk's file, known only once the chunks came
+                    raise OSError(f"it names {read}, the file a cv.iterate input's chunks were "
+                                  f"read from: write the trace to another file")
+                save_chrome_trace(report.timeline, trace_at)
+                report.trace_file = _as_given(trace, trace_at)
             except OSError as exc:  # the outputs are committed: a side file must not lose them
                 warnings.warn(f"conveyor: trace {trace} was not written ({exc}); the stream "
                               f"itself succeeded", RuntimeWarning, stacklevel=2)
@@ -351,13 +359,45 @@ def open_sinks(sinks: Sequence[Sink], plan: Plan, reduction: Reduction | None, d
                   result=reduction.result() if reduction is not None else None)
 
 
+def _all_args(compute: Any, args: Sequence[Any]) -> list[tuple[str, Any]]:
+    """The stream's ``args`` and its chain links' own, each named for messages."""
+    named = [(f"args[{index}]", value) for index, value in enumerate(args)]
+    if isinstance(compute, Chain):
+        named += [(f"args[{index}] of link {number}", value)
+                  for number, item in enumerate(compute.links)
+                  for index, value in enumerate(getattr(item, "args", ()))]
+    return named
+
+
+def _iterated_file(trace: str, sources: list[Source]) -> str | None:
+    """The file behind a ``cv.iterate`` input's memory-mapped chunks that ``trace`` names, or
+    None: chunks come during the work, so the check before it could not see them."""
+    for source in sources:
+        for path in getattr(source, "mapped_files", {}).values():
+            if files.same_file(trace, path):
+                return path
+    return None
+
+
+def _as_given(given: str, absolute: str) -> str:
+    """``given``, or ``absolute`` where the current folder has changed since (as
+    ``FileSink.result``)."""
+    try:
+        return given if files.joined(given) == absolute else absolute
+    except InputError:  # the current folder was removed
+        return absolute
+
+
 def _check_trace(trace: str, sources: list[Source], sinks: list[Sink],
-                 args: Sequence[Any] = ()) -> None:
+                 args: Sequence[tuple[str, Any]] = (), shown: str | None = None) -> None:
     """InputError when ``trace`` names a file the stream reads or writes (an input or output
-    file, a Parquet or Arrow input, a memory map among the inputs, outputs or ``args``): the
-    trace, written last, would replace it."""
+    file, a Parquet or Arrow input, a memory map among the inputs, outputs or ``args``, a
+    chain link's included; ``args`` as (name, value) pairs): the trace, written last, would
+    replace it. ``shown``: the trace's name as given, for the message."""
     maps = None
-    tables = [getattr(a, "source", a) for a in args]  # a cv.resident's array, or the array
+    shown = trace if shown is None else shown
+    names = [name for name, _ in args]
+    tables = [getattr(a, "source", a) for _, a in args]  # a cv.resident's array, or the array
     for kind, ends in (("input", sources), ("output", sinks), ("args", tables)):
         for index, end in enumerate(ends):
             # An image input keeps its file or array on the source it wraps.
@@ -369,8 +409,8 @@ def _check_trace(trace: str, sources: list[Source], sinks: list[Sink],
                 maps = overlap.read_maps() if maps is None else maps
                 path = overlap.mapped_path(array, maps)
             if path is not None and files.same_file(trace, path):
-                what = f"args[{index}]" if kind == "args" else f"{kind} {index}"
-                raise InputError(f"trace={trace!r} names the same file as {what} "
+                what = names[index] if kind == "args" else f"{kind} {index}"
+                raise InputError(f"trace={shown!r} names the same file as {what} "
                                  f"({path}): the trace would replace it; write the trace "
                                  f"to another file")
 

@@ -236,9 +236,10 @@ class Timeline:
         return [s for s in self.spans if s.lane == name]
 
     def busy_ns(self, name: str) -> int:
-        """Time the lane was busy (overlapping spans counted once), in ns."""
-        return sum(end - start for start, end in _merge(
-            (s.start_ns, s.end_ns) for s in self.lane(name)))
+        """Time the lane was busy (overlapping spans counted once), in ns; on several devices
+        each device's own busy time, summed, as :attr:`bound` weighs the lanes (the union
+        over the devices made the report's busy times name another lane than its bound)."""
+        return sum(_busy(spans, name) for spans in self._by_device())
 
     def _by_device(self) -> list[list[Span]]:
         """The spans of each device (one list on a stream of one device)."""
@@ -304,8 +305,7 @@ class Timeline:
         what limits the stream. None for an empty timeline."""
         # Several devices: each device's own busy time per lane, summed (the union over
         # devices made two compute-bound devices with staggered copies "copy-in" bound).
-        busy = {lane: sum(_busy(spans, lane) for spans in self._by_device())
-                for lane in WORK_LANES}
+        busy = {lane: self.busy_ns(lane) for lane in WORK_LANES}
         lane = max(busy, key=lambda name: busy[name])
         return lane if busy[lane] > 0 else None
 
@@ -336,8 +336,8 @@ class Timeline:
     @property
     def host_stall_ns(self) -> int:
         """Time the host thread spent blocked waiting for a slot to come free (the host-wait
-        lane's busy time), in ns."""
-        return self.busy_ns("host-wait")
+        lane's busy time, its spans' union over every device's engine), in ns."""
+        return _busy(self.spans, "host-wait")
 
     # -- export ------------------------------------------------------------------------------
     def to_chrome_trace(self) -> dict[str, Any]:
