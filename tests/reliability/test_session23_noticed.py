@@ -83,3 +83,27 @@ def test_byte_bounds_and_address_agree_with_numpy(view):
     array = view(np.arange(120, dtype=np.float32).reshape(4, 5, 6))
     assert hostmem.byte_bounds(array) == numpy_byte_bounds(array)
     assert hostmem.address(array) == array.__array_interface__["data"][0]
+
+
+def test_a_dask_task_adds_its_note_to_its_own_copy_of_a_shared_failure():
+    """Round forty-six's cluster helper: two tasks that waited for one failed build get the
+    same exception object (kernels/build.py); each task's note went onto it, so the error a
+    user saw named two chunks on two workers. Each task now notes its own copy."""
+    from conveyor.dask.worker import _an_exception
+
+    shared = cv.CompileError("build failed")
+    shared.add_note("from the build")
+    first, second = _an_exception(shared), _an_exception(shared)
+    first.add_note("chunk 0")
+    second.add_note("chunk 1")
+    assert first.__notes__ == ["from the build", "chunk 0"]
+    assert second.__notes__ == ["from the build", "chunk 1"]
+    assert shared.__notes__ == ["from the build"]
+    assert type(first) is cv.CompileError and str(first) == str(shared)
+
+    class Odd(Exception):
+        def __init__(self, a, b):
+            super().__init__(f"{a}+{b}")
+
+    odd = Odd(1, 2)
+    assert _an_exception(odd) is odd or str(_an_exception(odd)) == "1+2"

@@ -65,7 +65,7 @@ def map_blocks(compute: Any, *arrays: Any, dtype: Any = None, args: Sequence[Any
     data = _rows(da, arrays)
     boundary = _check_halo(h, boundary, [a.dtype for a in data])
     if isinstance(job.compute, KernelSpec):
-        job.compute.check_count(len(data), len(job.args), "map_blocks")
+        job.compute.check_count(len(data), job.args, "map_blocks")
     first = data[0]
     out_dtype = (_output_dtype(dtype) if dtype is not None
                  else _default_dtype(job, len(data), first))
@@ -108,7 +108,7 @@ def reduce(compute: Any, array: Any, op: str | Callable[[Any, Any], Any] = "sum"
     (data,) = _rows(da, (array,))
     boundary = _check_halo(h, boundary, [data.dtype])
     if isinstance(job.compute, KernelSpec):
-        job.compute.check_count(1, len(job.args), "reduce")
+        job.compute.check_count(1, job.args, "reduce")
     from conveyor.pipeline import reduce as reducing
 
     reducing.check_not_empty(op, int(np.prod(data.shape, dtype=np.int64)))
@@ -361,9 +361,14 @@ def _check_array_input(index: int, value: Any) -> None:
     0-d object array ("is a scalar") or raised AttributeError from deep inside dask."""
     import os
 
+    from conveyor.pipeline.chunks import IterSource
     from conveyor.pipeline.image import ImageInput
     from conveyor.pipeline.io import Source
 
+    if isinstance(value, IterSource):  # a Source too: before the files
+        raise InputError(f"input {index} is a cv.iterate(...), which one local stream reads "
+                         f"once, in order (cv.stream): Dask workers cannot share it; pass a "
+                         f"NumPy or dask array (dask.array.concatenate of the chunks)")
     if isinstance(value, str | bytes | os.PathLike | Source):
         raise InputError(f"input {index} is a file ({getattr(value, 'name', value)!r}): "
                          f"conveyor.dask.map_blocks and reduce take arrays (NumPy or dask); "

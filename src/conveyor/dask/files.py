@@ -131,6 +131,7 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     from conveyor.dask.arrays import _check_boundary, _check_halo, _stream_options
     from conveyor.pipeline.io import as_source
     from conveyor.pipeline.options import as_inputs, as_outputs, count
+    from conveyor.pipeline.shaped import Shaped
     from conveyor.pipeline.sinks import as_sink
 
     started = time.perf_counter()
@@ -159,12 +160,17 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
     if reduce is not None and wanted:
         raise InputError("with reduce=, pass no outputs")
     if isinstance(job.compute, KernelSpec):  # on the client: each range failed on its worker
-        job.compute.check_count(len(refs), len(job.args), "conveyor.dask.stream",
+        job.compute.check_count(len(refs), job.args, "conveyor.dask.stream",
                                 outputs=len(wanted) or (1 if reduce is not None else 0))
     default = _default_dtype(job, len(refs), np.dtype(refs[0][1]))
     sinks: list[FileSink] = []
     try:
         for i, out in enumerate(wanted):
+            if isinstance(out, Shaped):  # as_sink's advice (an array) is refused below
+                raise InputError(f"output {i} is a {type(out).__name__} (cv.rows / "
+                                 f"cv.per_block), for a local cv.stream: conveyor.dask.stream "
+                                 f"writes one row per input row to files (a .npy path, "
+                                 f"cv.npy_out or cv.raw_out)")
             sink = as_sink(out, i, total, row_shape,
                            _default_dtype(job, len(refs), np.dtype(refs[0][1]), i))
             if sink.shape[:1] != (total,):  # its rows are the workers' ranges: never checked

@@ -69,20 +69,31 @@ class KernelSpec:
                 raise
             return list(parse_params(self.source, self.name))
 
-    def check_count(self, inputs: int, args: int, call: str, outputs: int | None = None
-                    ) -> None:
+    def check_count(self, inputs: int, args: Sequence[Any], call: str,
+                    outputs: int | None = None) -> None:
         """InputError on the client when the kernel does not take ``inputs`` inputs, the one
         output (or per-element buffer) that ``call`` passes (``outputs`` where the call
-        takes them as given), ``args`` args, offset and n: otherwise every chunk failed on
-        its worker with a traceback each."""
+        takes them as given), the ``args``, offset and n, or when an array in ``args`` is
+        bound to a pointer the kernel may write (no worker can copy that back): otherwise
+        every chunk failed on its worker with a traceback each."""
         params = self.params()
-        expected = inputs + (1 if outputs is None else outputs) + args + 2
+        first = inputs + (1 if outputs is None else outputs)
+        expected = first + len(args) + 2
         if len(params) != expected:
             buffers = (f"one output buffer ({call} makes one: split a kernel that writes "
                        f"more)" if outputs is None else f"{outputs} output buffers")
             raise InputError(
                 f"kernel {self.name!r} takes {len(params)} parameters; {call} passes "
-                f"{expected}: {inputs} inputs, {buffers}, {args} args, then offset and n")
+                f"{expected}: {inputs} inputs, {buffers}, {len(args)} args, then offset and n")
+        for index, (param, value) in enumerate(zip(params[first:], args, strict=False)):
+            if param.is_pointer and not (param.is_const or param.address == "constant") \
+                    and not np.isscalar(value) and np.ndim(value) > 0:
+                raise InputError(
+                    f"args[{index}] (kernel parameter {param.name!r}, {param.type_text}) is "
+                    f"not const, so the kernel may write the array it receives, which no "
+                    f"Dask worker can copy back into this process's array: declare it const "
+                    f"(__global const / __constant), or stream it with cv.stream and "
+                    f"cv.resident(array, writable=True)")
 
 
 def kernel(source: str, name: str, options: Sequence[str] = ()) -> KernelSpec:
@@ -190,6 +201,7 @@ def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
                              f"cannot travel to Dask workers: pass a NumPy array (a.get()) "
                              f"or a read-only cv.resident, which each worker uploads")
         if type(value).__name__ != "Resident":  # not imported: the client loads no engine
+            _refuse_value(value, f"args[{index}] is ")
             continue
         if value.writable:
             raise InputError(f"args[{index}] is cv.resident(writable=True), which is copied "
@@ -209,25 +221,60 @@ def _device_array(value: Any) -> bool:
 
 
 def _refuse_held(compute: Callable[..., Any]) -> None:
-    """InputError on the client when callable ``compute`` uses a device, a kernel, a
-    resident table or a device array of this process (a closure's variable, or a global of
-    ``__main__``, which is sent by value): Dask failed to pickle it with "Could not serialize
-    object", naming none of them."""
+    """InputError on the client when callable ``compute`` holds a device, a kernel, a
+    resident table or a device array of this process (a closure's variable, a global of
+    ``__main__``, which is sent by value, a default argument, a ``functools.partial``'s
+    arguments, a callable object's or a bound method's attributes): Dask failed to pickle it
+    with "Could not serialize object", naming none of them."""
+    for name, value in _held_by(compute):
+        _refuse_value(value, f"the callable {getattr(compute, '__name__', compute)!r} uses "
+                             f"{name!r}, ")
+
+
+def _held_by(compute: Any, depth: int = 0) -> list[tuple[str, Any]]:
+    """(name, value) of what ``compute`` holds and sends along with it: see _refuse_held."""
+    import functools
     import inspect
 
-    from conveyor.backends.base import Device, Kernel
-    from conveyor.kernels.build import KernelFuture
-
-    try:
-        found = inspect.getclosurevars(compute)
-    except TypeError:  # a callable object, a builtin: nothing to look into
-        return
-    held = dict(found.nonlocals)
+    if depth > 3:
+        return []
+    if isinstance(compute, functools.partial):
+        held = [(f"partial args[{i}]", v) for i, v in enumerate(compute.args)]
+        held += [(f"partial {k}=", v) for k, v in compute.keywords.items()]
+        return held + _held_by(compute.func, depth + 1)
+    if inspect.ismethod(compute):
+        return _attributes(compute.__self__, "self") + _held_by(compute.__func__, depth + 1)
+    if not inspect.isfunction(compute):  # a callable object: its attributes and __call__
+        call = inspect.getattr_static(type(compute), "__call__", None)
+        return _attributes(compute, "self") + (
+            _held_by(call, depth + 1) if inspect.isfunction(call) else [])
+    found = inspect.getclosurevars(compute)
+    held = list(found.nonlocals.items())
     if getattr(compute, "__module__", None) == "__main__":
         # Globals it loads, not every name its code holds: getclosurevars counts attribute
         # names too (queue.device matched a global named device).
         loaded = _globals_loaded(compute.__code__)
-        held.update({k: v for k, v in found.globals.items() if k in loaded})
+        held += [(k, v) for k, v in found.globals.items() if k in loaded]
+    try:
+        params = [p for p in inspect.signature(compute).parameters.values()
+                  if p.default is not inspect.Parameter.empty]
+    except (TypeError, ValueError):  # no signature to read
+        params = []
+    return held + [(f"default {p.name}=", p.default) for p in params]
+
+
+def _attributes(instance: Any, label: str) -> list[tuple[str, Any]]:
+    """An object's own attributes, as ``label.name`` (none where it has no ``__dict__``)."""
+    return [(f"{label}.{k}", v) for k, v in getattr(instance, "__dict__", {}).items()]
+
+
+def _refuse_value(value: Any, where: str, depth: int = 0) -> None:
+    """InputError where ``value`` (or a tuple, list or dict it holds, a few levels down) is a
+    device, a kernel, a resident table or a device array of this process; ``where`` begins
+    the message ("the callable 'f' uses 'dev', ")."""
+    from conveyor.backends.base import Device, Kernel
+    from conveyor.kernels.build import KernelFuture
+
     remedies = [
         (lambda v: isinstance(v, Device), "a device of this process",
          "each worker opens its own: pass device='SPEC' to conveyor.dask and use the "
@@ -240,12 +287,12 @@ def _refuse_held(compute: Callable[..., Any]) -> None:
         (_device_array, "a device array of this process",
          "pass a NumPy array (a.get()) in args="),
     ]
-    for name, value in held.items():
-        for test, what, fix in remedies:
-            if test(value):
-                raise InputError(
-                    f"the callable {getattr(compute, '__name__', compute)!r} uses {name!r}, "
-                    f"{what}, which cannot travel to Dask workers: {fix}")
+    for test, what, fix in remedies:
+        if test(value):
+            raise InputError(f"{where}{what}, which cannot travel to Dask workers: {fix}")
+    if depth < 3 and isinstance(value, tuple | list | dict):
+        for item in value.values() if isinstance(value, dict) else value:
+            _refuse_value(item, where, depth + 1)
 
 
 def _globals_loaded(code: Any) -> set[str]:
@@ -357,13 +404,36 @@ def _check_defaulted(kernel: Any, inputs: int, outputs: list[Any],
 def _an_exception(exc: BaseException) -> BaseException:
     """``exc``, or for a BaseException that is no Exception (a callable's own, raised on a
     worker thread, where no Ctrl-C lands) a RuntimeError naming it: Dask's worker cannot
-    finish a task that raises one, and the client waited for ever."""
+    finish a task that raises one, and the client waited for ever. Either way one this task
+    may add its notes to (:func:`_own_copy`)."""
     if isinstance(exc, Exception):
-        return exc
+        return _own_copy(exc)
     wrapped = RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
     for note in getattr(exc, "__notes__", ()):
         wrapped.add_note(note)
     return wrapped
+
+
+def _own_copy(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` for this task's notes: a failed build is one exception object in
+    every task of the process that waited for it (kernels/build.py hands each the same), and
+    each task's note went onto it (the error named two chunks on two workers). ``exc`` itself
+    where it cannot be copied (an ``__init__`` that takes other arguments than it keeps)."""
+    # Made by hand: copy.copy was seen to give a copy sharing the original's __dict__ (its
+    # notes with it) once Dask's workers had run in the process.
+    try:
+        made = type(exc).__new__(type(exc), *exc.args)
+        made.args = exc.args
+        made.__dict__.update({k: v for k, v in vars(exc).items() if k != "__notes__"})
+        if str(made) != str(exc):
+            return exc
+    except Exception:
+        return exc
+    if hasattr(exc, "__notes__"):
+        made.__notes__ = list(exc.__notes__)  # the copy's own list
+    made.__cause__, made.__context__ = exc.__cause__, exc.__context__
+    made.__suppress_context__ = exc.__suppress_context__
+    return made.with_traceback(exc.__traceback__)
 
 
 def _travel_light(exc: BaseException) -> None:

@@ -158,7 +158,9 @@ class Resident(Closeable):
         its device sees those); the host array where it is on no device."""
         with self._lock:
             if self.buffer is None or self.device is None:
-                return self.array
+                # (current(): a strided or Fortran-order table changed on the host before
+                # any upload is copied again, as a stream of it on one device sees it)
+                return self.current()
             host = np.empty_like(self.array)
             queue = self.device.create_queue()
             try:
