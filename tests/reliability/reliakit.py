@@ -218,3 +218,36 @@ HIST = """__kernel void hist(__global const uint *x, __global uint *counts, ulon
     ulong i = get_global_id(0);
     if (i < n) atomic_inc(&counts[x[i] % 16]);
 }"""
+
+
+def compiling_opencl_spec() -> str | None:
+    """The spec of the first OpenCL device that can build kernels here, or None: what the
+    cluster rounds hand Dask workers (``device="SPEC"``)."""
+    import conveyor as cv
+    from conveyor.backends.diagnose import cannot_compile
+
+    for dev in cv.devices():
+        if dev.backend == "opencl" and not cannot_compile([dev]):
+            return str(dev.spec)
+    return None
+
+
+def _make_two_worker_client() -> Any:
+    import pytest
+
+    @pytest.fixture(scope="module", name="dask_client")
+    def two_worker_client() -> Any:
+        """Two in-process Dask workers of one thread each: one cluster per test module."""
+        distributed = pytest.importorskip("distributed")
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                           dashboard_address=":0", silence_logs=50)
+        with cluster, distributed.Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            yield client
+
+    return two_worker_client
+
+
+#: A module-scoped fixture named ``dask_client``: an in-process two-worker ``LocalCluster``'s
+#: client (import this name; tests take ``dask_client``).
+two_worker_client = _make_two_worker_client()

@@ -52,7 +52,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit
-from reliakit import first_device_only  # noqa: E402, F401 (autouse: first device only)
+from reliakit import (  # noqa: E402, F401 (autouse, and the dask_client fixture)
+    compiling_opencl_spec,
+    first_device_only,
+    two_worker_client,
+)
 
 import conveyor as cv  # noqa: E402
 
@@ -61,17 +65,8 @@ da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
 import conveyor.dask as cvd  # noqa: E402
-from conveyor.backends.diagnose import cannot_compile  # noqa: E402
 
-
-def _opencl_spec() -> str | None:
-    for dev in cv.devices():
-        if dev.backend == "opencl" and not cannot_compile([dev]):
-            return str(dev.spec)
-    return None
-
-
-SPEC = _opencl_spec()
+SPEC = compiling_opencl_spec()
 pytestmark = pytest.mark.skipif(SPEC is None, reason="no usable OpenCL device")
 
 SRC = """
@@ -113,16 +108,6 @@ def device():
     return cv.device(SPEC)
 
 
-@pytest.fixture(scope="module")
-def client():
-    """Two in-process workers of one thread each: the one cluster of this file."""
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                       dashboard_address=":0", silence_logs=50)
-    with cluster, distributed.Client(cluster, set_as_default=False) as c:
-        c.wait_for_workers(2, timeout=60)
-        yield c
-
-
 def _local(device, spec, inputs, **kw):
     return cv.stream(device.compile(spec.source, spec.name, list(spec.options)), inputs,
                      device=device, **kw)
@@ -131,7 +116,7 @@ def _local(device, spec, inputs, **kw):
 # -- wrong answers ------------------------------------------------------------------------------
 @pytest.mark.parametrize("layout", ["strided", "fortran"])
 def test_a_resident_changed_before_its_first_stream_gives_the_workers_its_new_values(
-        client, device, layout):
+        dask_client, device, layout):
     x = np.arange(8, dtype=np.int32) % 4
     if layout == "strided":
         whole = np.arange(8, dtype=np.float32)
@@ -146,7 +131,7 @@ def test_a_resident_changed_before_its_first_stream_gives_the_workers_its_new_va
         local = _local(device, LUT, [x], outputs=[np.float32], args=(mine,)).outputs[0]
         np.testing.assert_array_equal(local, np.ravel(table, order="C")[x])  # the new values
         got = cvd.map_blocks(LUT, da.from_array(x, chunks=3), args=(theirs,),
-                             device=SPEC).compute(scheduler=client)
+                             device=SPEC).compute(scheduler=dask_client)
         # Today: [0, 2, 4, 6, 0, ...] (strided) / [0, 1, 2, 3, ...] (Fortran): the values of
         # the copy cv.resident made, where the local stream gives [100, 102, ...].
         np.testing.assert_array_equal(got, local)
@@ -193,7 +178,7 @@ def _held(way, dev, kernel):
 
 @pytest.mark.parametrize("way", ["partial-device", "partial-kernel", "callable-object",
                                  "bound-method", "default-argument", "args-kernel"])
-def test_a_callable_holding_a_device_any_way_is_told_what_to_pass(client, device, way):
+def test_a_callable_holding_a_device_any_way_is_told_what_to_pass(dask_client, device, way):
     kernel = device.compile(TWICE.source, TWICE.name)
     compute, args = _held(way, device, kernel)
     x = np.arange(10, dtype=np.float32)
@@ -205,16 +190,16 @@ def test_a_callable_holding_a_device_any_way_is_told_what_to_pass(client, device
     # residents. A closure's device has been an InputError naming it since round seventeen.
     with pytest.raises(cv.InputError, match=r"(?i)device|kernel"):
         cvd.map_blocks(compute, da.from_array(x, chunks=4), args=args,
-                       device=SPEC).compute(scheduler=client)
+                       device=SPEC).compute(scheduler=dask_client)
 
 
 def test_a_plain_array_for_a_written_pointer_is_refused_on_the_client_with_advice_that_works(
-        client):
+        dask_client):
     x = da.from_array(np.arange(10, dtype=np.float32), chunks=4)
     hits = np.zeros(1, np.int32)
     with pytest.raises(cv.InputError) as info:
         graph = cvd.map_blocks(COUNT, x, args=(hits,), device=SPEC)
-        graph.compute(scheduler=client)
+        graph.compute(scheduler=dask_client)
     text = str(info.value)
     # Today: "args[0] (kernel parameter 'hits', __global int* hits) is not const, ...: declare
     # it const (...), or pass cv.resident(array, writable=True) to have it copied back", raised
@@ -239,13 +224,13 @@ def test_cv_iterate_given_to_map_blocks_is_named_for_what_it_is(call):
 
 
 @pytest.mark.parametrize("shaped", ["rows", "per_block"])
-def test_shaped_outputs_of_a_file_stream_say_it_writes_files(client, tmp_path, shaped):
+def test_shaped_outputs_of_a_file_stream_say_it_writes_files(dask_client, tmp_path, shaped):
     path = tmp_path / "x.npy"
     np.save(path, np.arange(10, dtype=np.float32))
     out = (cv.rows(np.float32, ratio=(1, 2)) if shaped == "rows"
            else cv.per_block(1, np.float32))
     with pytest.raises(cv.InputError) as info:
-        cvd.stream(TWICE, [str(path)], [out], client=client, device=SPEC)
+        cvd.stream(TWICE, [str(path)], [out], client=dask_client, device=SPEC)
     text = str(info.value)
     # Today: "output 0 is a conveyor.pipeline.shaped.Rows, not a NumPy array: conveyor reads
     # and writes host NumPy arrays; pass one (np.empty(shape, dtype), ...) and copy it to or
@@ -256,20 +241,20 @@ def test_shaped_outputs_of_a_file_stream_say_it_writes_files(client, tmp_path, s
 
 
 # -- guards -------------------------------------------------------------------------------------
-def test_struct_outputs_over_uneven_chunks_equal_a_local_stream(client, device):
+def test_struct_outputs_over_uneven_chunks_equal_a_local_stream(dask_client, device):
     """guard: a kernel writing records, its output dtype read on the client (no device), over
     chunks of 0, 1 and several rows: the records' values and layout of one local stream."""
     x = np.arange(10, dtype=np.float32)
     want = _local(device, MAKE, [x], outputs=[MAKE.output_dtype(1)]).outputs[0]
     got = cvd.map_blocks(MAKE, da.from_array(x, chunks=((3, 0, 1, 6),)),
-                         device=SPEC).compute(scheduler=client)
+                         device=SPEC).compute(scheduler=dask_client)
     assert got.dtype == want.dtype and got.dtype.itemsize == 16
     np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("boundary, local_boundary",
                          [("none", "nearest"), ("reflect", "reflect"), (-3.0, -3.0)])
-def test_two_inputs_chunked_apart_under_a_halo_wider_than_chunks(client, device, boundary,
+def test_two_inputs_chunked_apart_under_a_halo_wider_than_chunks(dask_client, device, boundary,
                                                                  local_boundary):
     """guard: two inputs of other dtypes and chunkings (empty chunks, chunks narrower than
     the halo), halo 2: the local stream's output exactly."""
@@ -280,5 +265,5 @@ def test_two_inputs_chunked_apart_under_a_halo_wider_than_chunks(client, device,
                   boundary=local_boundary).outputs[0]
     got = cvd.map_blocks(TWO, da.from_array(x, chunks=((1, 0, 4, 1, 5),)),
                          da.from_array(m, chunks=((6, 0, 5),)), halo=2, boundary=boundary,
-                         device=SPEC).compute(scheduler=client)
+                         device=SPEC).compute(scheduler=dask_client)
     np.testing.assert_array_equal(got, want)
