@@ -174,10 +174,7 @@ class Fold:
         if kind is None and isinstance(value, np.ndarray | np.generic):
             kind = value.dtype
         elif kind is None and isinstance(value, bool):
-            # NumPy lets a bool widen no float (max of float32, True), and adds it as a NumPy
-            # bool: as a Python int 1 it made the integer total a Python int, which NumPy then
-            # added to a float16's float32 in float32 (2**24 + 1 lost its 1).
-            kind, value = np.dtype(np.bool_), np.bool_(value)
+            kind = np.dtype(np.bool_)  # NumPy lets a bool widen no float (max of float32, True)
         integers_so_far = self._dtype is None or self._dtype.kind in "biu"
         if kind is not None:
             self._dtype = kind if self._dtype is None else np.result_type(self._dtype, kind)
@@ -434,11 +431,19 @@ def _inexact(value: Any) -> bool:
 
 def _integers_as_floats(floats: Any, value: Any) -> Any:
     """``floats`` (the float64 sum of the integer partials so far, None before the first)
-    plus the integer partial ``value`` as float64; None once ``value`` is no NumPy integer
-    (a Python int is exact already; a float ends the integers)."""
-    if not isinstance(value, np.ndarray | np.generic) or value.dtype.kind not in "iu":
+    plus the integer partial ``value`` (a NumPy integer, or a Python int: a bool's 1 or 0 is
+    one) as float64; None once ``value`` is neither (a float ends the integers) or is past
+    float64. (A Python bool among NumPy integers made the total a Python int, which NumPy
+    then added to a float16's float32 in float32: 2**24 + 1 lost its 1.)"""
+    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "iu":
+        as_float = value.astype(np.float64)
+    elif isinstance(value, int) and not isinstance(value, np.generic):
+        try:
+            as_float = np.float64(value)
+        except OverflowError:
+            return None
+    else:
         return None
-    as_float = value.astype(np.float64)
     return as_float if floats is None else floats + as_float
 
 
