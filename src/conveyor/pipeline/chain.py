@@ -156,7 +156,7 @@ def _adopt_types(links: Sequence[Link], inputs: Sequence[Any]) -> None:
     """An iterable that yielded no chunk takes the type of the first kernel parameter that
     reads it (chunks.adopt_types, for a chain): it was refused as float32."""
     from conveyor.kernels.build import KernelFuture
-    from conveyor.pipeline.chunks import IterSource
+    from conveyor.pipeline.chunks import IterSource, param_dtype
 
     for index, source in enumerate(inputs):
         if not (isinstance(source, IterSource) and source.untyped):
@@ -171,8 +171,10 @@ def _adopt_types(links: Sequence[Link], inputs: Sequence[Any]) -> None:
             if not isinstance(compute, Kernel):
                 continue
             position = item.reads.index(name)
-            if position < len(compute.params) and compute.params[position].dtype is not None:
-                source.dtype = np.dtype(compute.params[position].dtype)
+            dtype = (param_dtype(compute, compute.params[position])
+                     if position < len(compute.params) else None)
+            if dtype is not None:
+                source.dtype = dtype
                 break
 
 

@@ -126,7 +126,9 @@ class BoundChain:
         try:
             return make_plan(inputs, outputs, temp_row_bytes=temps, **options)
         except InputError as exc:
-            if not temps:
+            if not temps or str(exc).startswith("halo="):
+                # (A halo wider than the blocks the temps cut: make_plan's own message says
+                # what helps, block_bytes; "a larger memory_limit" was advised, unset.)
                 raise
             try:
                 make_plan(inputs, outputs, **options)
@@ -274,9 +276,10 @@ def _check_kernel_link(where: str, kernel: Kernel, device: Device, reads: list[R
                                 strict=False):
         dtype = known[ref.name][2]
         try:
+            # (A temp is the chain's own, not an array the caller holds: its fix is in temps=.)
             validate.check_buffer(kernel.name, param, f"buffer {ref.name!r}", dtype,
                                   validate.struct_source(kernel) if param.dtype is None
-                                  else None)
+                                  else None, temp=ref.name if ref.kind == "temp" else "")
         except InputError as exc:
             fix = (f" (or declare temp {ref.name!r} as {param.dtype} in temps=)"
                    if ref.kind == "temp" and param.dtype is not None else "")
@@ -341,3 +344,4 @@ def _reduce_element(links: list[BoundLink], reduce: Any) -> np.dtype | None:
         raise InputError(f"{last.where()}: cannot tell the element type of kernel parameter "
                          f"{param.name!r}: declare it as a pointer to a numeric type")
     return param.dtype
+

@@ -372,12 +372,27 @@ class _Loan:
                 return
 
 
-def adopt_types(sources: Sequence[Any], params: Sequence[Any]) -> None:
-    """An iterable that yielded no chunk takes the type of the kernel parameter it is
+def adopt_types(sources: Sequence[Any], kernel: Any) -> None:
+    """An iterable that yielded no chunk takes the type of the parameter of ``kernel`` it is
     bound to (inputs come first): with no rows there is nothing of its own to check."""
-    for source, param in zip(sources, params, strict=False):
-        if isinstance(source, IterSource) and source.untyped and param.dtype is not None:
-            source.dtype = np.dtype(param.dtype)
+    for source, param in zip(sources, kernel.params, strict=False):
+        if isinstance(source, IterSource) and source.untyped:
+            dtype = param_dtype(kernel, param)
+            if dtype is not None:
+                source.dtype = dtype
+
+
+def param_dtype(kernel: Any, param: Any) -> np.dtype | None:
+    """The element type of ``kernel``'s pointer parameter ``param``: its scalar type, or the
+    records of the struct it points to as the compiler lays them out (an empty iterable read
+    through a struct pointer was refused as float32); None where neither is known."""
+    if param.dtype is not None:
+        return np.dtype(param.dtype)
+    if not getattr(param, "struct_name", None):
+        return None
+    from conveyor.pipeline.structs import records_dtype
+
+    return records_dtype(kernel, param)
 
 
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:

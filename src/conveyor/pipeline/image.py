@@ -232,6 +232,22 @@ def sampler_params(device: Device, sources: Sequence[Any]) -> int:
     return 0 if device.backend == "cuda" else len(indices(sources))
 
 
+def refuse_plain_for_image(kernel: str, params: Sequence[Param], inputs: int) -> None:
+    """InputError, for a stream with no image input, when ``kernel`` takes an image (an
+    ``image2d_t`` or a CUDA texture object) among its first ``inputs`` places: the input there
+    is a plain array that was meant as ``cv.image(array)`` (the parameter count, or "declare
+    it as a pointer to a scalar type", was all the user was told)."""
+    for index, param in enumerate(params[:inputs]):  # one parameter per plain input
+        kind = param.base.split(" ")[-1]
+        # (PoCL reports an image2d_t as a __global pointer: its base type tells it.)
+        if kind == "image2d_t" or (kind in TEXTURE_TYPES and not param.is_pointer):
+            raise InputError(
+                f"kernel {kernel!r} takes an image in input {index}'s place (parameter "
+                f"{param.name!r}, {param.type_text}): pass that input as cv.image(array) "
+                f"(README \"Image blocks\"), which binds it as an image"
+                + (" and its sampler" if kind == "image2d_t" else ""))
+
+
 def kernel_params(kernel: str, params: Sequence[Param], images: frozenset[int],
                   expected: int, backend: str = "opencl") -> list[Param]:
     """``params`` without each image input's ``sampler_t``, after checking that the kernel

@@ -248,7 +248,7 @@ def _several(compute: Compute | Chain, sources: list[Source], sinks: list[Sink],
             raise InputError(
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device")
-        chunks.adopt_types(sources, first_kernel.params)
+        chunks.adopt_types(sources, first_kernel)
         elements = []
         for kernel, dev in zip(kernels, devices, strict=True):
             assert isinstance(kernel, Kernel)

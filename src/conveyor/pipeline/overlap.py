@@ -25,6 +25,7 @@ written into a temporary file renamed at the end.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -135,6 +136,50 @@ def check_tables(tables: Sequence[tuple[str, np.ndarray]], sinks: Sequence[Sink]
                     f"with {other}: the table is copied back into its array after the "
                     f"stream, over what the stream wrote there. {why}Pass a separate array "
                     f"for each")
+    _check_table_files(tables, outputs, sinks)
+
+
+def _check_table_files(tables: Sequence[tuple[str, np.ndarray]],
+                       outputs: Sequence[tuple[str, np.ndarray]], sinks: Sequence[Sink]
+                       ) -> None:
+    """:func:`check_tables` for a writable table in a shared memory map of a file: another
+    map of the same file's bytes among the outputs or the other tables (two maps of one
+    file share no memory, but write the same bytes), or a file output that is that file
+    (renamed over it at the end, the table's copy-back lost)."""
+    mapped = [(name, table) for name, table in tables if table.nbytes and _file_backed(table)]
+    if not mapped:
+        return
+    maps = _read_maps()
+
+    def where(array: np.ndarray) -> FileRange | None:
+        return mapped_file(array, maps, shared_only=True) if _file_backed(array) else None
+
+    targets = []
+    for j, sink in enumerate(sinks):
+        target = getattr(sink, "target", None)
+        with contextlib.suppress(OSError, TypeError):
+            if target is not None:
+                held = os.stat(target)
+                targets.append((f"output {j} ({target})", (held.st_dev, held.st_ino)))
+    others = [(other, where(array)) for other, array in (*outputs, *tables)]
+    for name, table in mapped:
+        mine = where(table)
+        if mine is None:  # a private map: its writes never reach the file
+            continue
+        for other, theirs in others:
+            if other != name and theirs is not None and theirs[:2] == mine[:2] and \
+                    mine[2] < theirs[3] and theirs[2] < mine[3]:
+                raise InputError(
+                    f"{name} is a cv.resident(..., writable=True) table mapped from the same "
+                    f"bytes of a file as {other}: the table is copied back into the file after "
+                    f"the stream, over what the stream wrote there. Pass a separate file or "
+                    f"array for each")
+        for other, file_id in targets:
+            if file_id == mine[:2]:
+                raise InputError(
+                    f"{name} is a cv.resident(..., writable=True) table mapped from the file "
+                    f"that {other} replaces at the end of the stream: the table's copy-back "
+                    f"into it would be lost. Write the output to another file")
 
 
 def read_after_written(compute: object, pairs: frozenset[tuple[int, int]]) -> list[str]:

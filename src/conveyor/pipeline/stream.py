@@ -493,7 +493,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
                 "with reduce= and a kernel, pass no outputs: the kernel's one output buffer "
                 "holds per-element values that conveyor folds on the device"
             )
-        chunks.adopt_types(sources, compute.params)
+        chunks.adopt_types(sources, compute)
         element = validate.check_kernel(compute, dev, sources, sinks, opts.args, reduce)
         buffers = len(sources) + len(sinks) + (1 if reduce is not None else 0)
         buffers += image.sampler_params(dev, sources)  # each image input's sampler_t

@@ -247,14 +247,15 @@ def check_fields(where: str, dtype: np.dtype, source: str | None, type_name: str
 
 
 def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "",
-                 output: bool = False) -> None:
+                 output: bool = False, temp: str = "") -> None:
     """InputError when structured ``dtype``, for a pointer to struct ``type_name`` (``where``
     names the parameter), is not laid out as C lays out that struct in ``source``: other
     record size, or, with as many fields as members, a field at another offset. Not judged
     (no error) where :func:`c_layout` cannot read the struct, the source is unknown (None),
     or it mentions ``pack`` (``__attribute__((packed))``, ``#pragma pack``). ``output``: the
     records are a stream's output (the kernel writes them; asked for by dtype, not
-    converted)."""
+    converted); ``temp``: they are a chain's temp of that name (declared in ``temps=``, not
+    an array the caller holds)."""
     if not dtype.names or source is None or packs(source):
         return
     check_nesting(where, dtype)
@@ -262,7 +263,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     wanted = c_dtype(source, type_name)
     if struct is None or wanted is None:
         return
-    verb = "ask for" if output else "pass"
+    verb = f"declare temp {temp!r} in temps= as" if temp else "ask for" if output else "pass"
     misfit = _placed_misfit(dtype, struct)
     if misfit is None:
         members = _member_misfit(dtype, struct) or value_misfit(dtype, struct)
@@ -275,7 +276,9 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
     aligned = np.dtype([(field, ftype) for field, ftype, _ in fields], align=True)
     if aligned == wanted:
         padded = spell(aligned)
-        fix = (f"ask for {padded} as the output's dtype (outputs=[dt], cv.per_block(1, dt) "
+        fix = (f"declare temp {temp!r} in temps= as {padded}, which pads the fields as C "
+               f"does" if temp else
+               f"ask for {padded} as the output's dtype (outputs=[dt], cv.per_block(1, dt) "
                f"or np.empty(shape, dt)), which pads the fields as C does" if output else
                f"pass a.astype({padded}), which pads the fields as C does")
     else:

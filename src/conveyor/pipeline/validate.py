@@ -293,6 +293,8 @@ def check_kernel(
     images = image.indices(inputs)
     if images:  # image2d_t, sampler_t (CUDA: cudaTextureObject_t): checked, samplers dropped
         params = image.kernel_params(kernel.name, params, images, expected, device.backend)
+    else:
+        image.refuse_plain_for_image(kernel.name, params, len(inputs))
     if len(params) != expected:
         what = "1 partial buffer, " if reduce is not None else f"{len(outputs)} outputs, "
         raise InputError(
@@ -520,12 +522,13 @@ def check_count(param: Param) -> None:
 
 
 def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
-                 source: str | None = None, given: Any = None) -> None:
+                 source: str | None = None, given: Any = None, temp: str = "") -> None:
     """``param`` receives ``what`` (an input or output of ``dtype``, or the reduce buffer).
     ``source``, the kernel's source, tells whether a structured dtype may be packed (see
     :func:`check_struct`); without it, a structured dtype's layout is not checked. ``given``
     is the input's Source, for what a message says to do (a file is rewritten, not
-    converted with ``a.astype``)."""
+    converted with ``a.astype``); ``temp``, a chain's temp of that name (declared in
+    ``temps=``)."""
     if dtype is not None and dtype.names:  # before any message prints the dtype
         check_nesting(f"kernel parameter {param.name!r} ({param.type_text}), which receives "
                       f"{what},", dtype)
@@ -557,7 +560,8 @@ def check_buffer(kernel: str, param: Param, what: str, dtype: np.dtype | None,
         if dtype.kind == "V":  # a structured array for a struct pointer: its layout only
             check_struct(f"kernel parameter {param.name!r} ({param.type_text}), which "
                          f"receives {what},", dtype, source, param.struct_name,
-                         native_order_fix(given, dtype), output=what.startswith("output"))
+                         native_order_fix(given, dtype), output=what.startswith("output"),
+                         temp=temp)
             return
         # a plain array for a struct the source defines: the records' dtype to pass
         check_fields(f"kernel parameter {param.name!r} ({param.type_text}), which receives "
@@ -623,7 +627,7 @@ def _file_out_fix(sink: Any, want: np.dtype) -> str:
 
 
 def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str = "",
-                 fix: str | None = None, output: bool = False) -> None:
+                 fix: str | None = None, output: bool = False, temp: str = "") -> None:
     """InputError when structured ``dtype`` (records for a pointer to struct ``type_name``,
     which ``where`` names) has a field not in this machine's byte order (a kernel reads its
     struct's members in native order: every value would come byte-swapped), or is not laid out
@@ -640,7 +644,7 @@ def check_struct(where: str, dtype: np.dtype, source: str | None, type_name: str
             f"order, so every value would come byte-swapped: "
             f"{fix or native_order_fix(None, dtype)} (same fields, same offsets)")
     if source is not None:
-        _check_layout(where, dtype, source, type_name, output)
+        _check_layout(where, dtype, source, type_name, output, temp)
 
 
 def _swapped_field(dtype: np.dtype, prefix: str = "") -> tuple[str, np.dtype] | None:
