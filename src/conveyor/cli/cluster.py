@@ -25,7 +25,7 @@ def on_cluster(options: argparse.Namespace) -> bool:
 def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> int:
     """Run map (``outputs``) or reduce (``reduce``) on the cluster; print like the local
     command (the per-range table instead of the report)."""
-    from conveyor.cli.streaming import _number, _plain
+    from conveyor.cli.streaming import _finite, _number, _plain
     from conveyor.dask import kernel, stream
     from conveyor.dask.cluster import connect
 
@@ -72,7 +72,7 @@ def run(options: argparse.Namespace, outputs: list[str], reduce: str | None) -> 
             figures["result"] = _plain(report.result)
         else:
             figures["outputs"] = outputs
-        print(json.dumps(figures))
+        print(json.dumps(_finite(figures)))  # NaN and inf as strings: JSON has neither
     elif options.quiet:
         if reduce is not None:
             print(_plain(report.result))

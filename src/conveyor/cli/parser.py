@@ -12,9 +12,10 @@ from typing import Any
 from conveyor import config
 from conveyor.errors import InputError
 
-# Options whose value may start with "-" (``--shape -1,3``, ``--arg -2.5``): argparse would take
-# "-1,3" for an option, so such a pair is joined into ``--shape=-1,3`` before parsing.
-_SIGNED_VALUE_OPTIONS = ("--shape", "--arg")
+# Options whose value may start with "-" (``--shape -1,3``, ``--arg -2.5``, ``--boundary
+# -inf``): argparse would take "-1,3" (or "-inf", "-1e3") for an option, so such a pair is
+# joined into ``--shape=-1,3`` before parsing.
+_SIGNED_VALUE_OPTIONS = ("--shape", "--arg", "--boundary")
 _SIGNED_VALUE = re.compile(r"^-(?:[0-9.]|inf|nan)", re.I)
 
 

@@ -33,6 +33,8 @@ _RULES: list[_Rule] = [
     (re.compile(r"\bmemory_limit\b"), "--memory-limit"),
     (re.compile(r"\bhalo=(\d+)"), r"--halo \1"),
     (re.compile(r"a smaller halo\b"), "a smaller --halo"),
+    (re.compile(r"\bboundary='nearest', 'reflect' or 'periodic'"),
+     "--boundary nearest, reflect or periodic"),
     (re.compile(r"\bboundary='(\w+)'"), r"--boundary \1"),
     (re.compile(r"\bboundary=([^\s:,;]+)"), r"--boundary \1"),
     (re.compile(r"^depth must be"), "--depth must be"),
