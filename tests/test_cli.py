@@ -583,7 +583,10 @@ class _Hold:
     def find_spec(self, name, path=None, target=None):
         if name == os.environ.get("HOLD_IMPORT"):
             os.write(2, b"holding import\\n")
-            time.sleep(60)
+            # Short sleeps: a Ctrl-C that lands between the write and one long sleep was
+            # only seen when that sleep ended (a CI run under load waited the whole 60 s).
+            for _ in range(600):
+                time.sleep(0.1)
         return None
 sys.meta_path.insert(0, _Hold())
 '''
