@@ -42,16 +42,19 @@ class WideHalves:
     :func:`halves_kept_wide` (``conveyor.dask`` folds the chunks' totals; each cast on its own
     turned 30000 + 30000 + ... into inf and inf - inf into nan for float16, 3e38 + 3e38 into
     inf for float32, where ``cv.stream`` over the whole array gives 0). A fold takes it as a
-    ``dtype`` partial of that value."""
+    ``dtype`` partial of that value. ``floats``: for a total of integer partials, their sum in
+    float64 (``Fold._floats``), for a float partial of a later part (an int64 total that
+    wrapped in one Dask chunk, then a float chunk: np.sum adds every integer as float64)."""
 
-    __slots__ = ("total", "dtype")
+    __slots__ = ("total", "dtype", "floats")
 
-    def __init__(self, total: Any, dtype: Any = np.float16) -> None:
+    def __init__(self, total: Any, dtype: Any = np.float16, floats: Any = None) -> None:
         self.total = total
         self.dtype = np.dtype(dtype)
+        self.floats = floats
 
     def __reduce__(self) -> tuple[Any, ...]:  # sent between Dask workers
-        return (WideHalves, (self.total, self.dtype.str))
+        return (WideHalves, (self.total, self.dtype.str, self.floats))
 
 
 _keep_wide: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_wide", default=False)
@@ -120,14 +123,22 @@ class Fold:
             return empty_sum(self.element, kernel=self.kernel) if self.op == "sum" else None
         if self._flat is not None:
             flat = self._flat.result()
-            if isinstance(flat, WideHalves):  # narrow floats: each element carried wide
+            if isinstance(flat, WideHalves):  # each element carried wide (and its floats)
                 if _keep_wide.get():
-                    return self._made([WideHalves(total, flat.dtype) for total in flat.total])
+                    floats = flat.floats
+                    return self._made([
+                        WideHalves(total, flat.dtype, None if floats is None else floats[i])
+                        for i, total in enumerate(flat.total)])
                 flat = flat.total.astype(flat.dtype)
             return self._made(flat.tolist() if self._python_totals() else list(flat))
         if self._parts is not None:
             return self._made([part.result() for part in self._parts])
         narrow = self._dtype
+        if self.op == "sum" and _keep_wide.get() and self._floats is not None and \
+                _int_kind(self.total):
+            # integers: their float64 sum goes along, for a float in a later part
+            return WideHalves(self.total, narrow if narrow is not None else self.total.dtype,
+                              self._floats)
         if self.op == "sum" and not self._dtype_off and narrow is not None and \
                 getattr(self.total, "dtype", narrow) != narrow:
             # Added wider (reduce.widened): kept wide, with the partials' own type, while it
@@ -168,8 +179,9 @@ class Fold:
             return
         value = partial
         kind: np.dtype | None = None
+        carried = None  # a part's integers' float64 sum
         if isinstance(value, WideHalves):  # a part's wide total: a partial of its own type
-            kind, value = value.dtype, value.total
+            kind, value, carried = value.dtype, value.total, value.floats
         self._check(value, block)
         if kind is None and isinstance(value, np.ndarray | np.generic):
             kind = value.dtype
@@ -184,11 +196,14 @@ class Fold:
             from conveyor.pipeline.reduce import widened
 
             value = widened(value)
+            # A float partial, or an unsigned one beside signed (int64 and uint64 promote to
+            # float64): the integers so far, each as float64, as np.sum adds them.
+            promoted = self._dtype is not None and self._dtype.kind in "fc"
             if self.count and integers_so_far and self._floats is not None and \
-                    _inexact(value):
-                self.total = self._floats  # the integers, each as float64, as np.sum adds
-            self._floats = _integers_as_floats(self._floats, value) if integers_so_far \
-                and (not self.count or self._floats is not None) else None
+                    (_inexact(value) or promoted):
+                self.total = self._floats
+            self._floats = _integers_as_floats(self._floats, value, carried) \
+                if integers_so_far and (not self.count or self._floats is not None) else None
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]  # a 0-d array is its scalar, as np.sum of partials gives it
         if self._dtype_off:
@@ -279,11 +294,13 @@ class Fold:
         flat = self._flat
         assert flat is not None and self._first is not None
         totals = flat.total.tolist() if self._python_totals() else list(flat.total)
-        parts = []
-        for total in totals:
+        parts: list[Fold] = []
+        for index, total in enumerate(totals):
             part = Fold(self.op, self.element, kernel=self.kernel)
             part.total, part.count = total, flat.count
             part._dtype, part._dtype_off = flat._dtype, flat._dtype_off
+            if flat._floats is not None:  # each element's integers, as float64
+                part._floats = flat._floats[index]
             if self._flat_type in _PYTHON_NUMBERS:  # Python numbers (an object array here)
                 part._dtype, part._dtype_off = None, True
             part._first = (self._first[0], ())
@@ -429,13 +446,17 @@ def _inexact(value: Any) -> bool:
     return isinstance(value, float | complex)
 
 
-def _integers_as_floats(floats: Any, value: Any) -> Any:
+def _integers_as_floats(floats: Any, value: Any, carried: Any = None) -> Any:
     """``floats`` (the float64 sum of the integer partials so far, None before the first)
     plus the integer partial ``value`` (a NumPy integer, or a Python int: a bool's 1 or 0 is
     one) as float64; None once ``value`` is neither (a float ends the integers) or is past
     float64. (A Python bool among NumPy integers made the total a Python int, which NumPy
-    then added to a float16's float32 in float32: 2**24 + 1 lost its 1.)"""
-    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "iu":
+    then added to a float16's float32 in float32: 2**24 + 1 lost its 1.) ``carried``: the
+    float64 sum a part's total came with (``WideHalves.floats``), taken for ``value``'s."""
+    if carried is not None and isinstance(value, np.ndarray | np.generic) and \
+            value.dtype.kind in "iu":
+        as_float = carried
+    elif isinstance(value, np.ndarray | np.generic) and value.dtype.kind in "iu":
         as_float = value.astype(np.float64)
     elif isinstance(value, int) and not isinstance(value, np.generic):
         try:

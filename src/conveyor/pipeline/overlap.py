@@ -154,13 +154,15 @@ def _check_table_files(tables: Sequence[tuple[str, np.ndarray]],
     def where(array: np.ndarray) -> FileRange | None:
         return mapped_file(array, maps, shared_only=True) if _file_backed(array) else None
 
+    # A file output replaces the name it is given (a rename): the table's file is lost only
+    # where that name is the one the table was mapped from (a hard link of it is another
+    # name, which the rename replaces with the table's file left as it was).
     targets = []
     for j, sink in enumerate(sinks):
         target = getattr(sink, "target", None)
-        with contextlib.suppress(OSError, TypeError):
+        with contextlib.suppress(OSError, TypeError, ValueError):
             if target is not None:
-                held = os.stat(target)
-                targets.append((f"output {j} ({target})", (held.st_dev, held.st_ino)))
+                targets.append((f"output {j} ({target})", os.path.realpath(target)))
     others = [(other, where(array)) for other, array in (*outputs, *tables)]
     for name, table in mapped:
         mine = where(table)
@@ -174,8 +176,9 @@ def _check_table_files(tables: Sequence[tuple[str, np.ndarray]],
                     f"bytes of a file as {other}: the table is copied back into the file after "
                     f"the stream, over what the stream wrote there. Pass a separate file or "
                     f"array for each")
-        for other, file_id in targets:
-            if file_id == mine[:2]:
+        named = mapped_path(table, maps)
+        for other, path in targets:
+            if named is not None and os.path.realpath(named) == path:
                 raise InputError(
                     f"{name} is a cv.resident(..., writable=True) table mapped from the file "
                     f"that {other} replaces at the end of the stream: the table's copy-back "

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -449,28 +450,50 @@ def refuse_in_callable_args(args: Sequence[Any], whose: str) -> None:
 
 def _writable_within(value: Any, where: str) -> str | None:
     """The path (``args[0][1]['k']``) of a writable :func:`resident` handle in ``value`` or
-    in the tuples, lists, sets and dicts (keys and values) it holds, at any depth, or None.
-    Walked with a stack of its own (no recursion limit) and each container once (one that
-    holds itself ends); an array's elements are never walked (they are not handles)."""
-    stack, seen = [(value, where)], set()
+    in the containers it holds (sequences, sets, mappings' keys and values: a deque, a
+    UserDict, a mappingproxy as well as a tuple or a dict), at any depth, or None. Walked
+    with a stack of its own (no recursion limit), each container once (one that holds itself
+    ends), and the path made only for a handle found (a key whose repr raised failed every
+    stream); text, bytes and arrays are not walked (their elements are no handles)."""
+    # Stack entries: (item, link), link = (parent link, how, key) or None for ``value``.
+    stack: list[tuple[Any, Any]] = [(value, None)]
+    seen: set[int] = set()
     while stack:
-        item, path = stack.pop()
+        item, link = stack.pop()
         if isinstance(item, Resident):
             if item.writable:
-                return path
+                return _path(where, link)
             continue
-        if not isinstance(item, tuple | list | set | frozenset | dict) or id(item) in seen:
+        if isinstance(item, _NOT_WALKED) or id(item) in seen:
             continue
-        seen.add(id(item))
-        if isinstance(item, dict):
-            pairs = [(inner, f"{path}[{key!r}]") for key, inner in item.items()]
-            pairs += [(key, f"a key of {path}") for key in item]
-        elif isinstance(item, set | frozenset):
-            pairs = [(inner, f"an element of {path}") for inner in item]
-        else:
-            pairs = [(inner, f"{path}[{i}]") for i, inner in enumerate(item)]
-        stack.extend(reversed(pairs))
+        if isinstance(item, Mapping):
+            seen.add(id(item))
+            stack.extend((inner, (link, "item", key)) for key, inner in item.items())
+            stack.extend((key, (link, "key", None)) for key in item)
+        elif isinstance(item, Sequence):
+            seen.add(id(item))
+            stack.extend((inner, (link, "index", i)) for i, inner in enumerate(item))
+        elif isinstance(item, AbstractSet):
+            seen.add(id(item))
+            stack.extend((inner, (link, "element", None)) for inner in item)
     return None
+
+
+#: Containers whose elements are never handles (walking a str yields str for ever).
+_NOT_WALKED = (str, bytes, bytearray, memoryview, range, np.ndarray)
+
+
+def _path(where: str, link: Any) -> str:
+    """The path to a handle found by :func:`_writable_within`, from its chain of links."""
+    steps = []
+    while link is not None:
+        link, how, key = link
+        steps.append((how, key))
+    path = where
+    for how, key in reversed(steps):
+        path = (f"{path}[{key!r}]" if how == "item" else f"{path}[{key}]" if how == "index"
+                else f"a key of {path}" if how == "key" else f"an element of {path}")
+    return path
 
 
 def _host_buffer(value: Any) -> bool:
