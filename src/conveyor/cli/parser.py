@@ -166,13 +166,16 @@ def _stream_options(sub: argparse.ArgumentParser, name: str) -> None:
 
 
 def join_signed_values(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``--shape -1,3`` (and ``--arg -2``) written as ``--shape=-1,3``."""
+    """``argv`` with ``--shape -1,3`` (and ``--arg -2``) written as ``--shape=-1,3``; also
+    for an abbreviation argparse takes (``--bound -inf``: argparse accepts any prefix of an
+    option, so ``--bound -5`` ran and ``--bound -inf`` did not)."""
     joined: list[str] = []
     i = 0
     while i < len(argv):
         token = argv[i]
-        if (token in _SIGNED_VALUE_OPTIONS and i + 1 < len(argv)
-                and _SIGNED_VALUE.match(argv[i + 1])):
+        if (token.startswith("--") and len(token) > 2
+                and any(name.startswith(token) for name in _SIGNED_VALUE_OPTIONS)
+                and i + 1 < len(argv) and _SIGNED_VALUE.match(argv[i + 1])):
             joined.append(f"{token}={argv[i + 1]}")
             i += 2
             continue

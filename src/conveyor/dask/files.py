@@ -265,6 +265,14 @@ def _range_source(ref: InputRef, lo: int, hi: int) -> FileSource:
 
 
 def _source_ref(source: Any, index: int) -> InputRef:
+    from conveyor.pipeline.chunks import IterSource
+    from conveyor.pipeline.image import ImageSource
+
+    if isinstance(source, IterSource | ImageSource):  # map_blocks refuses them too
+        what = "a cv.iterate(...)" if isinstance(source, IterSource) else "a cv.image(...)"
+        raise InputError(f"input {index} is {what}, which one device's local stream reads "
+                         f"(cv.stream): conveyor.dask.stream reads .npy or raw files, each "
+                         f"worker its own rows; pass the file's path")
     if not isinstance(source, FileSource):
         raise InputError(f"input {index} ({source.name}): conveyor.dask.stream reads .npy or "
                          f"raw files (each worker reads its own rows); use map_blocks for "

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.dask import held
 from conveyor.errors import CompileError, InputError
 
 
@@ -86,6 +87,12 @@ class KernelSpec:
                 f"kernel {self.name!r} takes {len(params)} parameters; {call} passes "
                 f"{expected}: {inputs} inputs, {buffers}, {len(args)} args, then offset and n")
         for index, (param, value) in enumerate(zip(params[first:], args, strict=False)):
+            if param.is_pointer and param.address == "local":
+                raise InputError(
+                    f"args[{index}] (kernel parameter {param.name!r}, {param.type_text}) is "
+                    f"__local memory, which conveyor does not pass (a launch's arguments are "
+                    f"buffers and scalars): declare a fixed-size __local array inside the "
+                    f"kernel instead (e.g. __local float tile[256];)")
             if param.is_pointer and not (param.is_const or param.address == "constant") \
                     and not np.isscalar(value) and np.ndim(value) > 0:
                 raise InputError(
@@ -152,7 +159,7 @@ def as_job(compute: Any, device: Any, args: Sequence[Any], options: dict[str, An
         what = KernelSpec(compute.source, compute.name, tuple(compute.options))
         spec = spec if spec is not None else compute.device.spec
     elif callable(compute):
-        _refuse_held(compute)
+        held.refuse_held(compute)
         what = compute
     elif type(compute).__name__ == "Chain":  # not imported: the client loads no engine
         raise InputError("conveyor.dask runs one kernel or callable per chunk; a chain "
@@ -195,13 +202,13 @@ def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
     refused (it is copied back into this process's array)."""
     values = list(args)
     for index, value in enumerate(values):
-        if _device_array(value):
+        if held.device_array(value):
             # Dask failed to pickle it ("Could not serialize object", a CommandQueue inside).
             raise InputError(f"args[{index}] is a device array of this process, which "
                              f"cannot travel to Dask workers: pass a NumPy array (a.get()) "
                              f"or a read-only cv.resident, which each worker uploads")
-        if type(value).__name__ != "Resident":  # not imported: the client loads no engine
-            _refuse_value(value, f"args[{index}] is ")
+        if not held.is_resident(value):
+            held.refuse_value(value, f"args[{index}] is ")
             continue
         if value.writable:
             raise InputError(f"args[{index}] is cv.resident(writable=True), which is copied "
@@ -211,102 +218,6 @@ def _tables(args: tuple[Any, ...]) -> tuple[Any, ...]:
             raise InputError("this resident array was closed: make a new cv.resident(...)")
         values[index] = value.host_copy()
     return tuple(values)
-
-
-def _device_array(value: Any) -> bool:
-    """True for an array in a device's memory (PyOpenCL, CuPy, a CUDA tensor, Numba)."""
-    if type(value).__module__.startswith("pyopencl") and hasattr(value, "base_data"):
-        return True
-    return hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray)
-
-
-def _refuse_held(compute: Callable[..., Any]) -> None:
-    """InputError on the client when callable ``compute`` holds a device, a kernel, a
-    resident table or a device array of this process (a closure's variable, a global of
-    ``__main__``, which is sent by value, a default argument, a ``functools.partial``'s
-    arguments, a callable object's or a bound method's attributes): Dask failed to pickle it
-    with "Could not serialize object", naming none of them."""
-    for name, value in _held_by(compute):
-        _refuse_value(value, f"the callable {getattr(compute, '__name__', compute)!r} uses "
-                             f"{name!r}, ")
-
-
-def _held_by(compute: Any, depth: int = 0) -> list[tuple[str, Any]]:
-    """(name, value) of what ``compute`` holds and sends along with it: see _refuse_held."""
-    import functools
-    import inspect
-
-    if depth > 3:
-        return []
-    if isinstance(compute, functools.partial):
-        held = [(f"partial args[{i}]", v) for i, v in enumerate(compute.args)]
-        held += [(f"partial {k}=", v) for k, v in compute.keywords.items()]
-        return held + _held_by(compute.func, depth + 1)
-    if inspect.ismethod(compute):
-        return _attributes(compute.__self__, "self") + _held_by(compute.__func__, depth + 1)
-    if not inspect.isfunction(compute):  # a callable object: its attributes and __call__
-        call = inspect.getattr_static(type(compute), "__call__", None)
-        return _attributes(compute, "self") + (
-            _held_by(call, depth + 1) if inspect.isfunction(call) else [])
-    found = inspect.getclosurevars(compute)
-    held = list(found.nonlocals.items())
-    if getattr(compute, "__module__", None) == "__main__":
-        # Globals it loads, not every name its code holds: getclosurevars counts attribute
-        # names too (queue.device matched a global named device).
-        loaded = _globals_loaded(compute.__code__)
-        held += [(k, v) for k, v in found.globals.items() if k in loaded]
-    try:
-        params = [p for p in inspect.signature(compute).parameters.values()
-                  if p.default is not inspect.Parameter.empty]
-    except (TypeError, ValueError):  # no signature to read
-        params = []
-    return held + [(f"default {p.name}=", p.default) for p in params]
-
-
-def _attributes(instance: Any, label: str) -> list[tuple[str, Any]]:
-    """An object's own attributes, as ``label.name`` (none where it has no ``__dict__``)."""
-    return [(f"{label}.{k}", v) for k, v in getattr(instance, "__dict__", {}).items()]
-
-
-def _refuse_value(value: Any, where: str, depth: int = 0) -> None:
-    """InputError where ``value`` (or a tuple, list or dict it holds, a few levels down) is a
-    device, a kernel, a resident table or a device array of this process; ``where`` begins
-    the message ("the callable 'f' uses 'dev', ")."""
-    from conveyor.backends.base import Device, Kernel
-    from conveyor.kernels.build import KernelFuture
-
-    remedies = [
-        (lambda v: isinstance(v, Device), "a device of this process",
-         "each worker opens its own: pass device='SPEC' to conveyor.dask and use the "
-         "queue= the callable is given"),
-        (lambda v: isinstance(v, Kernel | KernelFuture), "a kernel built in this process",
-         "pass the kernel as compute (or conveyor.dask.kernel(source, name)), which each "
-         "worker builds"),
-        (lambda v: type(v).__name__ == "Resident", "a cv.resident table of this process",
-         "pass its array in args=, which each worker uploads"),
-        (_device_array, "a device array of this process",
-         "pass a NumPy array (a.get()) in args="),
-    ]
-    for test, what, fix in remedies:
-        if test(value):
-            raise InputError(f"{where}{what}, which cannot travel to Dask workers: {fix}")
-    if depth < 3 and isinstance(value, tuple | list | dict):
-        for item in value.values() if isinstance(value, dict) else value:
-            _refuse_value(item, where, depth + 1)
-
-
-def _globals_loaded(code: Any) -> set[str]:
-    """The global names ``code`` (and the functions defined in it) loads."""
-    import dis
-
-    names: set[str] = set()
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            names.add(str(instruction.argval))
-    for const in code.co_consts:
-        if hasattr(const, "co_code"):
-            names |= _globals_loaded(const)
-    return names
 
 
 def resolve(job: Job) -> tuple[Any, Any]:
@@ -419,13 +330,20 @@ def _own_copy(exc: BaseException) -> BaseException:
     every task of the process that waited for it (kernels/build.py hands each the same), and
     each task's note went onto it (the error named two chunks on two workers). ``exc`` itself
     where it cannot be copied (an ``__init__`` that takes other arguments than it keeps)."""
-    # Made by hand: copy.copy was seen to give a copy sharing the original's __dict__ (its
-    # notes with it) once Dask's workers had run in the process.
+    # Made through the exception's own reduce (what pickle uses: ImportError's name and path,
+    # OSError's filename ride along), its state set attribute by attribute and its notes
+    # given a list of their own (copy.copy's copy was seen sharing the original's notes).
     try:
-        made = type(exc).__new__(type(exc), *exc.args)
-        made.args = exc.args
-        made.__dict__.update({k: v for k, v in vars(exc).items() if k != "__notes__"})
-        if str(made) != str(exc):
+        reduced: Any = exc.__reduce_ex__(2)
+        made = reduced[0](*reduced[1])
+        state = reduced[2] if len(reduced) > 2 and isinstance(reduced[2], dict) else {}
+        for key, value in state.items():
+            if key != "__notes__":
+                setattr(made, key, value)
+        for key in ("name", "path", "obj"):  # members some types keep out of their reduce
+            if hasattr(exc, key) and getattr(made, key, None) is not getattr(exc, key):
+                setattr(made, key, getattr(exc, key))
+        if type(made) is not type(exc) or str(made) != str(exc) or made.args != exc.args:
             return exc
     except Exception:
         return exc

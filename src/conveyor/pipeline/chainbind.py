@@ -265,6 +265,15 @@ def _check_kernel_link(where: str, kernel: Kernel, device: Device, reads: list[R
                          f"{device.spec}: compile it with that device")
     buffers = len(reads) + len(writes)
     params = list(kernel.params)
+    from conveyor.pipeline.image import TEXTURE_TYPES
+
+    for param in params:  # the count below would be all a user was told
+        if param.base.split(" ")[-1] in ("image2d_t", "sampler_t", *TEXTURE_TYPES):
+            raise InputError(
+                f"{where}: kernel {kernel.name!r} takes an image ({param.name!r}, "
+                f"{param.type_text}), and a chain's links read buffers, not images: stream "
+                f"the image through that kernel alone (cv.stream(kernel, [cv.image(a)], ...)), "
+                f"then chain the rest on its output")
     expected = buffers + len(args) + 2
     if len(params) != expected:
         raise InputError(
@@ -281,9 +290,12 @@ def _check_kernel_link(where: str, kernel: Kernel, device: Device, reads: list[R
                                   validate.struct_source(kernel) if param.dtype is None
                                   else None, temp=ref.name if ref.kind == "temp" else "")
         except InputError as exc:
-            fix = (f" (or declare temp {ref.name!r} as {param.dtype} in temps=)"
-                   if ref.kind == "temp" and param.dtype is not None else "")
-            raise InputError(f"{where} {role} {ref.name!r}: {exc}{fix}") from None
+            text = str(exc)
+            if ref.kind == "temp" and "in temps=" not in text:
+                # The message's fix is for an array the caller holds (a.astype, a.view):
+                # a temp is declared in temps= instead.
+                text = _temp_misfit(kernel, param, ref.name, dtype)
+            raise InputError(f"{where} {role} {ref.name!r}: {text}") from None
         if role == "writes" and (param.is_const or param.address == "constant"):
             raise InputError(f"{where} writes {ref.name!r} through parameter {param.name!r} "
                              f"({param.type_text}), which is const: drop const, or read it "
@@ -345,3 +357,19 @@ def _reduce_element(links: list[BoundLink], reduce: Any) -> np.dtype | None:
                          f"{param.name!r}: declare it as a pointer to a numeric type")
     return param.dtype
 
+
+def _temp_misfit(kernel: Kernel, param: Any, name: str, dtype: np.dtype | None) -> str:
+    """What a temp of ``dtype`` that kernel parameter ``param`` does not take should be
+    declared as in ``temps=``: the parameter's scalar type, or its struct's records as the
+    compiler lays them out, in this machine's byte order."""
+    from conveyor.pipeline.chunks import param_dtype
+    from conveyor.pipeline.structs import spell
+
+    wanted = param_dtype(kernel, param)
+    if wanted is None or wanted == np.dtype("V1"):  # no type conveyor can name
+        return (f"kernel parameter {param.name!r} ({param.type_text}) does not take temp "
+                f"{name!r} of {dtype}: declare the temp in temps= with the type the "
+                f"parameter points to")
+    shown = spell(wanted) if wanted.names else str(wanted)
+    return (f"kernel parameter {param.name!r} ({param.type_text}) takes {shown}, not temp "
+            f"{name!r}'s {dtype}: declare temp {name!r} in temps= as {shown}")

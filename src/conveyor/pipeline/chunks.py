@@ -383,16 +383,19 @@ def adopt_types(sources: Sequence[Any], kernel: Any) -> None:
 
 
 def param_dtype(kernel: Any, param: Any) -> np.dtype | None:
-    """The element type of ``kernel``'s pointer parameter ``param``: its scalar type, or the
-    records of the struct it points to as the compiler lays them out (an empty iterable read
-    through a struct pointer was refused as float32); None where neither is known."""
+    """The element type an empty iterable bound to ``kernel``'s pointer parameter ``param``
+    takes: its scalar type, or the records of the struct it points to as the compiler lays
+    them out (it was refused as float32), or, where conveyor cannot lay that struct out
+    (packed, aligned, a union inside), an opaque one-byte record, which no check judges:
+    no row of it is ever read. None for a pointer to neither."""
     if param.dtype is not None:
         return np.dtype(param.dtype)
     if not getattr(param, "struct_name", None):
         return None
     from conveyor.pipeline.structs import records_dtype
 
-    return records_dtype(kernel, param)
+    records = records_dtype(kernel, param)
+    return records if records is not None else np.dtype("V1")
 
 
 def iterate(chunks: Iterable[Any], length: int) -> IterSource:
