@@ -53,9 +53,12 @@ def test_a_ring_on_an_empty_pool_starts_with_one_entry_and_grows_to_its_target(d
     assert all(len(entry) == 2 for entry in ring.entries)
     ring.give_back()
     assert pool.stats().in_use_bytes == 0
-    # The pool now holds the entries idle: the next ring takes them all at once.
+    # The pool now holds the entries idle: the next ring takes one when made (every ring of
+    # a stream its first before any takes more) and the rest at once when it starts.
     warm = ring_module.Ring(pool, [4096, 8192], 5, grow=True)
-    assert len(warm) == 5 and warm.complete
+    assert len(warm) == 1
+    warm.start(lambda index: None)
+    assert len(warm) == 5 and warm.complete and warm._thread is None
     hits = pool.stats().hits
     warm.give_back()
     assert hits >= 10

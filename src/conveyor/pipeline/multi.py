@@ -41,7 +41,7 @@ from conveyor.closing import finish_uninterrupted, join
 from conveyor.errors import BackendError, CompileError, InputError, OutOfMemoryError
 from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory import hostmem, numa
-from conveyor.pipeline import chunks, image, overlap, resident, validate
+from conveyor.pipeline import chunks, image, overlap, paths, resident, validate
 from conveyor.pipeline.chain import Chain, Link
 from conveyor.pipeline.chunks import IterSource
 from conveyor.pipeline.engine import Compute, Engine
@@ -387,8 +387,8 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
             max_alloc_bytes=min(d.max_alloc_bytes for d in devices),
             pool_limit=min((d.memory_pool.limit for d in devices
                             if d.memory_pool.limit is not None), default=None),
-            pinned_limit=min((d.pinned_pool.limit for d in devices
-                              if d.pinned_pool.limit is not None), default=None),
+            pinned_limit=min((room for room in map(paths.pinned_room, devices)
+                              if room is not None), default=None),
             **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
             resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
             **_constant_cap(kernels, devices, sources, opts.halo, residents),

@@ -267,6 +267,30 @@ class _Owner(Path):
         self.held.close()
 
 
+def staged_marks(device: Device, sources: Sequence[Source], sinks: Sequence[Sink],
+                 zero_copy: bool | None) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Which inputs and outputs may take a pinned staging ring, for the plan (before
+    :func:`choose`): none with ``zero_copy=True``; not pinned arrays, nor other libraries'
+    page-locked ones, which go direct (arrays kept by ``cv.keep_pinned`` are counted: whether
+    a stream may hold them is known only then)."""
+    if zero_copy:
+        return (False,) * len(sources), (False,) * len(sinks)
+    return (tuple(not (_pinned(s, device) or _locked_elsewhere(s, device)) for s in sources),
+            tuple(not (_pinned(s, device) or _locked_elsewhere(s, device)) for s in sinks))
+
+
+def pinned_room(device: Device) -> int | None:
+    """What the device's pinned pool's ``limit`` leaves beside the blocks in use now (pinned
+    arrays of ``cv.pinned.empty``, other streams' rings); None without a limit. The plan's
+    staging rings fit this, not the whole limit (a 940 KiB pinned input under a 1 MiB limit
+    left 84 KiB, and a plan for the whole MiB failed with OutOfMemoryError)."""
+    pool = device.pinned_pool
+    if pool.limit is None:
+        return None
+    stats = pool.stats()
+    return max(pool.limit - stats.in_use_bytes - stats.pending_bytes, 0)
+
+
 def _array(end: Source | Sink) -> np.ndarray:
     assert isinstance(end, ArraySource | ArraySink)
     return end.array

@@ -314,6 +314,7 @@ def make_plan(
     pinned_limit: int | None = None,
     block_cap: str = "image",
     windowed: bool = False,
+    staged: tuple[tuple[bool, ...], tuple[bool, ...]] | None = None,
 ) -> Plan:
     """Choose block rows for these arrays; InputError when no block fits (beside
     ``resident_bytes`` of resident arrays, counted against the same limit). Blocks have at
@@ -321,7 +322,9 @@ def make_plan(
     device's image height for image inputs, its constant buffer for ``__constant`` inputs).
     Without a ``memory_limit``, the ring fits half the device's memory and the device
     pool's own ``limit`` (``pool_limit``), where one is set, and the pinned staging rings fit
-    the pinned pool's ``limit`` (``pinned_limit``). ``windowed``: the inputs are a window
+    the pinned pool's ``limit`` (``pinned_limit``: what of it is free), counting the inputs
+    and outputs ``staged`` marks (all where None; pinned arrays and zero-copy streams stage
+    nothing). ``windowed``: the inputs are a window
     of a larger input, with the rows around it given beside them (``Source.beside``), so a
     halo longer than the window reaches real rows, not only the boundary's."""
     if not inputs:
@@ -383,8 +386,9 @@ def make_plan(
         block_rows = _fit(block_rows, depth, halo, inputs, outputs, limit, scratch_row_bytes,
                           partial_bytes, rows, step, temp_row_bytes)
         if memory_limit is None and pinned_limit is not None:
+            marks = staged or ((True,) * len(inputs), (True,) * len(outputs))
             fitted = _fit_staging(block_rows, depth, halo, inputs, outputs, pinned_limit, rows,
-                                  step)
+                                  step, marks)
             by_pinned = fitted < block_rows
             block_rows = fitted
     if rows:
@@ -482,24 +486,34 @@ _CAPS = {
 
 
 def _fit_staging(block_rows: int, depth: int, halo: int, inputs: tuple[ArraySpec, ...],
-                 outputs: tuple[ArraySpec, ...], limit: int, rows: int, step: int) -> int:
-    """Shrink ``block_rows`` until pinned staging rings for every input and output (each
-    entry as the pinned pool bins it, ``depth + STAGING_EXTRA`` entries, fewer where there
-    are fewer blocks) fit the pinned pool's ``limit``: a default plan past it failed with
-    OutOfMemoryError every time. Counts every array as staged (which ones are is decided
-    later: pinned and zero-copy arrays are not), so it may shrink more than it must."""
+                 outputs: tuple[ArraySpec, ...], limit: int, rows: int, step: int,
+                 marks: tuple[tuple[bool, ...], tuple[bool, ...]]) -> int:
+    """Shrink ``block_rows`` until pinned staging rings for the inputs and outputs ``marks``
+    says are staged (each entry as the pinned pool bins it, ``depth + STAGING_EXTRA``
+    entries, fewer where there are fewer blocks) fit the pinned pool's ``limit``: a default
+    plan past it failed with OutOfMemoryError every time. Never below the smallest entry any
+    block size gives (a page per buffer, and the halo rows): smaller blocks save no pinned
+    memory there (each buffer is binned in whole pages), and a limit below even that shrank
+    the blocks to one row (20,000 blocks of 4 bytes); the ring then runs on the entries that
+    fit (pipeline/ring.py)."""
     first = inputs[0]
+    ins = [spec for spec, mark in zip(inputs, marks[0], strict=True) if mark]
+    outs = [spec for spec, mark in zip(outputs, marks[1], strict=True) if mark]
+    if not ins and not outs:
+        return block_rows  # nothing staged: the pinned pool holds no ring
+
+    def entry(block_rows: int) -> int:
+        found = sum(page_bin(spec.device_bytes(block_rows + 2 * halo, block_rows, first))
+                    for spec in ins)
+        return found + sum(page_bin(spec.device_bytes(spec.block_rows_of(block_rows),
+                                                      block_rows, first)) for spec in outs)
 
     def staged(block_rows: int) -> int:
         blocks = -(-rows // block_rows) if rows else depth
-        entries = max(min(depth + STAGING_EXTRA, blocks), 1)
-        entry = sum(page_bin(spec.device_bytes(block_rows + 2 * halo, block_rows, first))
-                    for spec in inputs)
-        entry += sum(page_bin(spec.device_bytes(spec.block_rows_of(block_rows), block_rows,
-                                                first)) for spec in outputs)
-        return entries * entry
+        return max(min(depth + STAGING_EXTRA, blocks), 1) * entry(block_rows)
 
-    while block_rows > step and staged(block_rows) > limit:
+    least = entry(step)  # the smallest entry any block size gives (a page per buffer)
+    while block_rows > step and staged(block_rows) > limit and entry(block_rows) > least:
         smaller = block_rows * 7 // 8 if block_rows > 8 * step else block_rows - step
         block_rows = max(smaller // step * step, step)
     return block_rows

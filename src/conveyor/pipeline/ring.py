@@ -4,9 +4,10 @@ A staged path wants ``depth + 2`` entries of pinned buffers (pipeline/staged.py)
 pool those are hits of a microsecond each; in a fresh process each is a driver allocation
 (``cuMemHostAlloc`` of 64 MiB took 26 ms on the H200, ~1 GiB of ring for a 2-input map),
 and allocating them all before the first block put most of a second on the first stream's
-critical path. So a :class:`Ring` takes at once only what the pool holds idle, and at least one
-entry; a thread of its own allocates the rest while the first blocks stream, and announces
-each new entry (``on_added``) to the staging thread that uses the ring, which starts using it.
+critical path. So a :class:`Ring` takes one entry when it is made and, when it starts, what
+the pool holds idle; a thread of its own allocates the rest while the first blocks stream, and
+announces each new entry (``on_added``) to the staging thread that uses the ring, which starts
+using it.
 
 A failed growth allocation (no pinned memory to spare) only stops the growth: the stream goes
 on with the entries it has. ``CONVEYOR_RING_GROW=0`` allocates the whole ring up front, as
@@ -44,10 +45,9 @@ class Ring:
             first = self._entry(self.pool.acquire)  # the first entry, at once
             assert first is not None  # acquire() raises rather than return None
             self._add(first)
-            while len(self.entries) < self.target:
-                entry = self._entry(self._hit) if grow else self._entry(self.pool.acquire)
-                if entry is None:
-                    break  # the pool would have to allocate: the thread does that
+            while not grow and len(self.entries) < self.target:
+                entry = self._entry(self.pool.acquire)
+                assert entry is not None
                 self._add(entry)
         except BaseException:
             self.give_back()
@@ -65,8 +65,20 @@ class Ring:
         return len(self.entries) >= self.target
 
     def start(self, on_added: Callable[[int], None]) -> None:
-        """Grow to ``target`` entries on a thread; ``on_added(index)`` announces each one."""
+        """Grow to ``target`` entries: what the pool holds idle at once, the rest on a
+        thread; ``on_added(index)`` announces each one. The idle entries are taken here, not
+        when the ring is made: every ring of a stream takes its first entry before any takes
+        more (a second stream under a pinned limit saw its input ring take the whole limit
+        in idle entries, and its output ring's first entry fail with OutOfMemoryError)."""
         if self.complete or self._thread is not None:
+            return
+        while not self.complete:
+            entry = self._entry(self._hit)
+            if entry is None:
+                break  # the pool would have to allocate: the thread does that
+            self._add(entry)
+            on_added(len(self.entries) - 1)
+        if self.complete:
             return
         self._thread = threading.Thread(target=self._grow, args=(on_added,),
                                         name="conveyor-ring", daemon=True)

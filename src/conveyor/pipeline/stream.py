@@ -13,7 +13,7 @@ from conveyor import config, files
 from conveyor.backends.base import Device, Kernel
 from conveyor.errors import InputError, note_outputs_written
 from conveyor.memory import hostmem
-from conveyor.pipeline import chunks, image, overlap, resident, validate
+from conveyor.pipeline import chunks, image, overlap, paths, resident, validate
 from conveyor.pipeline.chain import Chain
 from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.chunks import IterSource
@@ -421,9 +421,9 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
     DLPack arrays that have no byte order) arrays that are not in the machine's byte order.
     An output that is also an input is fine: inputs keep reading the old file, which the
     output replaces only when the stream succeeded."""
-    paths = [s for s in sinks if isinstance(s, FileSink)]
-    for i, first in enumerate(paths):
-        for second in paths[i + 1 :]:
+    file_sinks = [s for s in sinks if isinstance(s, FileSink)]
+    for i, first in enumerate(file_sinks):
+        for second in file_sinks[i + 1 :]:
             if files.same_file(first.target, second.target):
                 raise InputError(f"outputs {first.name} and {second.name} are one file: name "
                                  f"a different file for each output")
@@ -435,14 +435,14 @@ def _check_files(sources: list[Source], sinks: list[Sink], compute: Compute | Ch
     maps = None
     for index, sink in enumerate(sinks):
         array = getattr(sink, "array", None)
-        if not paths or not isinstance(array, np.ndarray) or not overlap.file_backed(array):
+        if not file_sinks or not isinstance(array, np.ndarray) or not overlap.file_backed(array):
             continue
         maps = overlap.read_maps() if maps is None else maps
         # A shared map only: a copy-on-write one never writes its file.
         where = overlap.shared_file(array, maps)
         if where is None:
             continue
-        for other in paths:
+        for other in file_sinks:
             if files.same_file(where, other.target):
                 raise InputError(
                     f"output {index} is a memory map of {where}, and output "
@@ -523,7 +523,8 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         halo=opts.halo,
         global_mem_bytes=dev.global_mem_bytes,
         pool_limit=dev.memory_pool.limit,
-        pinned_limit=dev.pinned_pool.limit,
+        pinned_limit=paths.pinned_room(dev),
+        staged=paths.staged_marks(dev, sources, sinks, opts.zero_copy),
         max_alloc_bytes=dev.max_alloc_bytes,
         **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
         resident_bytes=residents.nbytes if residents is not None else 0,
