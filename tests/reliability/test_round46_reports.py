@@ -188,16 +188,18 @@ def _double(x, y, *, queue, offset, n):
     return x * 2
 
 
-def _assert_timeline_sound(report) -> None:
+def _assert_timeline_sound(report, serial: bool = True) -> None:
     """Every block once in each device lane (each link once per block), no span before the
-    origin or ending before it starts, no two spans of one device's queue at once, overlap in
-    [0, 1]; the trace is standard JSON."""
+    origin or ending before it starts, no two spans of one device's lane at once where its
+    commands run one at a time (``serial``: PoCL's CPU devices; a GPU runs two slots' kernels
+    at once, as NVIDIA's OpenCL did on the H100), overlap in [0, 1]; the trace is standard
+    JSON."""
     timeline = report.timeline
     by_title: dict[tuple[str, str], list[int]] = {}
     for span in timeline.spans:
         assert timeline.origin_ns <= span.start_ns <= span.end_ns, span
         by_title.setdefault((span.device, span.title), []).append(span.block)
-    for lane in ("copy-in", "compute", "copy-out"):
+    for lane in ("copy-in", "compute", "copy-out") if serial else ():
         for device in {s.device for s in timeline.spans}:
             spans = sorted((s for s in timeline.lane(lane) if s.device == device),
                            key=lambda s: s.start_ns)
@@ -234,7 +236,7 @@ def test_guard_a_compacted_timeline_is_the_whole_timeline(device, monkeypatch):
         monkeypatch.setattr(trace_timeline, "COMPACT_RECORDS", 65536)
         assert compacted.result == whole.result
         for report in (whole, compacted):
-            _assert_timeline_sound(report)
+            _assert_timeline_sound(report, serial=device.kind == "cpu")
         shape = [sorted((s.title, s.block, s.nbytes) for s in r.timeline.spans)
                  for r in (whole, compacted)]
         assert shape[0] == shape[1]
@@ -257,7 +259,7 @@ def test_guard_a_report_is_read_after_its_device_closed(device, tmp_path):
                        args=(np.ones(16, np.float32),), device=own, block_bytes=4000,
                        zero_copy=False)
     own.close()
-    _assert_timeline_sound(report)
+    _assert_timeline_sound(report, serial=device.kind == "cpu")
     assert report.bound in WORK_LANES and "20 blocks" in str(report)
     assert pickle.loads(pickle.dumps(report)).bound == report.bound
     report.timeline.save(tmp_path / "t.json")
