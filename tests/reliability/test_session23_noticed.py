@@ -107,3 +107,57 @@ def test_a_dask_task_adds_its_note_to_its_own_copy_of_a_shared_failure():
 
     odd = Odd(1, 2)
     assert _an_exception(odd) is odd or str(_an_exception(odd)) == "1+2"
+
+
+# -- a thread that existed before the callable still waits for the outer stream --------------
+HIST = """__kernel void hist(__global const uint *x, __global uint *counts, ulong offset,
+                        ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) atomic_inc(&counts[x[i] % 16]);
+}"""
+
+
+def test_a_thread_that_existed_before_the_callable_waits_for_the_outer_stream(device,
+                                                                              monkeypatch):
+    """Round forty-three's hang is fixed for threads a callable starts (they share the outer
+    stream's writable table); a thread started before the callable is another stream, and
+    waits for the outer one to let its table go, as it always did."""
+    import threading
+
+    from conveyor.pipeline import resident
+
+    if device.backend != "opencl":
+        pytest.skip("an OpenCL C kernel")
+    k = device.compile(HIST, "hist")
+    counts = np.zeros(16, np.uint32)
+    go, waiting, done = threading.Event(), threading.Event(), []
+
+    def other(table):
+        go.wait(60)
+        cv.stream(k, [np.full(10, 3, np.uint32)], device=device, args=(table,), warmup=False)
+        done.append(True)
+
+    real_wait = resident.interrupts.wait
+
+    def noting_wait(cond, *args, **kwargs):
+        if cond is resident._claims:
+            waiting.set()
+        return real_wait(cond, *args, **kwargs)
+
+    with cv.resident(counts, writable=True) as t:
+        worker = threading.Thread(target=other, args=(t,))
+        worker.start()
+
+        def outer_step(x, *, queue, offset, n):
+            if offset == 0:
+                go.set()
+                assert waiting.wait(60), "the earlier thread's stream did not wait"
+            return np.int64(n)
+
+        monkeypatch.setattr(resident.interrupts, "wait", noting_wait)
+        outer = cv.chain(cv.link(k, reads="in0", args=(t,)), cv.link(outer_step, reads="in0"))
+        cv.stream(outer, [np.full(100, 5, np.uint32)], device=device, reduce="sum",
+                  warmup=False)
+        worker.join(60)
+    assert done == [True]
+    assert counts[5] == 100 and counts[3] == 10, counts
