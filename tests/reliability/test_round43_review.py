@@ -160,6 +160,8 @@ class _WouldWait(RuntimeError):
 
 
 @pytest.mark.filterwarnings("ignore::conveyor.hazards.HazardWarning")
+@pytest.mark.xfail(strict=True, reason="a stream a callable starts on its own thread waits "
+                   "for the outer stream's writable table, which waits for it: a hang")
 def test_a_stream_from_a_thread_the_callable_starts_does_not_wait_for_its_outer_stream(
         device, monkeypatch):
     # Today the inner stream's claim waits for ever (the outer stream holds the table and

@@ -12,7 +12,6 @@ import numpy as np
 from conveyor.backends.base import Device, Event, Queue
 from conveyor.errors import InputError
 from conveyor.interrupts import interruptible
-from conveyor.pipeline import resident
 from conveyor.pipeline.chainbind import BoundChain, BoundLink, Ref
 from conveyor.pipeline.halo import Boundary, first_block
 from conveyor.pipeline.io import Source
@@ -111,8 +110,7 @@ class ChainStep(Step):
         for ref, buf in zip(refs, found, strict=True):
             shape, dtype = self._shape(ref, block)
             arrays.append(self.device.device_array(buf, shape, dtype, queue))
-        # the user's code: Ctrl-C lands in it as usual (resident.callable_running: see step.py)
-        with interruptible(), resident.callable_running():
+        with interruptible():  # the user's code: Ctrl-C lands in it as usual
             result = bound.compute(*arrays, *args, queue=queue.native, offset=offset, n=n)
         queue.after_callable(result)  # work it left on a library's own stream (CUDA)
         if bound is self.last and self.chain.reduces:

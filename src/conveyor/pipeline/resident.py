@@ -23,10 +23,9 @@ so is a dtype without fields (``float32``) for a pointer to a struct the source 
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -251,43 +250,6 @@ _claims = threading.Condition()
 #: thread; a cv.iterate generator's, on its staging thread) see.
 _holder: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
     "conveyor_resident_holder", default=())
-#: Python callables running now inside streams that hold writable tables: for each, the
-#: streams it runs inside (``_holder``) and the threads alive when it began (guarded by
-#: ``_claims``; see :func:`callable_running`).
-_callables: dict[object, tuple[tuple[object, ...], frozenset[int]]] = {}
-
-
-@contextlib.contextmanager
-def callable_running() -> Iterator[None]:
-    """Around a stream's Python callable: a thread it starts (one that did not exist when
-    it began) and that streams with a writable table of the streams it runs inside shares
-    the table as a nested stream does, where it waited for ever (the thread does not inherit
-    the stream's context, so its stream was not seen as inside; the outer stream waited for
-    the callable, which waited for the thread). Nothing is noted where no writable table is
-    held (the usual stream: one context lookup)."""
-    inside = _holder.get()
-    if not inside:
-        yield
-        return
-    key = object()
-    with _claims:
-        _callables[key] = (inside, frozenset(t.ident for t in threading.enumerate()
-                                             if t.ident is not None))
-    try:
-        yield
-    finally:
-        with _claims:
-            del _callables[key]
-
-
-def _started_inside(owners: set[object]) -> tuple[object, ...]:
-    """The streams a running callable runs inside, where one of them owns a table in
-    ``owners`` and this thread was started while it ran; () otherwise. Under ``_claims``."""
-    me = threading.get_ident()
-    for inside, threads in _callables.values():
-        if me not in threads and owners & set(inside):
-            return inside
-    return ()
 
 
 class Claim:
@@ -321,15 +283,7 @@ def claim(handles: Sequence[Resident]) -> Claim:
     enclosing = _holder.get()
     mine = object()
     with _claims:
-        while True:
-            owners = {h._owner for h in writable if h._owner is not None
-                      and h._owner not in enclosing}
-            if not owners:
-                break
-            adopted = _started_inside(owners)  # a thread a callable of the owner started
-            if adopted:
-                enclosing = (*adopted, *(t for t in enclosing if t not in adopted))
-                continue
+        while any(h._owner is not None and h._owner not in enclosing for h in writable):
             interrupts.wait(_claims)
         nested = [h for h in writable if h._owner is not None]  # an enclosing stream's
         for handle in writable:

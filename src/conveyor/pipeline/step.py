@@ -14,7 +14,7 @@ import numpy as np
 from conveyor.backends.base import Device, Event, Kernel, Queue
 from conveyor.errors import InputError
 from conveyor.interrupts import interruptible
-from conveyor.pipeline import image, resident
+from conveyor.pipeline import image
 from conveyor.pipeline.chainbind import BoundChain
 from conveyor.pipeline.halo import Boundary, first_block
 from conveyor.pipeline.io import Source
@@ -179,9 +179,7 @@ class CallableStep(Step):
         arrays += self._outputs(slot.dev_out, block, queue)
         # args= follow the arrays, as they follow the buffers of a kernel.
         offset = (self.first_row + block.start) * self.row_items
-        # the user's code: Ctrl-C lands in it as usual (and threads it starts that stream
-        # with this stream's writable tables share them: resident.callable_running)
-        with interruptible(), resident.callable_running():
+        with interruptible():  # the user's code: Ctrl-C lands in it as usual
             result = self.function(*arrays, *self.args, queue=queue.native, offset=offset,
                                    n=block.rows * self.row_items)
         queue.after_callable(result)  # work it left on a library's own stream (CUDA)
@@ -277,7 +275,7 @@ class CallableStep(Step):
                 buffer = pool.acquire(max(spec.block_rows_of(rows) * spec.row_bytes, 1))
                 held.append(buffer)
             arrays += self._outputs(held[len(plan.inputs):], first, queue)
-            with interruptible(), resident.callable_running():  # the user's code
+            with interruptible():  # the user's code: Ctrl-C lands in it as usual
                 result = self.function(*arrays, *self.args, queue=queue.native,
                                        offset=self.first_row * self.row_items,
                                        n=rows * self.row_items)
