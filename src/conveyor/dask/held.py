@@ -22,8 +22,7 @@ import functools
 import inspect
 import itertools
 import types
-from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -40,7 +39,10 @@ MOST_VALUES = 10_000
 
 def device_array(value: Any) -> bool:
     """True for an array in a device's memory (PyOpenCL, CuPy, a CUDA tensor, Numba); False
-    for anything whose attribute read raises."""
+    for a class (``cupy.ndarray`` itself, as a default: the property is on the class) and for
+    anything whose attribute read raises."""
+    if isinstance(value, type):
+        return False
     try:
         if type(value).__module__.startswith("pyopencl") and hasattr(value, "base_data"):
             return True
@@ -104,7 +106,7 @@ def _inside(value: Any) -> list[Any]:
         if isinstance(value, Mapping):
             pairs = itertools.islice(value.items(), MOST_ITEMS)
             return [part for pair in pairs for part in pair]
-        if isinstance(value, tuple | list | AbstractSet):
+        if isinstance(value, Collection):  # a deque, a UserList: any sized iterable
             return list(itertools.islice(value, MOST_ITEMS))
         return [v for _, v in itertools.islice(_attributes(value, ""), MOST_ITEMS)]
     except Exception:  # a container that cannot be read without raising: nothing held

@@ -335,7 +335,11 @@ def _own_copy(exc: BaseException) -> BaseException:
     # given a list of their own (copy.copy's copy was seen sharing the original's notes).
     try:
         reduced: Any = exc.__reduce_ex__(2)
-        made = reduced[0](*reduced[1])
+        try:
+            made = reduced[0](*reduced[1])
+        except Exception:  # an __init__ of other arguments than args (path, reason): as is
+            made = type(exc).__new__(type(exc), *exc.args)
+            made.args = exc.args
         state = reduced[2] if len(reduced) > 2 and isinstance(reduced[2], dict) else {}
         for key, value in state.items():
             if key != "__notes__":

@@ -341,6 +341,8 @@ def make_plan(
                     f"arrays disagree in length along axis 0: input 0 has {rows} rows, "
                     f"{name} {i} has {spec.rows}"
                     + (f" (ratio={spec.ratio})" if spec.ratio != (1, 1) else "")
+                    + (_ratio_hint(spec.rows, rows, spec.dtype) if name == "output"
+                       and spec.ratio == (1, 1) else "")
                 )
     if halo and any(spec.per_block for spec in outputs):
         raise InputError(
@@ -483,6 +485,21 @@ _CAPS = {
     "constant": ("constant buffer size (CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE)",
                  "declare the kernel's parameter __global const instead of __constant"),
 }
+
+
+def _ratio_hint(got: int, rows: int, dtype: np.dtype) -> str:
+    """For an output array of ``got`` rows beside ``rows`` of input 0, where that is a
+    simple ratio (a pooling kernel's half): the ``cv.rows`` output that makes it."""
+    from fractions import Fraction
+
+    if not got or not rows:
+        return ""
+    ratio = Fraction(got, rows)
+    if ratio.numerator > 64 or ratio.denominator > 64:
+        return ""
+    named = f"np.{dtype}" if dtype.isbuiltin and dtype.isnative else "dtype"
+    return (f": an output of {ratio.numerator}/{ratio.denominator} of input 0's rows is "
+            f"cv.rows({named}, ratio=({ratio.numerator}, {ratio.denominator}))")
 
 
 def _fit_staging(block_rows: int, depth: int, halo: int, inputs: tuple[ArraySpec, ...],

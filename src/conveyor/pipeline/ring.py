@@ -10,8 +10,8 @@ announces each new entry (``on_added``) to the staging thread that uses the ring
 using it.
 
 A failed growth allocation (no pinned memory to spare) only stops the growth: the stream goes
-on with the entries it has. ``CONVEYOR_RING_GROW=0`` allocates the whole ring up front, as
-before (for A/B runs).
+on with the entries it has. ``CONVEYOR_RING_GROW=0`` allocates the whole ring when the path
+starts, before the first block, as before (for A/B runs), up to what a pinned limit lets fit.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from conveyor import config
 from conveyor.closing import join
+from conveyor.errors import OutOfMemoryError
 from conveyor.interrupts import deferred_sigint, start_thread
 from conveyor.memory.pinned import PinnedPool
 from conveyor.pipeline.staging import Entry
@@ -40,15 +41,11 @@ class Ring:
         self.error: BaseException | None = None  # why the growth stopped early, if it did
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        grow = config.ring_grow() if grow is None else grow
+        self._grow_beside = config.ring_grow() if grow is None else grow
         try:
             first = self._entry(self.pool.acquire)  # the first entry, at once
             assert first is not None  # acquire() raises rather than return None
             self._add(first)
-            while not grow and len(self.entries) < self.target:
-                entry = self._entry(self.pool.acquire)
-                assert entry is not None
-                self._add(entry)
         except BaseException:
             self.give_back()
             raise
@@ -72,13 +69,16 @@ class Ring:
         in idle entries, and its output ring's first entry fail with OutOfMemoryError)."""
         if self.complete or self._thread is not None:
             return
+        # Without growth (CONVEYOR_RING_GROW=0) every entry is allocated here, before the
+        # first block, up to what a pinned limit lets fit.
+        take = self._hit if self._grow_beside else self._acquire_or_none
         while not self.complete:
-            entry = self._entry(self._hit)
+            entry = self._entry(take)
             if entry is None:
                 break  # the pool would have to allocate: the thread does that
             self._add(entry)
             on_added(len(self.entries) - 1)
-        if self.complete:
+        if self.complete or not self._grow_beside:
             return
         self._thread = threading.Thread(target=self._grow, args=(on_added,),
                                         name="conveyor-ring", daemon=True)
@@ -100,6 +100,13 @@ class Ring:
 
     def _hit(self, nbytes: int) -> object | None:
         return self.pool.try_acquire(nbytes)
+
+    def _acquire_or_none(self, nbytes: int) -> object | None:
+        try:
+            return self.pool.acquire(nbytes)
+        except OutOfMemoryError as exc:  # a pinned limit: the ring runs on what fits
+            self.error = exc
+            return None
 
     def _entry(self, acquire: Callable[[int], object | None]) -> Entry | None:
         """One entry's buffers from ``acquire``; None (nothing kept) if any is None."""
