@@ -80,6 +80,19 @@ def hot_path(device: Any, *, strict: bool) -> Iterator[None]:
         _local.watched = _innermost(stack)
 
 
+@contextlib.contextmanager
+def unwatched() -> Iterator[None]:
+    """Within: nothing is a hazard on this thread (conveyor's own set-up done on the hot
+    path's thread: a staging ring's entries, allocated as its path starts, were reported as
+    the user's allocation in strict mode)."""
+    saved = getattr(_local, "watched", None)
+    _local.watched = {}
+    try:
+        yield
+    finally:
+        _local.watched = saved
+
+
 def _innermost(stack: list[tuple[Any, bool]]) -> dict[int, bool]:
     """Each watched device's strictness, the innermost context winning."""
     return {id(device): strict for device, strict in stack}

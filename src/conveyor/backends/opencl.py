@@ -738,8 +738,14 @@ class Device(base.Device):
         return LockedPinned(buf, address, nbytes, self._host_lock)
 
     def alloc_svm(self, nbytes: int) -> SvmBuffer:
-        """Fine-grained SVM host memory; BackendError where the device has none."""
+        """Fine-grained SVM host memory; BackendError where the device has none, InputError
+        for a size no allocation has (0, negative, past the device's largest)."""
         _check_not_forked()
+        base.check_nbytes(nbytes, "alloc_svm")
+        if nbytes > self.max_alloc_bytes:
+            raise InputError(
+                f"{nbytes} bytes of shared virtual memory is more than {self.name}'s largest "
+                f"allocation ({self.max_alloc_bytes} bytes): use a smaller array")
         if not self.fine_grain_svm:
             raise BackendError(
                 f"{self.name} has no fine-grained SVM: use conveyor.pinned.empty instead",
@@ -763,6 +769,13 @@ class Device(base.Device):
 
     def register_host(self, array: np.ndarray) -> Registration:
         _check_not_forked()
+        # As cv.pinned.register says (PyOpenCL's bare ValueError, the driver's
+        # INVALID_BUFFER_SIZE named neither the array nor what to pass).
+        if not array.flags.c_contiguous:
+            raise InputError("register_host needs a C-contiguous array: pass "
+                             "np.ascontiguousarray(a)")
+        if not array.nbytes:
+            raise InputError("register_host needs a non-empty array")
         access = cl.mem_flags.READ_WRITE if array.flags.writeable else cl.mem_flags.READ_ONLY
         flags = access | cl.mem_flags.USE_HOST_PTR
         try:

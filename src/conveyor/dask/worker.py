@@ -337,8 +337,12 @@ def _own_copy(exc: BaseException) -> BaseException:
         reduced: Any = exc.__reduce_ex__(2)
         try:
             made = reduced[0](*reduced[1])
-        except Exception:  # an __init__ of other arguments than args (path, reason): as is
-            made = type(exc).__new__(type(exc), *exc.args)
+        except Exception:  # an __init__ of other arguments than args (path, reason)
+            # Made without it, then set up by the nearest built-in exception's own __init__
+            # (OSError's errno and filename, UnicodeError's fields live there).
+            made = type(exc).__new__(type(exc), *reduced[1])
+            base = next(k for k in type(exc).__mro__ if k.__module__ == "builtins")
+            base.__init__(made, *reduced[1])  # type: ignore[misc]
             made.args = exc.args
         state = reduced[2] if len(reduced) > 2 and isinstance(reduced[2], dict) else {}
         for key, value in state.items():

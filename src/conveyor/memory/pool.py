@@ -224,6 +224,8 @@ class BlockPool(Generic[B]):
         block in use and handing it over left it in use for good (a CI run's interrupt test
         found a pool not back at zero); one that arrives meanwhile is raised as acquire
         returns, with the block given back first."""
+        if type(nbytes) is not int:  # (the pools' every block: one test on the usual path)
+            nbytes = _whole_bytes(nbytes, "acquire")
         if nbytes <= 0:
             raise InputError(f"cannot allocate {nbytes} bytes: ask for at least 1")
         size = self._bin_size(nbytes)
@@ -285,9 +287,13 @@ class BlockPool(Generic[B]):
         request since ``since`` (a :attr:`requests` count; default: now): a stream has begun,
         takes what is idle and grows its own ring. It also stops before passing the limit or
         the keep budget, at the first failed allocation (no error: the stream will meet it and
-        say so), and when ``stop()`` returns true. Not counted as hits, misses or bytes in
+        say so; a size no allocation can have, 0 or past the device's largest, is an
+        InputError), and when ``stop()`` returns true. Not counted as hits, misses or bytes in
         use, so it moves neither the statistics nor the keep budget."""
-        size = self._bin_size(max(nbytes, 1))
+        nbytes = _whole_bytes(nbytes, "prepare")
+        if nbytes <= 0:
+            raise InputError(f"prepare: cannot allocate {nbytes} bytes: ask for at least 1")
+        size = self._bin_size(nbytes)
         requests = self.requests if since is None else since
         with self._lock:
             self._closed = False  # made ready for use: held as before close()
@@ -578,3 +584,14 @@ class DevicePool(BlockPool["DeviceBuffer"]):
         super().__init__(device.alloc_device, device_bin, limit=limit, keep=config.pool_keep(),
                          where="device")
         self.device = device
+
+
+def _whole_bytes(nbytes: Any, call: str) -> int:
+    """``nbytes`` as an int: a NumPy integer is one; InputError naming ``call`` and the value
+    given for anything else (a float was taken by the device pool and refused by the pinned
+    pool as 4096.0 bytes of alloc_pinned, a string was a raw TypeError)."""
+    import numbers
+
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
+        raise InputError(f"{call}: nbytes={nbytes!r} is not a whole number of bytes")
+    return int(nbytes)

@@ -341,7 +341,7 @@ def make_plan(
                     f"arrays disagree in length along axis 0: input 0 has {rows} rows, "
                     f"{name} {i} has {spec.rows}"
                     + (f" (ratio={spec.ratio})" if spec.ratio != (1, 1) else "")
-                    + (_ratio_hint(spec.rows, rows, spec.dtype) if name == "output"
+                    + (_ratio_hint(spec, inputs[0]) if name == "output"
                        and spec.ratio == (1, 1) else "")
                 )
     if halo and any(spec.per_block for spec in outputs):
@@ -487,19 +487,22 @@ _CAPS = {
 }
 
 
-def _ratio_hint(got: int, rows: int, dtype: np.dtype) -> str:
-    """For an output array of ``got`` rows beside ``rows`` of input 0, where that is a
-    simple ratio (a pooling kernel's half): the ``cv.rows`` output that makes it."""
+def _ratio_hint(output: ArraySpec, first: ArraySpec) -> str:
+    """For an output array whose rows are a simple ratio of input 0's (a pooling kernel's
+    half): the ``cv.rows`` output of its shape that makes it."""
     from fractions import Fraction
 
-    if not got or not rows:
+    if not output.rows or not first.rows:
         return ""
-    ratio = Fraction(got, rows)
+    ratio = Fraction(output.rows, first.rows)
     if ratio.numerator > 64 or ratio.denominator > 64:
         return ""
-    named = f"np.{dtype}" if dtype.isbuiltin and dtype.isnative else "dtype"
+    dtype = output.dtype
+    named = f"np.{dtype}" if dtype.isbuiltin and dtype.isnative else "dt"
+    shape = "" if output.shape[1:] == first.shape[1:] else f", shape={output.shape[1:]}"
     return (f": an output of {ratio.numerator}/{ratio.denominator} of input 0's rows is "
-            f"cv.rows({named}, ratio=({ratio.numerator}, {ratio.denominator}))")
+            f"cv.rows({named}, ratio=({ratio.numerator}, {ratio.denominator}){shape})"
+            + (" (dt: the output's dtype)" if named == "dt" else ""))
 
 
 def _fit_staging(block_rows: int, depth: int, halo: int, inputs: tuple[ArraySpec, ...],

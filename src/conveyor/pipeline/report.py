@@ -49,7 +49,8 @@ class Report:
     spans_source: Callable[[], list[Span]] | None = field(default=None, repr=False)
     #: Several devices (pipeline/multi.py): one report per device, in the order given (its
     #: block count, its share of the bytes, its own seconds and timeline; its blocks are not
-    #: contiguous, so its ``block_ranges`` do not apply); empty on one device.
+    #: contiguous, so its ``block_ranges`` are its own blocks' rows, from ``ranges``); empty
+    #: on one device.
     devices: list[Report] = field(default_factory=list)
     #: Several devices: the latest device's finish minus the earliest's, as a share of wall
     #: time (0 is perfectly even); None on one device.

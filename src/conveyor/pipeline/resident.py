@@ -28,7 +28,6 @@ import contextvars
 import threading
 import types
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -475,24 +474,41 @@ def _writable_within(value: Any, where: str) -> str | None:
         seen.add(id(item))
         try:
             if isinstance(item, Mapping):
-                pairs = list(item.items())
+                # A dict subclass is read as a dict (its own items() may hide or raise).
+                pairs = list(dict.items(item) if isinstance(item, dict) else item.items())
                 if _worth(inner for _, inner in pairs):
                     stack.extend((inner, (link, "item", key)) for key, inner in pairs)
                 if _worth(key for key, _ in pairs):
                     stack.extend((key, (link, "key", None)) for key, _ in pairs)
-            elif isinstance(item, AbstractSet):
-                if _worth(item):
-                    stack.extend((inner, (link, "element", None)) for inner in item)
-            elif _worth(item):
-                stack.extend((inner, (link, "index", i)) for i, inner in enumerate(item))
-        except Exception:  # a subclass whose reading raises: it holds no handle we can see
+                continue
+            elements = list(_builtin_iter(item))
+        except Exception:  # a standard container whose reading raises: nothing seen in it
             continue
+        if not _worth(elements):
+            continue
+        if isinstance(item, list | tuple | collections.deque | collections.UserList):
+            stack.extend((inner, (link, "index", i)) for i, inner in enumerate(elements))
+        else:  # sets, dict views
+            stack.extend((inner, (link, "element", None)) for inner in elements)
     return None
 
 
 #: The containers :func:`_writable_within` looks into (and their subclasses).
-_WALKED = (tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
-           collections.UserDict, collections.ChainMap, types.MappingProxyType)
+_WALKED: tuple[type, ...] = (
+    tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
+    collections.UserDict, collections.ChainMap, types.MappingProxyType,
+    type({}.keys()), type({}.values()), type({}.items()))
+
+
+def _builtin_iter(item: Any) -> Any:
+    """The elements of a standard container, read through the built-in type's own iterator
+    where it is a subclass of one (a list subclass whose __iter__ yields nothing hid a
+    handle)."""
+    kind: Any
+    for kind in (list, tuple, set, frozenset):
+        if isinstance(item, kind):
+            return kind.__iter__(item)
+    return iter(item)
 
 
 def _worth(items: Any) -> bool:

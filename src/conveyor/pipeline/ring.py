@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from conveyor import config
+from conveyor import config, hazards
 from conveyor.closing import join
 from conveyor.errors import OutOfMemoryError
 from conveyor.interrupts import deferred_sigint, start_thread
@@ -72,12 +72,13 @@ class Ring:
         # Without growth (CONVEYOR_RING_GROW=0) every entry is allocated here, before the
         # first block, up to what a pinned limit lets fit.
         take = self._hit if self._grow_beside else self._acquire_or_none
-        while not self.complete:
-            entry = self._entry(take)
-            if entry is None:
-                break  # the pool would have to allocate: the thread does that
-            self._add(entry)
-            on_added(len(self.entries) - 1)
+        with hazards.unwatched():  # the ring's own allocations, not the user's (strict mode)
+            while not self.complete:
+                entry = self._entry(take)
+                if entry is None:
+                    break  # the pool would have to allocate: the thread does that
+                self._add(entry)
+                on_added(len(self.entries) - 1)
         if self.complete or not self._grow_beside:
             return
         self._thread = threading.Thread(target=self._grow, args=(on_added,),
