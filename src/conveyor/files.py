@@ -139,8 +139,17 @@ def _check_sticky_owner(target: Path, folder: Path, what: str) -> None:
 def _probe_folder(folder: Path, what: str) -> None:
     """InputError when no file can be made in ``folder``: ``os.access`` says yes to root for
     /sys or a read-only mount, and the output, trace or plot then failed after the work."""
+    from conveyor.interrupts import deferred_sigint
+
     probe = folder / f".conveyor-probe-{os.getpid()}-{secrets.token_hex(6)}"
     ours = True  # until the open says the name was another's (EEXIST)
+    # Whole under Ctrl-C: one landing between the close and the unlink left the probe file
+    # in the user's folder (held, it is raised once the probe is gone).
+    with deferred_sigint():
+        _make_and_remove(probe, ours, folder, what)
+
+
+def _make_and_remove(probe: Path, ours: bool, folder: Path, what: str) -> None:
     try:
         try:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -499,17 +508,29 @@ def atomic_write(path: PathLike, write: Callable[[IO[Any]], None], durable: bool
     except InputError as exc:
         raise PermissionError(errno.EACCES, str(exc)) from exc
     remove_stale_parts(target)
-    fd, part = new_part(target)
+    from conveyor.interrupts import deferred_sigint
+
+    fd, part = -1, None  # -1: no descriptor of ours open
     try:
+        # Whole under Ctrl-C up to here: one landing in new_part (or as it returned) left a
+        # .new or .part file beside the target, and its descriptor open (FileSink.open holds
+        # it the same way); held, it is raised inside this try, which removes both.
+        with deferred_sigint():
+            fd, part = new_part(target)
         try:
             with os.fdopen(os.dup(fd), "wb" if binary else "w") as handle:
                 write(handle)
         except BaseException:
             os.close(fd)
+            fd = -1
             raise
-        commit_part(fd, part, target, durable)
+        held, fd = fd, -1
+        commit_part(held, part, target, durable)  # closes it, whatever happens
     except BaseException:
-        part.unlink(missing_ok=True)
+        if fd != -1:
+            os.close(fd)
+        if part is not None:
+            part.unlink(missing_ok=True)
         raise
 
 

@@ -18,16 +18,16 @@ raises KeyError stopped the call).
 
 from __future__ import annotations
 
-import collections
 import functools
 import inspect
 import itertools
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from conveyor.containers import standard_items
 from conveyor.errors import InputError
 
 #: Levels of containers looked into below a value.
@@ -103,22 +103,17 @@ def _inside(value: Any) -> list[Any]:
     if isinstance(value, str | bytes | bytearray | memoryview | range | np.ndarray | type
                   | types.ModuleType | types.FunctionType | types.BuiltinFunctionType):
         return []
+    found = standard_items(value)  # Python's own containers, read without the user's code
+    if found is not None:
+        kind, items = found
+        items = items[:MOST_ITEMS]
+        return [part for pair in items for part in pair] if kind == "map" else items
+    # Anything else by its attributes only (a user's Sequence or Mapping keeping self.device:
+    # iterating it is the user's code, and a one-shot collection was emptied by the look).
     try:
-        if isinstance(value, Mapping):
-            pairs = itertools.islice(value.items(), MOST_ITEMS)
-            return [part for pair in pairs for part in pair]
-        if isinstance(value, _OWN_CONTAINERS):  # Python's own: reading them runs no user code
-            return list(itertools.islice(value, MOST_ITEMS))
-        # Anything else by its attributes only (a user's Sequence keeping self.device; its
-        # iteration is the user's code: a one-shot collection was emptied by the look).
         return [v for _, v in itertools.islice(_attributes(value, ""), MOST_ITEMS)]
-    except Exception:  # a container that cannot be read without raising: nothing held
+    except Exception:  # attributes that cannot be read without raising: nothing held
         return []
-
-
-#: Containers read item by item: Python's own and the standard library's (their subclasses
-#: too, whose iteration the standard library's code does).
-_OWN_CONTAINERS = (tuple, list, set, frozenset, collections.deque, collections.UserList)
 
 
 def _held_by(compute: Any, depth: int, seen: set[int]) -> list[tuple[str, Any]]:

@@ -351,6 +351,15 @@ def _own_copy(exc: BaseException) -> BaseException:
         for key in ("name", "path", "obj"):  # members some types keep out of their reduce
             if hasattr(exc, key) and getattr(made, key, None) is not getattr(exc, key):
                 setattr(made, key, getattr(exc, key))
+        for kind in type(exc).__mro__:  # slot attributes: in no __dict__ and no reduce
+            slots = kind.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                if slot in ("__dict__", "__weakref__"):
+                    continue
+                try:
+                    object.__setattr__(made, slot, object.__getattribute__(exc, slot))
+                except AttributeError:  # unset on exc: unset on the copy
+                    continue
         if type(made) is not type(exc) or str(made) != str(exc) or made.args != exc.args:
             return exc
     except Exception:

@@ -228,6 +228,7 @@ class BlockPool(Generic[B]):
             nbytes = _whole_bytes(nbytes, "acquire")
         if nbytes <= 0:
             raise InputError(f"cannot allocate {nbytes} bytes: ask for at least 1")
+        _fits_one_allocation(self, nbytes, "acquire")  # named as asked, before its size class
         size = self._bin_size(nbytes)
         block: B | None = None
         try:
@@ -293,6 +294,7 @@ class BlockPool(Generic[B]):
         nbytes = _whole_bytes(nbytes, "prepare")
         if nbytes <= 0:
             raise InputError(f"prepare: cannot allocate {nbytes} bytes: ask for at least 1")
+        _fits_one_allocation(self, nbytes, "prepare")
         size = self._bin_size(nbytes)
         requests = self.requests if since is None else since
         with self._lock:
@@ -595,3 +597,15 @@ def _whole_bytes(nbytes: Any, call: str) -> int:
     if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
         raise InputError(f"{call}: nbytes={nbytes!r} is not a whole number of bytes")
     return int(nbytes)
+
+
+def _fits_one_allocation(pool: Any, nbytes: int, call: str) -> None:
+    """InputError, naming ``nbytes`` as asked, where it is more than the pool's device's
+    largest allocation (its size class was named: 2**64 + 5 came out as 18446744073709555712;
+    in a strict stream it was a hazard "allocated" first)."""
+    device = getattr(pool, "device", None)
+    largest = getattr(device, "max_alloc_bytes", None)
+    if isinstance(largest, int) and nbytes > largest:
+        raise InputError(f"{call}: {nbytes} bytes is more than "
+                         f"{getattr(device, 'name', 'the device')}'s largest allocation "
+                         f"({largest} bytes): ask for less")

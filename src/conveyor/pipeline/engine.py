@@ -19,6 +19,7 @@ import numpy as np
 from conveyor import hazards, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Event, Queue
 from conveyor.closing import Closeable
+from conveyor.errors import note_outputs_written
 from conveyor.interrupts import deferred_sigint
 from conveyor.memory import pinned
 from conveyor.pipeline import paths, step, switching
@@ -160,8 +161,14 @@ class Engine(Closeable):
         # in use and a staging thread waiting for a lock nobody would release. The switch
         # interval's change is inside it: a Ctrl-C landing as quick_switches' clean-up began
         # left the interval low for good (no later stream restored it; seen on the H100).
-        with deferred_sigint(), switching.quick_switches():
-            return self._run()
+        self._tables_written = False
+        try:
+            with deferred_sigint(), switching.quick_switches():
+                return self._run()
+        except BaseException as exc:
+            if self._tables_written:  # a Ctrl-C held through the copy-back, or one in it
+                note_outputs_written(exc)
+            raise
 
     def _run(self) -> Report:
         started = time.perf_counter()
@@ -181,6 +188,12 @@ class Engine(Closeable):
                 queue.finish()
             self.finished_at = time.perf_counter()
             if self.residents is not None:
+                # A Ctrl-C held since the last block stops the stream here, its tables' writes
+                # dropped (it was raised after the copy-back, which had brought them home).
+                interrupts.checkpoint()
+                # From here a failure says the writable tables were written (a nested
+                # stream's, copied back by its outer stream, are not).
+                self._tables_written = bool(getattr(self.residents, "claimed", None))
                 self.residents.copy_back(self.copy_out_q)
         except BaseException:
             self._abort()

@@ -27,7 +27,7 @@ import collections
 import contextvars
 import threading
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ import numpy as np
 from conveyor import config, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue, named_beside
 from conveyor.closing import Closeable
+from conveyor.containers import standard_items
 from conveyor.errors import ConveyorError, InputError
 from conveyor.kernels.signature import Param
 from conveyor.memory.pool import device_bin
@@ -452,10 +453,12 @@ def refuse_in_callable_args(args: Sequence[Any], whose: str) -> None:
 def _writable_within(value: Any, where: str) -> str | None:
     """The path (``args[0][1]['k']``) of a writable :func:`resident` handle in ``value`` or
     in the containers it holds, at any depth, or None. Walked: the containers Python and its
-    standard library make (:data:`_WALKED`: tuples, lists, sets, dicts' keys and values, a
-    deque, a UserDict, a mappingproxy, a ChainMap, and their subclasses), never a user's own
-    Sequence or Mapping (reading one runs its code: a lazy dataset's ``__getitem__`` raised, a
-    ring buffer's never ended). A container is looked into only where the types of its
+    standard library make (tuples, lists, sets, dicts' keys and values, dict views, a deque,
+    a UserDict, a mappingproxy, a ChainMap, and their subclasses), read through the base
+    type (conveyor/containers.py: a subclass's own ``__iter__`` or ``items()`` may hide or
+    raise), never a user's own Sequence or Mapping (reading one runs its code: a lazy
+    dataset's ``__getitem__`` raised, a ring buffer's never ended). A container is looked
+    into only where the types of its
     elements (read by ``map``, in C: 10**6 numbers in milliseconds) hold a handle or another
     container. A stack of its own (no recursion limit), each container once (one that holds
     itself ends), and the path made only for a handle found (a key whose repr raised failed
@@ -469,53 +472,36 @@ def _writable_within(value: Any, where: str) -> str | None:
             if item.writable:
                 return _path(where, link)
             continue
-        if not isinstance(item, _WALKED) or id(item) in seen:
+        if id(item) in seen:
+            continue
+        found = standard_items(item)  # Python's own containers only, read without user code
+        if found is None:
             continue
         seen.add(id(item))
-        try:
-            if isinstance(item, Mapping):
-                # A dict subclass is read as a dict (its own items() may hide or raise).
-                pairs = list(dict.items(item) if isinstance(item, dict) else item.items())
-                if _worth(inner for _, inner in pairs):
-                    stack.extend((inner, (link, "item", key)) for key, inner in pairs)
-                if _worth(key for key, _ in pairs):
-                    stack.extend((key, (link, "key", None)) for key, _ in pairs)
-                continue
-            elements = list(_builtin_iter(item))
-        except Exception:  # a standard container whose reading raises: nothing seen in it
-            continue
-        if not _worth(elements):
-            continue
-        if isinstance(item, list | tuple | collections.deque | collections.UserList):
-            stack.extend((inner, (link, "index", i)) for i, inner in enumerate(elements))
-        else:  # sets, dict views
-            stack.extend((inner, (link, "element", None)) for inner in elements)
+        kind, items = found
+        if kind == "map":
+            if _worth(inner for _, inner in items):
+                stack.extend((inner, (link, "item", key)) for key, inner in items)
+            if _worth(key for key, _ in items):
+                stack.extend((key, (link, "key", None)) for key, _ in items)
+        elif _worth(items):
+            how = "index" if kind == "seq" else "element"
+            stack.extend((inner, (link, how, i)) for i, inner in enumerate(items))
     return None
-
-
-#: The containers :func:`_writable_within` looks into (and their subclasses).
-_WALKED: tuple[type, ...] = (
-    tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
-    collections.UserDict, collections.ChainMap, types.MappingProxyType,
-    type({}.keys()), type({}.values()), type({}.items()))
-
-
-def _builtin_iter(item: Any) -> Any:
-    """The elements of a standard container, read through the built-in type's own iterator
-    where it is a subclass of one (a list subclass whose __iter__ yields nothing hid a
-    handle)."""
-    kind: Any
-    for kind in (list, tuple, set, frozenset):
-        if isinstance(item, kind):
-            return kind.__iter__(item)
-    return iter(item)
 
 
 def _worth(items: Any) -> bool:
     """Whether ``items`` holds a handle or a container to look into, told by their types
     alone (one pass of ``map`` in C, not a Python loop over every element)."""
-    return any(kind is Resident or issubclass(kind, _WALKED)
+    return any(kind is Resident or issubclass(kind, _CONTAINERS)
                for kind in set(map(type, items)))
+
+
+#: Types whose instances :func:`standard_items` reads (and their subclasses).
+_CONTAINERS: tuple[type, ...] = (
+    tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
+    collections.UserDict, collections.ChainMap, types.MappingProxyType,
+    type({}.keys()), type({}.values()), type({}.items()))
 
 
 def _path(where: str, link: Any) -> str:
