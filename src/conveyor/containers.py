@@ -19,6 +19,10 @@ from typing import Any
 
 #: Dict views: iterated by the dict's own storage, whatever the dict's class.
 _VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
+#: Every type whose instances (and subclasses') :func:`standard_items` reads.
+CONTAINERS: tuple[type, ...] = (
+    tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
+    collections.UserDict, collections.ChainMap, types.MappingProxyType, *_VIEWS)
 
 
 def standard_items(value: Any, depth: int = 0) -> tuple[str, list[Any]] | None:

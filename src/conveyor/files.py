@@ -142,14 +142,14 @@ def _probe_folder(folder: Path, what: str) -> None:
     from conveyor.interrupts import deferred_sigint
 
     probe = folder / f".conveyor-probe-{os.getpid()}-{secrets.token_hex(6)}"
-    ours = True  # until the open says the name was another's (EEXIST)
     # Whole under Ctrl-C: one landing between the close and the unlink left the probe file
     # in the user's folder (held, it is raised once the probe is gone).
     with deferred_sigint():
-        _make_and_remove(probe, ours, folder, what)
+        _make_and_remove(probe, folder, what)
 
 
-def _make_and_remove(probe: Path, ours: bool, folder: Path, what: str) -> None:
+def _make_and_remove(probe: Path, folder: Path, what: str) -> None:
+    ours = True  # until the open says the name was another's (EEXIST)
     try:
         try:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

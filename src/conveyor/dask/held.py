@@ -62,7 +62,11 @@ def is_resident(value: Any) -> bool:
 def refuse_held(compute: Callable[..., Any]) -> None:
     """InputError when callable ``compute`` holds a device, a kernel, a resident table or a
     device array of this process (see the module)."""
-    label = getattr(compute, "__name__", None) or type(compute).__name__
+    try:  # a callable object's __getattr__ may raise anything (an AttrDict: KeyError)
+        label = inspect.getattr_static(compute, "__name__", None) or type(compute).__name__
+    except Exception:
+        label = type(compute).__name__
+    label = label if isinstance(label, str) else type(compute).__name__
     for name, value in _held_by(compute, 0, set()):
         refuse_value(value, f"the callable {label!r} uses {name!r}, ")
 

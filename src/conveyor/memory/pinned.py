@@ -42,6 +42,9 @@ def page_bin(nbytes: int) -> int:
 class PinnedPool(BlockPool["PinnedBuffer"]):
     """A device's pool of pinned host blocks: ``device.pinned_pool``."""
 
+    #: Host memory: the device's largest allocation is no bound here (pool.py).
+    host_memory = True
+
     def __init__(self, device: Device, limit: int | None = None, *, svm: bool = False) -> None:
         # Every block is allocated on the device's NUMA node (memory/numa.py; nothing on a
         # host with one node).

@@ -602,7 +602,11 @@ def _whole_bytes(nbytes: Any, call: str) -> int:
 def _fits_one_allocation(pool: Any, nbytes: int, call: str) -> None:
     """InputError, naming ``nbytes`` as asked, where it is more than the pool's device's
     largest allocation (its size class was named: 2**64 + 5 came out as 18446744073709555712;
-    in a strict stream it was a hazard "allocated" first)."""
+    in a strict stream it was a hazard "allocated" first). Not for pools of host memory
+    (``host_memory``): CUDA's largest device allocation does not bound cuMemHostAlloc, and
+    each backend's alloc_pinned says what bounds its own."""
+    if getattr(pool, "host_memory", False):
+        return
     device = getattr(pool, "device", None)
     largest = getattr(device, "max_alloc_bytes", None)
     if isinstance(largest, int) and nbytes > largest:

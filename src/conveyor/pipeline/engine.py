@@ -193,7 +193,9 @@ class Engine(Closeable):
                 interrupts.checkpoint()
                 # From here a failure says the writable tables were written (a nested
                 # stream's, copied back by its outer stream, are not).
-                self._tables_written = bool(getattr(self.residents, "claimed", None))
+                claimed = getattr(self.residents, "claimed", None)
+                self._tables_written = claimed is not None and any(
+                    table not in claimed.nested for table in claimed.tables)
                 self.residents.copy_back(self.copy_out_q)
         except BaseException:
             self._abort()

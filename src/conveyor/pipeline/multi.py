@@ -389,6 +389,8 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
                             if d.memory_pool.limit is not None), default=None),
             pinned_limit=min((room for room in map(paths.pinned_room, devices)
                               if room is not None), default=None),
+            # an array counts as staged where any device stages it (zero-copy: none)
+            staged=_staged_anywhere(devices, sources, sinks, opts.zero_copy),
             **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
             resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
             **_constant_cap(kernels, devices, sources, opts.halo, residents),
@@ -536,6 +538,16 @@ def _run_engines_held(engines: list[Engine], supply: Supply,
         real = [f for f in failures if not isinstance(f, threading.BrokenBarrierError)]
         raise (real or failures)[0]
     return [r for r in reports if r is not None]
+
+
+def _staged_anywhere(devices: Sequence[Device], sources: list[Source], sinks: list[Sink],
+                     zero_copy: bool | None) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """``paths.staged_marks`` over several devices: an array is staged where any device
+    stages it (a 256 KiB pinned limit cut a zero-copy stream over two devices to 695
+    blocks, where one device ran it in one)."""
+    marks = [paths.staged_marks(dev, sources, sinks, zero_copy) for dev in devices]
+    return (tuple(map(any, zip(*(m[0] for m in marks), strict=True))),
+            tuple(map(any, zip(*(m[1] for m in marks), strict=True))))
 
 
 def check_host_memory_of_all(plan: Plan, devices: Sequence[Device]) -> None:

@@ -175,7 +175,9 @@ class Report:
         """Busy time of each lane that ran, in seconds (overlapping spans counted once); on
         several devices each device's own, summed (``Timeline.busy_ns``)."""
         timeline = self.timeline
-        return {lane: timeline.busy_ns(lane) / 1e9 for lane in timeline.lanes}
+        # host-wait: the union over the devices' engines, as host_stall_seconds says it
+        return {lane: (timeline.host_stall_ns if lane == "host-wait" else timeline.busy_ns(lane))
+                / 1e9 for lane in timeline.lanes}
 
     @property
     def bound(self) -> str | None:

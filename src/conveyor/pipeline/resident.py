@@ -23,10 +23,9 @@ so is a dtype without fields (``float32``) for a pointer to a struct the source 
 
 from __future__ import annotations
 
-import collections
 import contextvars
+import itertools
 import threading
-import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +34,7 @@ import numpy as np
 from conveyor import config, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue, named_beside
 from conveyor.closing import Closeable
-from conveyor.containers import standard_items
+from conveyor.containers import CONTAINERS, standard_items
 from conveyor.errors import ConveyorError, InputError
 from conveyor.kernels.signature import Param
 from conveyor.memory.pool import device_bin
@@ -465,8 +464,10 @@ def _writable_within(value: Any, where: str) -> str | None:
     every stream)."""
     # Stack entries: (item, link), link = (parent link, how, key) or None for ``value``.
     stack: list[tuple[Any, Any]] = [(value, None)]
-    seen: set[int] = set()
-    while stack:
+    # Objects held, not ids alone: a dict view's (key, value) tuples are made as it is read,
+    # and a freed one's id came back for the next view's (its handle was never looked at).
+    seen: dict[int, Any] = {}
+    while stack and len(seen) < MOST_CONTAINERS:
         item, link = stack.pop()
         if isinstance(item, Resident):
             if item.writable:
@@ -477,31 +478,36 @@ def _writable_within(value: Any, where: str) -> str | None:
         found = standard_items(item)  # Python's own containers only, read without user code
         if found is None:
             continue
-        seen.add(id(item))
+        seen[id(item)] = item
         kind, items = found
+        room = MOST_CONTAINERS - len(seen)  # only handles and containers go on the stack
         if kind == "map":
             if _worth(inner for _, inner in items):
-                stack.extend((inner, (link, "item", key)) for key, inner in items)
+                stack.extend(_kept(((inner, (link, "item", key)) for key, inner in items),
+                                   room))
             if _worth(key for key, _ in items):
-                stack.extend((key, (link, "key", None)) for key, _ in items)
+                stack.extend(_kept(((key, (link, "key", None)) for key, _ in items), room))
         elif _worth(items):
             how = "index" if kind == "seq" else "element"
-            stack.extend((inner, (link, how, i)) for i, inner in enumerate(items))
+            stack.extend(_kept(((inner, (link, how, i)) for i, inner in enumerate(items)),
+                               room))
     return None
+
+
+def _kept(entries: Any, room: int) -> list[tuple[Any, Any]]:
+    """The stack entries among ``entries`` that are handles or containers, at most
+    ``room + 1`` of them (a million small tuples made a million entries: 1 s a stream)."""
+    kept = (entry for entry in entries
+            if type(entry[0]) is Resident or isinstance(entry[0], CONTAINERS))
+    return list(itertools.islice(kept, max(room, 0) + 1))
 
 
 def _worth(items: Any) -> bool:
     """Whether ``items`` holds a handle or a container to look into, told by their types
     alone (one pass of ``map`` in C, not a Python loop over every element)."""
-    return any(kind is Resident or issubclass(kind, _CONTAINERS)
+    return any(kind is Resident or issubclass(kind, CONTAINERS)
                for kind in set(map(type, items)))
 
-
-#: Types whose instances :func:`standard_items` reads (and their subclasses).
-_CONTAINERS: tuple[type, ...] = (
-    tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
-    collections.UserDict, collections.ChainMap, types.MappingProxyType,
-    type({}.keys()), type({}.values()), type({}.items()))
 
 
 def _path(where: str, link: Any) -> str:
@@ -511,10 +517,16 @@ def _path(where: str, link: Any) -> str:
         link, how, key = link
         steps.append((how, key))
     path = where
-    for how, key in reversed(steps):
-        path = (f"{path}[{key!r}]" if how == "item" else f"{path}[{key}]" if how == "index"
-                else f"a key of {path}" if how == "key" else f"an element of {path}")
+    for how, key in reversed(steps):  # a key or a set's element has no subscript: <named>
+        path += (f"[{key!r}]" if how == "item" else f"[{key}]" if how == "index"
+                 else "[<a key>]" if how == "key" else "[<an element>]")
     return path
+
+
+#: Containers looked into, at most, for one callable's args: a million small tuples took
+#: 2.7 s before every stream; past this many, a handle deeper in goes unseen (refused
+#: nowhere, copied back never), which is what round forty-one's rule was before.
+MOST_CONTAINERS = 10_000
 
 
 def _host_buffer(value: Any) -> bool:

@@ -11,7 +11,8 @@ using it.
 
 A failed growth allocation (no pinned memory to spare) only stops the growth: the stream goes
 on with the entries it has. ``CONVEYOR_RING_GROW=0`` allocates the whole ring when the path
-starts, before the first block, as before (for A/B runs), up to what a pinned limit lets fit.
+starts, on the engine's thread before its first block is issued (the path's staging thread
+may already use the first entry), up to what a pinned limit lets fit (for A/B runs).
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ class StagingRings:
         return StagedOut(self, indices)
 
     def ring(self, sizes: Sequence[int]) -> Ring:
-        """Pinned buffers for up to ``entries`` blocks: what the pool holds idle (at least
-        one entry) at once, the rest grown beside the stream once the path starts
+        """Pinned buffers for up to ``entries`` blocks: one entry now, and when the path
+        starts what the pool holds idle, the rest grown beside the stream
         (pipeline/ring.py)."""
         return Ring(self.device.pinned_pool, sizes, self.entries)
 
