@@ -89,7 +89,11 @@ def refuse_value(value: Any, where: str) -> None:
         (device_array, "a device array of this process",
          "pass a NumPy array (a.get()) in args="),
     ]
-    stack, seen, looked = [(value, 0)], set(), 0
+    # seen holds what it has looked into, not ids alone (a dict view's item tuples are made
+    # as it is read: a freed one's id came back for the next view's, in resident.py's walk).
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    seen: dict[int, Any] = {}
+    looked = 0
     while stack and looked < MOST_VALUES:
         item, depth = stack.pop()
         looked += 1
@@ -97,7 +101,7 @@ def refuse_value(value: Any, where: str) -> None:
             if test(item):
                 raise InputError(f"{where}{what}, which cannot travel to Dask workers: {fix}")
         if depth < MOST_DEPTH and id(item) not in seen:
-            seen.add(id(item))
+            seen[id(item)] = item
             stack.extend((inner, depth + 1) for inner in _inside(item))
 
 
