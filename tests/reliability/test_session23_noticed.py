@@ -152,3 +152,35 @@ __kernel void twice(__global const float *x, __global float *y, ulong offset, ul
     np.testing.assert_array_equal(report.outputs[0], 2 * x)
     assert report.busy_seconds.get("host-wait", 0.0) == pytest.approx(
         report.host_stall_seconds)
+
+
+def test_a_pinned_limit_cuts_no_zero_copy_blocks_over_two_devices(pair):
+    """The several-device plan counted every array as staged under a pinned limit: a
+    zero-copy stream that one device ran in one block ran in 695 over two (helper-155)."""
+    import gc
+
+    from conveyor.backends import opencl
+
+    d0, d1 = pair
+    if not (d0.backend == d1.backend == "opencl" and d0.host_unified and d1.host_unified):
+        pytest.skip("zero-copy over two OpenCL devices in host memory")
+    own = [opencl.Device(d.cl_device, *(int(p) for p in d.spec.split(":")[1:]))
+           for d in (d0, d1)]  # contexts of their own: the limits set here are theirs
+    try:
+        twice = cv.portable("""
+__kernel void twice(__global const float *x, __global float *y, ulong offset, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) y[i] = 2.0f * x[i];
+}""")
+        k = own[0].compile(twice, "twice")
+        x = np.ones(1 << 20, np.float32)
+        before = cv.stream(k, [x], [np.float32], device=own, zero_copy=True).blocks
+        for dev in own:
+            dev.pinned_pool.limit = "256KiB"
+        report = cv.stream(k, [x], [np.float32], device=own, zero_copy=True)
+        np.testing.assert_array_equal(report.outputs[0], 2 * x)
+        assert report.blocks == before, (report.blocks, before)
+    finally:
+        gc.collect()
+        for dev in own:
+            dev.close()

@@ -15,7 +15,7 @@ from conveyor.backends.base import Device, Kernel, named_beside
 from conveyor.errors import InputError
 from conveyor.pipeline import resident, validate
 from conveyor.pipeline.chain import REDUCE, Link, Temp, _is_kernel, _label
-from conveyor.pipeline.plan import ArraySpec, Plan, make_plan
+from conveyor.pipeline.plan import ArraySpec, HaloPastBlocks, Plan, make_plan
 from conveyor.pipeline.reduce import BUILTIN_OPS
 
 
@@ -126,7 +126,7 @@ class BoundChain:
         try:
             return make_plan(inputs, outputs, temp_row_bytes=temps, **options)
         except InputError as exc:
-            if not temps or str(exc).startswith("halo="):
+            if not temps or isinstance(exc, HaloPastBlocks):
                 # (A halo wider than the blocks the temps cut: make_plan's own message says
                 # what helps, block_bytes; "a larger memory_limit" was advised, unset.)
                 raise

@@ -378,6 +378,8 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
     try:
         # One plan for every device (the smallest's memory): the same blocks everywhere, so
         # a reduction's partials do not depend on which device folded them.
+        room = min((free for free in map(paths.pinned_room, devices) if free is not None),
+                   default=None)
         plan = planner(
             tuple(validate.spec(a) for a in sources),
             tuple(validate.spec(a) for a in sinks),
@@ -387,10 +389,11 @@ def _plan_and_run(kernels: Sequence[Any], sources: list[Source], sinks: list[Sin
             max_alloc_bytes=min(d.max_alloc_bytes for d in devices),
             pool_limit=min((d.memory_pool.limit for d in devices
                             if d.memory_pool.limit is not None), default=None),
-            pinned_limit=min((room for room in map(paths.pinned_room, devices)
-                              if room is not None), default=None),
-            # an array counts as staged where any device stages it (zero-copy: none)
-            staged=_staged_anywhere(devices, sources, sinks, opts.zero_copy),
+            pinned_limit=room,
+            # an array counts as staged where any device stages it (zero-copy: none); asked
+            # of the drivers only where a limit is set
+            staged=None if room is None else _staged_anywhere(devices, sources, sinks,
+                                                              opts.zero_copy),
             **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
             resident_bytes=max((r.nbytes for r in residents if r is not None), default=0),
             **_constant_cap(kernels, devices, sources, opts.halo, residents),

@@ -295,6 +295,11 @@ def _slot_footprint(
     return total
 
 
+class HaloPastBlocks(InputError):
+    """The halo is longer than the blocks a plan can make (an InputError, told apart by the
+    callers that reword a plan's other refusals: chainbind's temps)."""
+
+
 def make_plan(
     inputs: tuple[ArraySpec, ...],
     outputs: tuple[ArraySpec, ...],
@@ -426,7 +431,7 @@ def make_plan(
         why = (f"blocks with that many rows on either side do not fit the memory limit of "
                f"{total_limit} bytes" if footprint > limit else
                f"more than a block ({block_rows} rows)")
-        raise InputError(
+        raise HaloPastBlocks(
             f"halo={halo} rows is more than the input's {rows} rows, and {why}: use a smaller "
             f"halo (halo={rows} already reaches every row of the input from every block; the "
             f"rows past its ends are the boundary's)"
@@ -437,11 +442,11 @@ def make_plan(
             # Cut by the device's image height or constant buffer: a larger block_bytes
             # cannot help.
             what, other = _CAPS[block_cap]
-            raise InputError(
+            raise HaloPastBlocks(
                 f"halo={halo} rows is more than a block ({block_rows} rows), and the "
                 f"device's {what} (with the halo on both sides) caps a block there: "
                 f"use a halo of at most {(max_block_rows + 2 * halo) // 3} rows, or {other}")
-        raise InputError(
+        raise HaloPastBlocks(
             f"halo={halo} rows is more than a block ({block_rows} rows): "
             + ("the pinned pool's limit (device.pinned_pool.limit) cut the blocks: raise it, "
                "or use a smaller halo" if by_pinned else

@@ -514,6 +514,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         [s.inner if isinstance(s, image.ImageSource) else s for s in sources], sinks)
     in_place = frozenset(i for i, _ in pairs)
     max_rows, cap = constant_rows(compute, dev, sources, opts.halo, max_rows, residents)
+    room = paths.pinned_room(dev)
     plan = planner(
         tuple(validate.spec(a) for a in sources),
         tuple(validate.spec(a) for a in sinks),
@@ -523,8 +524,10 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         halo=opts.halo,
         global_mem_bytes=dev.global_mem_bytes,
         pool_limit=dev.memory_pool.limit,
-        pinned_limit=paths.pinned_room(dev),
-        staged=paths.staged_marks(dev, sources, sinks, opts.zero_copy),
+        pinned_limit=room,
+        # which arrays stage: asked of the driver per array, so only where a limit is set
+        staged=None if room is None else paths.staged_marks(dev, sources, sinks,
+                                                            opts.zero_copy),
         max_alloc_bytes=dev.max_alloc_bytes,
         **(reduction.scratch_sizes(validate.spec(first).row_items) if reduction else {}),
         resident_bytes=residents.nbytes if residents is not None else 0,
