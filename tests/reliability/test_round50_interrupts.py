@@ -234,9 +234,6 @@ HIST_COPY = """__kernel void hist_copy(__global const uint *x, __global uint *y,
 }"""
 
 
-@pytest.mark.xfail(strict=True, reason="the engine copies writable tables back before the "
-                   "stream commits its file outputs: a refused commit keeps the table's writes "
-                   "(Known: RELIABILITY.md)")
 def test_a_stream_whose_output_cannot_be_committed_drops_the_tables_writes(device, tmp_path):
     # The output's place is taken by a folder while the stream runs (here by its cv.iterate
     # generator, asked once more after the last row): the commit refuses it, as sinks.commit_all

@@ -194,8 +194,15 @@ class Engine(Closeable):
                 # From here a failure says the writable tables were written (a nested
                 # stream's, copied back by its outer stream, are not).
                 claimed = getattr(self.residents, "claimed", None)
-                self._tables_written = claimed is not None and any(
+                writes = claimed is not None and any(
                     table not in claimed.nested for table in claimed.tables)
+                if writes:
+                    # Every output readied (flushed, its place checked again) before the
+                    # tables come home: one the commit would refuse (a folder took its
+                    # place during the stream) fails the stream here, its writes dropped.
+                    for sink in self.sinks:
+                        sink.prepare()
+                self._tables_written = writes
                 self.residents.copy_back(self.copy_out_q)
         except BaseException:
             self._abort()

@@ -227,10 +227,12 @@ class FileSink(Sink):
         return naming_errors(self.name, self.target.parent)
 
     def prepare(self) -> None:
-        """Flush to disk, take the mode of the file it replaces, check the target again."""
+        """Flush to disk, take the mode of the file it replaces, check the target again
+        (readied twice, as before a stream's writable tables are copied back and again at
+        its commit, the file is flushed once: nothing is written between)."""
         assert self._fd is not None and self._tmp is not None
         with self._naming_errors():
-            files.ready_part(self._fd, self.target, self.durable)
+            files.ready_part(self._fd, self.target, self.durable and not self._ready)
         self._ready = True
 
     def commit(self) -> None:
