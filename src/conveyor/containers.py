@@ -13,33 +13,54 @@ a ``mappingproxy`` through the mapping it wraps. Anything else is not a containe
 from __future__ import annotations
 
 import collections
+import collections.abc
 import gc
 import types
 from typing import Any
 
 #: Dict views: iterated by the dict's own storage, whatever the dict's class.
 _VIEWS: tuple[type, ...] = (type({}.keys()), type({}.values()), type({}.items()))
+#: The mapping behind a ``collections.abc`` view (a UserDict's or a ChainMap's ``values()``),
+#: read through the slot's own descriptor, not an attribute lookup a subclass could take.
+_MAPPING_OF: Any = collections.abc.MappingView.__dict__["_mapping"]
 #: Every type whose instances (and subclasses') :func:`standard_items` reads.
 CONTAINERS: tuple[type, ...] = (
     tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
-    collections.UserDict, collections.ChainMap, types.MappingProxyType, *_VIEWS)
+    collections.UserDict, collections.ChainMap, types.MappingProxyType,
+    collections.abc.MappingView, *_VIEWS)
+#: Exactly these types (no subclass) hold nothing but their items, which
+#: ``gc.get_referents`` lists in C, many containers in one call.
+PLAIN: frozenset[type] = frozenset({tuple, list, set, frozenset, dict})
 
 
-def standard_items(value: Any, depth: int = 0) -> tuple[str, list[Any]] | None:
+def standard_items(value: Any) -> tuple[str, list[Any]] | None:
     """``("seq", items)``, ``("set", items)`` or ``("map", [(key, value), ...])`` for one of
     Python's own containers (or a subclass of one), read through the base type; None for
-    anything else, or where even that read raises (a container being changed meanwhile)."""
+    anything else, or where even that read raises (a container being changed meanwhile).
+    Wrappers (a UserDict's ``data``, a ChainMap's ``maps``, the mapping a mappingproxy or a
+    view wraps) are unwrapped to any depth, each object once (a ChainMap holding itself k
+    times was read k**9 times; ten nested proxies were taken for no container at all)."""
     try:
-        return _read(value, depth)
+        return _read(value)
     except Exception:
         return None
 
 
-def _read(value: Any, depth: int) -> tuple[str, list[Any]] | None:
-    if depth > 8:  # proxies of proxies, ChainMaps of ChainMaps: enough
-        return None
-    if isinstance(value, dict):
-        return "map", list(dict.items(value))
+def _read(value: Any) -> tuple[str, list[Any]] | None:
+    if isinstance(value, _VIEWS):  # no subclass can be made of a view
+        view: Any = value
+        return "set", list(view)
+    if collections.abc.MappingView in type(value).__mro__:  # not dict's: registered only
+        pairs = _pairs(_MAPPING_OF.__get__(value))
+        if pairs is None:
+            return None
+        if isinstance(value, collections.abc.KeysView):
+            return "set", [key for key, _ in pairs]
+        if isinstance(value, collections.abc.ValuesView):
+            return "seq", [inner for _, inner in pairs]
+        return "set", pairs
+    if isinstance(value, collections.UserList):
+        value = _unwrapped(value)
     if isinstance(value, list):
         return "seq", list(list.__iter__(value))
     if isinstance(value, tuple):
@@ -50,21 +71,59 @@ def _read(value: Any, depth: int) -> tuple[str, list[Any]] | None:
         return "set", list(frozenset.__iter__(value))
     if isinstance(value, collections.deque):
         return "seq", list(collections.deque.__iter__(value))
-    if isinstance(value, _VIEWS):  # no subclass can be made of a view
-        view: Any = value
-        return "set", list(view)
-    if isinstance(value, collections.UserList | collections.UserDict):
-        data = vars(value).get("data")  # the instance's own, not a property of a subclass
-        return _read(data, depth + 1) if data is not None else None
-    if isinstance(value, collections.ChainMap):
-        maps = vars(value).get("maps") or []
-        pairs: list[Any] = []
-        for inner in list.__iter__(maps) if isinstance(maps, list) else ():
-            found = _read(inner, depth + 1)
-            if found is not None and found[0] == "map":
-                pairs += found[1]
-        return "map", pairs
-    if isinstance(value, types.MappingProxyType):
-        wrapped = gc.get_referents(value)  # the mapping it wraps, never its own items()
-        return _read(wrapped[0], depth + 1) if len(wrapped) == 1 else None
-    return None
+    pairs = _pairs(value)
+    return None if pairs is None else ("map", pairs)
+
+
+def _unwrapped(value: Any) -> Any:
+    """What a UserList holds, through UserLists holding UserLists (each once)."""
+    seen: set[int] = set()
+    while isinstance(value, collections.UserList) and id(value) not in seen:
+        seen.add(id(value))  # every object here is held by ``value``'s chain: ids stay
+        value = vars(value).get("data")  # the instance's own, not a subclass's property
+    return value
+
+
+def _pairs(mapping: Any) -> list[Any] | None:
+    """(key, value) pairs of a dict, a UserDict, a ChainMap or a mappingproxy, through any
+    depth of them (a stack, each once); None where ``mapping`` is none of them. A mapping of
+    another kind inside one (a user's own) is not read."""
+    if not isinstance(mapping, dict | collections.UserDict | collections.ChainMap
+                      | types.MappingProxyType):
+        return None
+    pairs: list[Any] = []
+    stack: list[Any] = [mapping]
+    seen: set[int] = set()
+    while stack:
+        inner = stack.pop()
+        if id(inner) in seen:  # all held by ``mapping``: an id is not reused meanwhile
+            continue
+        seen.add(id(inner))
+        if isinstance(inner, dict):
+            pairs += dict.items(inner)
+        elif isinstance(inner, collections.UserDict):
+            stack.append(vars(inner).get("data"))
+        elif isinstance(inner, collections.ChainMap):
+            maps = vars(inner).get("maps")
+            if isinstance(maps, list):
+                stack.extend(reversed(list(list.__iter__(maps))))
+        elif isinstance(inner, types.MappingProxyType):
+            wrapped = gc.get_referents(inner)  # the mapping it wraps, never its own items()
+            if len(wrapped) == 1:
+                stack.append(wrapped[0])
+    return pairs
+
+
+def slot_members(kind: type) -> list[Any]:
+    """The ``__slots__`` member descriptors of class ``kind`` and its bases (the standard
+    library's and the user's; not the built-in types' own), read from the classes' own
+    dicts: ``__slots__`` itself may have been an iterator used up when the class was made,
+    rebound since, or name a private ``__x`` stored as ``_Class__x``."""
+    found = []
+    for base in type.__dict__["__mro__"].__get__(kind):
+        if base.__module__ == "builtins":
+            continue
+        own = type.__dict__["__dict__"].__get__(base)  # not a metaclass's __dict__
+        found += [member for member in own.values()
+                  if isinstance(member, types.MemberDescriptorType)]
+    return found

@@ -385,6 +385,13 @@ class Device(Closeable, ABC):
         return self.info.max_alloc_bytes
 
     @property
+    def max_pinned_bytes(self) -> int | None:
+        """The largest single allocation of pinned host memory, in bytes, or None where the
+        backend sets none of its own (CUDA's cuMemHostAlloc is bounded by the host alone;
+        OpenCL's pinned memory is a buffer, bounded by ``max_alloc_bytes``)."""
+        return None
+
+    @property
     def max_constant_bytes(self) -> int | None:
         """The most bytes a kernel's ``__constant`` buffer arguments may have (OpenCL's
         ``CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE``), or None where parameters have no such

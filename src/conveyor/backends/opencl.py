@@ -692,6 +692,12 @@ class Device(base.Device):
             raise _backend_error(exc, "clCreateBuffer") from exc
         return DeviceBuffer(buf, nbytes)
 
+    @property
+    def max_pinned_bytes(self) -> int | None:
+        """Pinned memory here is a buffer (``ALLOC_HOST_PTR``): the device's largest
+        allocation bounds it."""
+        return self.max_alloc_bytes
+
     def alloc_pinned(self, nbytes: int) -> base.PinnedBuffer:
         _check_not_forked()
         base.check_nbytes(nbytes, "alloc_pinned")

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.containers import standard_items
+from conveyor.containers import slot_members, standard_items
 from conveyor.errors import InputError
 
 #: Levels of containers looked into below a value.
@@ -62,13 +62,23 @@ def is_resident(value: Any) -> bool:
 def refuse_held(compute: Callable[..., Any]) -> None:
     """InputError when callable ``compute`` holds a device, a kernel, a resident table or a
     device array of this process (see the module)."""
-    try:  # a callable object's __getattr__ may raise anything (an AttrDict: KeyError)
-        label = inspect.getattr_static(compute, "__name__", None) or type(compute).__name__
-    except Exception:
-        label = type(compute).__name__
-    label = label if isinstance(label, str) else type(compute).__name__
+    label = _name(compute)
     for name, value in _held_by(compute, 0, set()):
         refuse_value(value, f"the callable {label!r} uses {name!r}, ")
+
+
+def _name(compute: Any) -> str:
+    """A callable's name for messages: a function's own, a callable object's ``__name__``
+    where it keeps one as a string (read statically: its ``__getattr__`` may raise
+    anything, an AttrDict's KeyError), else its type's name."""
+    if isinstance(compute, types.FunctionType | types.BuiltinFunctionType | types.MethodType):
+        name: Any = compute.__name__  # a descriptor of the type: read statically, not a str
+    else:
+        try:
+            name = inspect.getattr_static(compute, "__name__", None)
+        except Exception:
+            name = None
+    return name if isinstance(name, str) else type(compute).__name__
 
 
 def refuse_value(value: Any, where: str) -> None:
@@ -165,13 +175,11 @@ def _attributes(instance: Any, label: str) -> list[tuple[str, Any]]:
         found += [(f"{label}.{k}", v) for k, v in vars(instance).items()]
     except Exception:  # no __dict__, or one whose read raises
         pass
-    for kind in type(instance).__mro__:
-        slots = kind.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            try:
-                found.append((f"{label}.{slot}", object.__getattribute__(instance, slot)))
-            except Exception:  # unset, or __dict__/__weakref__
-                continue
+    for member in slot_members(type(instance)):  # a private __x is stored as _Class__x
+        try:
+            found.append((f"{label}.{member.__name__}", member.__get__(instance)))
+        except Exception:  # unset
+            continue
     return found
 
 

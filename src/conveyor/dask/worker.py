@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.containers import slot_members
 from conveyor.dask import held
 from conveyor.errors import CompileError, InputError
 
@@ -351,15 +352,12 @@ def _own_copy(exc: BaseException) -> BaseException:
         for key in ("name", "path", "obj"):  # members some types keep out of their reduce
             if hasattr(exc, key) and getattr(made, key, None) is not getattr(exc, key):
                 setattr(made, key, getattr(exc, key))
-        for kind in type(exc).__mro__:  # slot attributes: in no __dict__ and no reduce
-            slots = kind.__dict__.get("__slots__", ())
-            for slot in (slots,) if isinstance(slots, str) else slots:
-                if slot in ("__dict__", "__weakref__"):
-                    continue
-                try:
-                    object.__setattr__(made, slot, object.__getattribute__(exc, slot))
-                except AttributeError:  # unset on exc: unset on the copy
-                    continue
+        # Slot attributes (in no __dict__ and no reduce), a private __x as _Class__x.
+        for member in slot_members(type(exc)):
+            try:
+                member.__set__(made, member.__get__(exc))
+            except AttributeError:  # unset on exc: unset on the copy
+                continue
         if type(made) is not type(exc) or str(made) != str(exc) or made.args != exc.args:
             return exc
     except Exception:

@@ -42,7 +42,7 @@ def page_bin(nbytes: int) -> int:
 class PinnedPool(BlockPool["PinnedBuffer"]):
     """A device's pool of pinned host blocks: ``device.pinned_pool``."""
 
-    #: Host memory: the device's largest allocation is no bound here (pool.py).
+    #: Host memory: bounded by the device's max_pinned_bytes, not its largest allocation.
     host_memory = True
 
     def __init__(self, device: Device, limit: int | None = None, *, svm: bool = False) -> None:

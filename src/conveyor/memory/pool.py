@@ -602,14 +602,14 @@ def _whole_bytes(nbytes: Any, call: str) -> int:
 def _fits_one_allocation(pool: Any, nbytes: int, call: str) -> None:
     """InputError, naming ``nbytes`` as asked, where it is more than the pool's device's
     largest allocation (its size class was named: 2**64 + 5 came out as 18446744073709555712;
-    in a strict stream it was a hazard "allocated" first). Not for pools of host memory
-    (``host_memory``): CUDA's largest device allocation does not bound cuMemHostAlloc, and
-    each backend's alloc_pinned says what bounds its own."""
-    if getattr(pool, "host_memory", False):
-        return
+    in a strict stream it was a hazard "allocated" first). A pool of host memory
+    (``host_memory``) is bounded by the device's ``max_pinned_bytes`` instead, where it has
+    one: CUDA's largest device allocation does not bound cuMemHostAlloc."""
     device = getattr(pool, "device", None)
-    largest = getattr(device, "max_alloc_bytes", None)
+    host = getattr(pool, "host_memory", False)
+    largest = getattr(device, "max_pinned_bytes" if host else "max_alloc_bytes", None)
     if isinstance(largest, int) and nbytes > largest:
         raise InputError(f"{call}: {nbytes} bytes is more than "
-                         f"{getattr(device, 'name', 'the device')}'s largest allocation "
-                         f"({largest} bytes): ask for less")
+                         f"{getattr(device, 'name', 'the device')}'s largest allocation"
+                         f"{' of pinned memory' if host else ''} ({largest} bytes): ask "
+                         f"for less")

@@ -15,7 +15,7 @@ from conveyor.backends.base import Device, Kernel, named_beside
 from conveyor.errors import InputError
 from conveyor.pipeline import resident, validate
 from conveyor.pipeline.chain import REDUCE, Link, Temp, _is_kernel, _label
-from conveyor.pipeline.plan import ArraySpec, HaloPastBlocks, Plan, make_plan
+from conveyor.pipeline.plan import ArraySpec, HaloPastBlocks, Plan, RingPastLimit, make_plan
 from conveyor.pipeline.reduce import BUILTIN_OPS
 
 
@@ -141,10 +141,15 @@ class BoundChain:
                          if any(r.name == temp.name for r in (*b.reads, *b.writes))]
                 parts.append(f"temp {temp.name!r} ({row_bytes} bytes per row, used by "
                              f"{', '.join(users) or 'no link'})")
+            if not isinstance(exc, RingPastLimit):
+                # (block_bytes smaller than a temp's row, a temp's block past the largest
+                # allocation: make_plan's message says what to change; the temps named.)
+                raise InputError(f"{exc} (the chain's temps count as a row's bytes: "
+                                 f"{'; '.join(parts)})") from None
             raise InputError(f"the chain's temps do not fit the memory limit: "
                              f"{'; '.join(parts)}. Each ring slot holds one block of every "
-                             f"temp beside the inputs and outputs: use smaller temps or a "
-                             f"larger memory_limit. ({exc})") from None
+                             f"temp beside the inputs and outputs: use smaller temps, or "
+                             f"what the plan says: {exc}") from None
 
 
 class ChainResidents:

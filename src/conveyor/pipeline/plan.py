@@ -300,6 +300,11 @@ class HaloPastBlocks(InputError):
     callers that reword a plan's other refusals: chainbind's temps)."""
 
 
+class RingPastLimit(InputError):
+    """The ring of the fewest rows the plan could cut is larger than the memory limit (an
+    InputError that chainbind's temps reword, naming the temps, and no other)."""
+
+
 def make_plan(
     inputs: tuple[ArraySpec, ...],
     outputs: tuple[ArraySpec, ...],
@@ -462,7 +467,7 @@ def make_plan(
         fixes = (["a smaller block_bytes"] if block_rows > step else []) \
             + (["a lower depth"] if depth > 1 else []) \
             + (["a higher device.memory_pool.limit"] if by_pool else ["a larger memory_limit"])
-        raise InputError(
+        raise RingPastLimit(
             f"one ring of {depth} slots of {block_rows} rows needs {footprint} device bytes, "
             + (f"more than the device pool's limit of {total_limit} (device.memory_pool.limit)"
                if by_pool else f"more than the memory limit of {total_limit}")

@@ -173,7 +173,8 @@ class Report:
     @property
     def busy_seconds(self) -> dict[str, float]:
         """Busy time of each lane that ran, in seconds (overlapping spans counted once); on
-        several devices each device's own, summed (``Timeline.busy_ns``)."""
+        several devices each device's own, summed (``Timeline.busy_ns``), but for
+        ``host-wait``: the union of the engines' waits (``host_stall_seconds``)."""
         timeline = self.timeline
         # host-wait: the union over the devices' engines, as host_stall_seconds says it
         return {lane: (timeline.host_stall_ns if lane == "host-wait" else timeline.busy_ns(lane))

@@ -23,8 +23,9 @@ so is a dtype without fields (``float32``) for a pointer to a struct the source 
 
 from __future__ import annotations
 
+import collections
 import contextvars
-import itertools
+import gc
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,7 @@ import numpy as np
 from conveyor import config, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue, named_beside
 from conveyor.closing import Closeable
-from conveyor.containers import CONTAINERS, standard_items
+from conveyor.containers import CONTAINERS, PLAIN, standard_items
 from conveyor.errors import ConveyorError, InputError
 from conveyor.kernels.signature import Param
 from conveyor.memory.pool import device_bin
@@ -453,61 +454,83 @@ def _writable_within(value: Any, where: str) -> str | None:
     """The path (``args[0][1]['k']``) of a writable :func:`resident` handle in ``value`` or
     in the containers it holds, at any depth, or None. Walked: the containers Python and its
     standard library make (tuples, lists, sets, dicts' keys and values, dict views, a deque,
-    a UserDict, a mappingproxy, a ChainMap, and their subclasses), read through the base
-    type (conveyor/containers.py: a subclass's own ``__iter__`` or ``items()`` may hide or
-    raise), never a user's own Sequence or Mapping (reading one runs its code: a lazy
-    dataset's ``__getitem__`` raised, a ring buffer's never ended). A container is looked
-    into only where the types of its
-    elements (read by ``map``, in C: 10**6 numbers in milliseconds) hold a handle or another
-    container. A stack of its own (no recursion limit), each container once (one that holds
-    itself ends), and the path made only for a handle found (a key whose repr raised failed
-    every stream)."""
-    # Stack entries: (item, link), link = (parent link, how, key) or None for ``value``.
-    stack: list[tuple[Any, Any]] = [(value, None)]
+    a UserDict, a mappingproxy, a ChainMap, their views, and their subclasses), read through
+    the base type (conveyor/containers.py: a subclass's own ``__iter__`` or ``items()`` may
+    hide or raise), never a user's own Sequence or Mapping (reading one runs its code: a lazy
+    dataset's ``__getitem__`` raised, a ring buffer's never ended).
+
+    Breadth first, each container once (one that holds itself ends), its items looked at as
+    it is read: a handle is found before the containers beside it are. A container is looked
+    into only where the types of its elements (read by ``map``, in C) hold a handle or
+    another container, and plain tuples, lists, sets and dicts holding neither are told
+    apart many at a time (``gc.get_referents``, in C: 10**6 small tuples in a fraction of a
+    second). Past :data:`MOST_CONTAINERS` containers still to read, InputError: the walk
+    says it gave up rather than let a handle deeper in pass (it passed silently)."""
+    # Queue entries: (item, link), link = (parent link, how, key) or None for ``value``.
+    queue: collections.deque[tuple[Any, Any]] = collections.deque([(value, None)])
     # Objects held, not ids alone: a dict view's (key, value) tuples are made as it is read,
     # and a freed one's id came back for the next view's (its handle was never looked at).
     seen: dict[int, Any] = {}
-    while stack and len(seen) < MOST_CONTAINERS:
-        item, link = stack.pop()
-        if isinstance(item, Resident):
-            if item.writable:
-                return _path(where, link)
-            continue
+    while queue:
+        item, link = queue.popleft()
         if id(item) in seen:
             continue
         found = standard_items(item)  # Python's own containers only, read without user code
         if found is None:
             continue
+        if len(seen) >= MOST_CONTAINERS:
+            raise InputError(
+                f"{where} holds more than {MOST_CONTAINERS} containers (tuples, lists, dicts, "
+                f"...) that hold others: conveyor looks through a callable's args for a "
+                f"writable cv.resident table, and stopped there. Pass bulk data as a NumPy "
+                f"array (or an object of your own, which is not looked into)")
         seen[id(item)] = item
         kind, items = found
-        room = MOST_CONTAINERS - len(seen)  # only handles and containers go on the stack
         if kind == "map":
-            if _worth(inner for _, inner in items):
-                stack.extend(_kept(((inner, (link, "item", key)) for key, inner in items),
-                                   room))
-            if _worth(key for key, _ in items):
-                stack.extend(_kept(((key, (link, "key", None)) for key, _ in items), room))
-        elif _worth(items):
-            how = "index" if kind == "seq" else "element"
-            stack.extend(_kept(((inner, (link, how, i)) for i, inner in enumerate(items)),
-                               room))
+            parts = [([inner for _, inner in items], "item", [key for key, _ in items]),
+                     ([key for key, _ in items], "key", None)]
+        else:
+            parts = [(items, "index" if kind == "seq" else "element", None)]
+        for values, how, keys in parts:
+            kinds = set(map(type, values))  # in C: most containers hold no handle or container
+            if any(issubclass(k, Resident) for k in kinds):  # handles as they are read
+                for i, inner in enumerate(values):
+                    if isinstance(inner, Resident) and inner.writable:
+                        return _path(where, (link, how, keys[i] if keys is not None else i))
+            if any(issubclass(k, CONTAINERS) for k in kinds):
+                queue.extend((values[i], (link, how, keys[i] if keys is not None else i))
+                             for i in _holding(values, kinds) if id(values[i]) not in seen)
     return None
 
 
-def _kept(entries: Any, room: int) -> list[tuple[Any, Any]]:
-    """The stack entries among ``entries`` that are handles or containers, at most
-    ``room + 1`` of them (a million small tuples made a million entries: 1 s a stream)."""
-    kept = (entry for entry in entries
-            if type(entry[0]) is Resident or isinstance(entry[0], CONTAINERS))
-    return list(itertools.islice(kept, max(room, 0) + 1))
+def _holding(values: list[Any], kinds: set[type]) -> list[int]:
+    """Indices of the containers among ``values`` that may hold a handle: plain tuples,
+    lists, sets and dicts holding no handle and no container dropped, told in C many at a
+    time (halves of a group whose items hold one, down to groups of :data:`_FEW`)."""
+    kept = [] if kinds <= PLAIN else [
+        i for i, inner in enumerate(values)
+        if type(inner) not in PLAIN and isinstance(inner, CONTAINERS)]
+    groups = [[i for i, kind in enumerate(map(type, values)) if kind in PLAIN]]
+    while groups:
+        group = groups.pop()
+        if not group or not _worth(gc.get_referents(*(values[i] for i in group))):
+            continue
+        if len(group) <= _FEW:
+            kept += group
+        else:
+            groups += [group[:len(group) // 2], group[len(group) // 2:]]
+    return kept
+
+
+#: Plain containers read one by one once a group of them holds a handle or a container.
+_FEW = 64
 
 
 def _worth(items: Any) -> bool:
     """Whether ``items`` holds a handle or a container to look into, told by their types
     alone (one pass of ``map`` in C, not a Python loop over every element)."""
-    return any(kind is Resident or issubclass(kind, CONTAINERS)
+    return any(issubclass(kind, Resident) or issubclass(kind, CONTAINERS)
                for kind in set(map(type, items)))
-
 
 
 def _path(where: str, link: Any) -> str:
@@ -523,10 +546,10 @@ def _path(where: str, link: Any) -> str:
     return path
 
 
-#: Containers looked into, at most, for one callable's args: a million small tuples took
-#: 2.7 s before every stream; past this many, a handle deeper in goes unseen (refused
-#: nowhere, copied back never), which is what round forty-one's rule was before.
-MOST_CONTAINERS = 10_000
+#: Containers read one by one, at most, for one callable's args (those holding other
+#: containers or handles: plain ones holding neither are told apart in C, many at a time).
+#: Past it the stream is refused, naming the bound: a handle deeper in was passed silently.
+MOST_CONTAINERS = 100_000
 
 
 def _host_buffer(value: Any) -> bool:
