@@ -120,10 +120,10 @@ def slot_members(kind: type) -> list[Any]:
     dicts: ``__slots__`` itself may have been an iterator used up when the class was made,
     rebound since, or name a private ``__x`` stored as ``_Class__x``."""
     found = []
-    for base in type.__dict__["__mro__"].__get__(kind):
-        if base.__module__ == "builtins":
+    for base in type.__dict__["__mro__"].__get__(kind):  # type's own: no metaclass's
+        if type.__dict__["__module__"].__get__(base) == "builtins":
             continue
-        own = type.__dict__["__dict__"].__get__(base)  # not a metaclass's __dict__
+        own = type.__dict__["__dict__"].__get__(base)
         found += [member for member in own.values()
                   if isinstance(member, types.MemberDescriptorType)]
     return found

@@ -377,6 +377,38 @@ def new_part(target: Path) -> tuple[int, Path]:
     return fd, part
 
 
+def hold_folder(fd: int, part: Path) -> int | None:
+    """A descriptor of the folder ``part`` (open as ``fd``) was made in, checked to hold it,
+    for :func:`same_folder` and for removing or renaming the part where the folder went if it
+    was moved; None where the platform has no such descriptors (the part named by path)."""
+    if not hasattr(os, "O_DIRECTORY") or os.unlink not in os.supports_dir_fd:
+        return None  # pragma: no cover
+    try:  # O_PATH: a folder this user may write but not list (mode 0o300) opens too
+        folder = os.open(part.parent, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
+                         | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        inside = os.stat(part.name, dir_fd=folder, follow_symlinks=False)
+        made = os.fstat(fd)
+        held = (inside.st_dev, inside.st_ino) == (made.st_dev, made.st_ino)
+    except OSError:
+        held = False
+    if not held:
+        os.close(folder)
+        return None  # moved already, between the part's making and now: named by path
+    return folder
+
+
+def same_folder(folder_fd: int, folder: Path) -> bool:
+    """Whether ``folder`` (a path) is still the folder held open as ``folder_fd``."""
+    try:
+        now, held = os.stat(folder), os.fstat(folder_fd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
 def remove_stale_parts(target: Path) -> list[Path]:
     """Delete the ``.part`` files of ``target`` whose writer is gone (nobody holds their
     lock), with a warning naming each; return them. Parts being written are left alone."""

@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     import signal
+    import threading
 
     # SIGTERM is a Ctrl-C from here on (exit 130, "interrupted"): installed only once the
     # command's modules had loaded, it killed the process silently (-15) during start-up.
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    # Only the main thread may set a handler (called on another, main() raised ValueError).
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if on_main else None
     guard = None
     strict: list[TextIO] = []
     try:
@@ -80,8 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The process's own command (no argv given) is done: a SIGTERM while the interpreter
         # shuts down (~0.1 s, the drivers' clean-up) is ignored, not a silent -15 after the
         # outputs were written. Called in-process, the caller's handler comes back.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if argv is None
-                      else previous if previous is not None else signal.SIG_DFL)
+        if on_main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if argv is None
+                          else previous if previous is not None else signal.SIG_DFL)
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -308,6 +308,10 @@ class IterSource(Source):
         stream runs its ``finally`` now, not whenever the garbage collector gets to it."""
         with self._cond:
             self._loans = []
+            # Nothing reads them now: a cv.iterate object (or a kept exception of its
+            # stream) held the last chunks gathered and the stream's outputs for good.
+            self._held = []
+            self._outputs = []
         self._close_chunks()
 
     def _close_chunks(self) -> None:

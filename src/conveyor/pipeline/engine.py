@@ -104,6 +104,12 @@ class Engine(Closeable):
                                 reduce=self.reduction is not None,
                                 first_row=self.options.first_row)
         interrupts.checkpoint()
+        if self.options.warmup:
+            # Before the ring: its buffers are back in the pool when the ring takes what the
+            # plan fitted to the pool's limit (taken after it, a callable's warm-up was
+            # refused with OutOfMemoryError under device.memory_pool.limit).
+            self.step.warm_up(dev, self.compute_q, self.sources, self.options.boundary)
+            interrupts.checkpoint()
         # No checkpoint inside: every ring, pinned halo row and slot buffer is owned by the
         # engine (its paths, its slots) from the moment it is taken, so _release gives it back.
         # An interrupt that landed between a path's ring and paths.choose returning, or
@@ -111,8 +117,6 @@ class Engine(Closeable):
         # blocks in use for good (a CI run's interrupt test: a pool not back at zero).
         self._take_buffers()
         interrupts.checkpoint()
-        if self.options.warmup:
-            self.step.warm_up(dev, self.compute_q, self.sources, self.options.boundary)
 
     def _take_buffers(self) -> None:
         """The stream's paths (their staging rings) and every slot's device buffers."""

@@ -502,7 +502,7 @@ def _ratio_hint(output: ArraySpec, first: ArraySpec) -> str:
     half): the ``cv.rows`` output of its shape that makes it."""
     from fractions import Fraction
 
-    if not output.rows or not first.rows:
+    if output.rows <= 0 or first.rows <= 0:
         return ""
     ratio = Fraction(output.rows, first.rows)
     if ratio.numerator > 64 or ratio.denominator > 64:

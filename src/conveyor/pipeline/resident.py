@@ -36,7 +36,7 @@ from conveyor import config, interrupts
 from conveyor.backends.base import Device, DeviceBuffer, Kernel, Queue, named_beside
 from conveyor.closing import Closeable
 from conveyor.containers import CONTAINERS, PLAIN, standard_items
-from conveyor.errors import ConveyorError, InputError
+from conveyor.errors import ConveyorError, InputError, OutOfMemoryError
 from conveyor.kernels.signature import Param
 from conveyor.memory.pool import device_bin
 from conveyor.pipeline import structs
@@ -62,6 +62,7 @@ class Resident(Closeable):
         self.buffer: DeviceBuffer | None = None
         self.users = 0
         self.closed = False
+        self._close_when_done = False  # a with body raised while a stream used the table
         self._lock = threading.RLock()
         self._kept = False  # array holds the device's values, read back by evict()
         # A writable table is held by one outermost stream (and those inside it) at a time:
@@ -85,7 +86,7 @@ class Resident(Closeable):
         return self.array.dtype
 
     def _bind(self, device: Device) -> None:
-        if self.closed:
+        if self.closed or self._close_when_done:
             raise InputError("this resident array was closed: make a new cv.resident(...)")
         if self.device is None:
             self.device = device
@@ -100,6 +101,12 @@ class Resident(Closeable):
         try:
             self.use(self.device, queue)
             queue.finish()
+        except OutOfMemoryError as exc:
+            # The stream's advice (block_bytes=, depth) is no help to a table made alone.
+            exc.advice = (f"the table has {self.nbytes} bytes: use a smaller table, or free "
+                          f"device memory (close other resident tables; raise "
+                          f"device.memory_pool.limit where it is set)")
+            raise
         finally:
             queue.close()
             self.done()
@@ -115,6 +122,11 @@ class Resident(Closeable):
                 buffer = pool.acquire(self.nbytes)
                 try:
                     queue.copy_in(buffer, host)
+                    # On the device before any stream is handed it: a stream on another
+                    # thread took the buffer at once, and its kernels, ordered after its own
+                    # queue alone, read the block's old bytes on CUDA (the uploading stream
+                    # waits for this queue before its first launch anyway).
+                    queue.finish()
                 except BaseException:
                     pool.release(buffer)
                     raise
@@ -137,9 +149,12 @@ class Resident(Closeable):
             return self.array
 
     def done(self) -> None:
-        """A stream has finished with the table."""
+        """A stream has finished with the table (the last one closes it, where a ``with``
+        body raised while it was in use)."""
         with self._lock:
             self.users -= 1
+            if self._close_when_done and not self.users:
+                self.close()
 
     def copy_back(self, queue: Queue) -> None:
         """Copy the device's table into ``array`` (writable handles, after a stream)."""
@@ -218,6 +233,18 @@ class Resident(Closeable):
             self._kept = False
             self._drop()
 
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """Close; where the ``with`` body raised while a stream still uses the table (on
+        another thread), its error goes on as itself and the table closes once that stream
+        lets go of it (an InputError "still in use" took the error's place, and the table
+        stayed on the device for good)."""
+        if exc is not None:
+            with self._lock:
+                if self.users:
+                    self._close_when_done = True
+                    return
+        self.close()
+
     def close(self) -> None:
         """Free the device copy. InputError while a stream uses it."""
         with self._lock:
@@ -247,6 +274,9 @@ def resident(array: Any, *, writable: bool = False,
 
 #: Guards every writable table's owner (see :func:`claim`).
 _claims = threading.Condition()
+#: Streams waiting in :func:`claim` now: their token -> (the streams they run inside, the
+#: streams holding the tables they wait for). Under ``_claims``.
+_waiting: dict[object, tuple[tuple[object, ...], set[object]]] = {}
 #: The streams a stream runs inside, as their tokens, outermost first: set by each claim in
 #: the context its stream runs in, which the streams it starts inside (a callable's, on its
 #: thread; a cv.iterate generator's, on its staging thread) see.
@@ -285,14 +315,48 @@ def claim(handles: Sequence[Resident]) -> Claim:
     enclosing = _holder.get()
     mine = object()
     with _claims:
-        while any(h._owner is not None and h._owner not in enclosing for h in writable):
-            interrupts.wait(_claims)
+        try:
+            while blockers := {h._owner for h in writable
+                               if h._owner is not None and h._owner not in enclosing}:
+                if _waits_on_itself(blockers, enclosing):
+                    raise InputError(
+                        "a writable cv.resident table this stream needs is held by another "
+                        "stream, which (through a stream started inside it) waits for a table "
+                        "held by a stream this one runs inside: each would wait for the other "
+                        "for ever. Give each outer stream every writable table the streams "
+                        "inside it use (a stream takes its tables all at once), or run them "
+                        "one after the other")
+                _waiting[mine] = (enclosing, blockers)
+                interrupts.wait(_claims)
+        finally:
+            _waiting.pop(mine, None)
         nested = [h for h in writable if h._owner is not None]  # an enclosing stream's
         for handle in writable:
             if handle._owner is None:
                 handle._owner = mine
             handle._claim_count += 1
     return Claim(writable, nested, _holder.set((*enclosing, mine)))
+
+
+def _waits_on_itself(blockers: set[object], enclosing: tuple[object, ...]) -> bool:
+    """Whether waiting for the streams ``blockers`` (holders of tables) would wait, through
+    the streams waiting now (``_waiting``), for one of ``enclosing``: a stream cannot end
+    before a stream started inside it does, so each enclosing stream of a waiter waits for
+    what that waiter waits for. Two threads' outer streams, each holding a table whose
+    callables' nested streams wanted the other's, waited for ever. Under ``_claims``."""
+    waits_for: dict[object, set[object]] = {}
+    for outer, held_by in _waiting.values():
+        for stream in outer:
+            waits_for.setdefault(stream, set()).update(held_by)
+    todo, seen = list(blockers), set()
+    while todo:
+        stream = todo.pop()
+        if stream in enclosing:
+            return True
+        if stream not in seen:
+            seen.add(stream)
+            todo += waits_for.get(stream, ())
+    return False
 
 
 def copy_back(taken: Claim, queue: Queue) -> None:
@@ -466,6 +530,8 @@ def _writable_within(value: Any, where: str) -> str | None:
     apart many at a time (``gc.get_referents``, in C: 10**6 small tuples in a fraction of a
     second). Past :data:`MOST_CONTAINERS` containers still to read, InputError: the walk
     says it gave up rather than let a handle deeper in pass (it passed silently)."""
+    if isinstance(value, Resident):
+        return where if value.writable else None
     # Queue entries: (item, link), link = (parent link, how, key) or None for ``value``.
     queue: collections.deque[tuple[Any, Any]] = collections.deque([(value, None)])
     # Objects held, not ids alone: a dict view's (key, value) tuples are made as it is read,

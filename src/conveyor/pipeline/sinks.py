@@ -113,6 +113,9 @@ class FileSink(Sink):
         self.offset = 0
         self._fd: int | None = None
         self._tmp: Path | None = None
+        # The part's folder, held open: a folder moved during the stream (``mv results
+        # results.old``) took the part with it, where abort()'s unlink by path never found it.
+        self._dir_fd: int | None = None
         self._ready = False  # prepare() done: commit() only renames
         # The file replaced at commit: a symlink's target (written through), never a node.
         self.target = files.output_target(self.path, f"output {self.name}")
@@ -125,7 +128,7 @@ class FileSink(Sink):
         part: two at once failed with an AssertionError and a FileNotFoundError, leaving a
         locked part and its descriptor behind; a later stream kept the first one's dtype."""
         fresh = copy.copy(self)
-        fresh._fd = fresh._tmp = None
+        fresh._fd = fresh._tmp = fresh._dir_fd = None
         return fresh
 
     def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -177,6 +180,7 @@ class FileSink(Sink):
                 # not exist, not the output: named as a full disk is at the rows.
                 with self._naming_errors():
                     self._fd, self._tmp = files.new_part(self.target)
+                    self._dir_fd = files.hold_folder(self._fd, self._tmp)
             except OSError as exc:
                 # os.access said yes (root: /sys, a read-only mount): no file can be made there.
                 if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -231,6 +235,10 @@ class FileSink(Sink):
         (readied twice, as before a stream's writable tables are copied back and again at
         its commit, the file is flushed once: nothing is written between)."""
         assert self._fd is not None and self._tmp is not None
+        if self._dir_fd is not None and not files.same_folder(self._dir_fd, self.target.parent):
+            raise InputError(f"output {self.name}: its folder {self.target.parent} was moved "
+                             f"or replaced while the stream wrote the output, so it was not "
+                             f"written: stream again once the folder stays put")
         with self._naming_errors():
             files.ready_part(self._fd, self.target, self.durable and not self._ready)
         self._ready = True
@@ -244,10 +252,21 @@ class FileSink(Sink):
         self._ready = False
         fd, self._fd = self._fd, None
         try:
-            os.replace(self._tmp, self.target)
+            if self._dir_fd is not None:  # in the folder the part was made in (checked)
+                os.replace(self._tmp.name, self.target.name, src_dir_fd=self._dir_fd,
+                           dst_dir_fd=self._dir_fd)
+            else:
+                os.replace(self._tmp, self.target)
         finally:
             os.close(fd)
+            self._close_folder()
         self._tmp = None
+
+    def _close_folder(self) -> None:
+        if self._dir_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._dir_fd)
+            self._dir_fd = None
 
     def abort(self) -> None:
         """Close and delete the temporary file."""
@@ -258,8 +277,12 @@ class FileSink(Sink):
             self._fd = None
         if self._tmp is not None:
             with contextlib.suppress(OSError):
-                self._tmp.unlink()
+                if self._dir_fd is not None:  # where the folder went, if it moved
+                    os.unlink(self._tmp.name, dir_fd=self._dir_fd)
+                else:
+                    self._tmp.unlink()
             self._tmp = None
+        self._close_folder()
 
 
 @contextlib.contextmanager
@@ -332,6 +355,12 @@ def _out_shape(name: str, shape: Any) -> tuple[int, ...]:
     if not dims:  # a stream's outputs have rows (it crashed with an IndexError)
         raise InputError(f"output {name}: shape={shape!r} has no axis: give the rows first, "
                          f"e.g. (rows,) or (rows, 3), or leave shape=None for input 0's rows")
+    if any(d < 0 for d in dims):  # type: ignore[operator]
+        # (A raw output's ftruncate failed with a bare EINVAL; a .npy's ring with "cannot
+        # allocate -24 bytes"; -1 rows was advised a ratio of (-1, 6).)
+        raise InputError(f"output {name}: shape={shape!r} has a negative axis: give the rows "
+                         f"and the row shape as ints of 0 or more, or leave shape=None for "
+                         f"input 0's rows and the kernel's row")
     return tuple(int(d) for d in dims)  # type: ignore[arg-type]
 
 

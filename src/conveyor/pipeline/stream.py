@@ -11,7 +11,7 @@ import numpy as np
 
 from conveyor import config, files
 from conveyor.backends.base import Device, Kernel
-from conveyor.errors import InputError, note_outputs_written
+from conveyor.errors import InputError, note_outputs_written, releasing_locals
 from conveyor.memory import hostmem
 from conveyor.pipeline import chunks, image, overlap, paths, resident, validate
 from conveyor.pipeline.chain import Chain
@@ -29,6 +29,7 @@ from conveyor.pipeline.sinks import ArraySink, FileSink, Sink, as_sink, commit_a
 from conveyor.pipeline.step import check_offsets
 
 
+@releasing_locals
 def stream(
     compute: Compute | Chain,
     inputs: Sequence[Any],
@@ -258,9 +259,12 @@ def stream(
                                      "several")
                 report = multi.stream_several(compute, sources, sinks, devs, opts, schedule)
             else:
-                if keep_pinned:
-                    _keep_arrays(sources, sinks, dev)
-                report = _run(compute, sources, sinks, dev, opts)
+                fresh = _keep_arrays(sources, sinks, dev) if keep_pinned else []
+                try:
+                    report = _run(compute, sources, sinks, dev, opts)
+                except InputError:  # refused: kept for a stream that did not run
+                    _release_kept(fresh, dev)
+                    raise
         except BaseException:
             for sink in sinks:
                 sink.abort()
@@ -327,11 +331,14 @@ def _compile_source(source: str, dev: Device) -> Kernel:
     return dev.compile(source, names[0])
 
 
-def _keep_arrays(sources: list[Source], sinks: list[Sink], dev: Device) -> None:
+def _keep_arrays(sources: list[Source], sinks: list[Sink], dev: Device) -> list[np.ndarray]:
     """Register the pageable arrays, inputs and outputs, for this and later streams
     (memory/keep.py); an output only when it can be written, and not one conveyor allocates
-    for a dtype (a new array each stream: registering it would only cost)."""
+    for a dtype (a new array each stream: registering it would only cost). Returns the
+    arrays this call registered (not kept before)."""
     from conveyor.memory import keep
+
+    fresh: list[np.ndarray] = []
 
     ends: list[tuple[ArraySource | ArraySink, bool]] = [
         (s, False) for s in sources if isinstance(s, ArraySource)]
@@ -340,7 +347,21 @@ def _keep_arrays(sources: list[Source], sinks: list[Sink], dev: Device) -> None:
         array = end.array
         if (not isinstance(array, np.memmap) and array.flags.c_contiguous
                 and (array.flags.writeable or not written)):
-            keep.keep_pinned(array, device=dev)
+            before = keep.find(dev, array) is not None
+            if keep.keep_pinned(array, device=dev) and not before \
+                    and keep.find(dev, array) is not None:
+                fresh.append(array)
+    return fresh
+
+
+def _release_kept(arrays: list[np.ndarray], dev: Device) -> None:
+    """Release what :func:`_keep_arrays` registered for a stream that was refused (an
+    InputError: a refused call left its arrays page-locked for a stream that never ran; one
+    that failed part way keeps them for the next, as it would have after its last block)."""
+    from conveyor.memory import keep
+
+    for array in arrays:
+        keep.release_pinned(array, device=dev)
 
 
 def open_sinks(sinks: Sequence[Sink], plan: Plan, reduction: Reduction | None, device: str,
