@@ -28,9 +28,11 @@ CONTAINERS: tuple[type, ...] = (
     tuple, list, set, frozenset, dict, collections.deque, collections.UserList,
     collections.UserDict, collections.ChainMap, types.MappingProxyType,
     collections.abc.MappingView, *_VIEWS)
-#: Exactly these types (no subclass) hold nothing but their items, which
-#: ``gc.get_referents`` lists in C, many containers in one call.
-PLAIN: frozenset[type] = frozenset({tuple, list, set, frozenset, dict})
+#: These types (and their subclasses) keep their items where C reads many containers' at
+#: once: ``gc.get_referents`` for the sequences and sets, ``dict.keys``/``dict.values`` for
+#: dicts (an instance's ``__dict__`` keeps its values where get_referents does not see them
+#: on Python 3.13).
+PLAIN: tuple[type, ...] = (tuple, list, set, frozenset, dict)
 
 
 def standard_items(value: Any) -> tuple[str, list[Any]] | None:

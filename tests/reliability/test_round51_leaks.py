@@ -466,3 +466,30 @@ def test_a_resident_table_past_the_pools_limit_says_what_to_change(device):
     finally:
         pool.limit = limit
     assert in_use(device) == (0, 0)
+
+
+def test_a_stream_failing_part_way_with_an_input_error_keeps_its_kept_arrays(device):
+    """The session's reviewer: an InputError raised part way (a callable's own, at block 4)
+    released the arrays as if the stream had been refused; only a stream that fails before
+    its first block releases what keep_pinned=True registered for it."""
+    if device.backend != "opencl":
+        pytest.skip("a PyOpenCL callable")
+    from conveyor.memory import keep
+
+    x = np.arange(40_000, dtype=np.float32)
+    y = np.zeros_like(x)
+    calls = [0]
+
+    def add(a, out, *, queue, offset, n):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise cv.InputError("the user's own, at block 4")
+        return a + 1
+
+    try:
+        with pytest.raises(cv.InputError, match="block 4"):
+            cv.stream(add, [x], [y], device=device, keep_pinned=True, block_bytes=16_000,
+                      warmup=False)
+        assert keep.find(device, x) is not None
+    finally:
+        cv.release_pinned()

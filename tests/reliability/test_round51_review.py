@@ -320,3 +320,37 @@ def test_a_handle_in_one_small_tuple_of_many_is_found(dev, where):
         points[where] = (where, table)
         with pytest.raises(cv.InputError, match=rf"args\[0\]\['points'\]\[{where}\]\[1\]"):
             _stream_with(dev, {"points": points})
+
+
+def test_many_namedtuples_of_numbers_are_no_containers_of_containers(dev):
+    """The session's reviewer: 100,001 namedtuples of floats were each read one by one and
+    counted towards the bound, and the stream was refused for "containers that hold
+    others"; tuple, list, set and dict subclasses are told apart in C as the plain ones."""
+    point = collections.namedtuple("point", "x y")
+    assert _stream_with(dev, [point(float(i), 1.0) for i in range(100_001)]).result == 64
+
+
+def test_a_handle_in_an_objects_vars_in_a_list_is_refused(dev):
+    """A dict is screened by its keys and values (on Python 3.13 an instance's ``__dict__``
+    shows gc.get_referents none of its values)."""
+    class Config:
+        pass
+
+    with cv.resident(np.zeros(4, np.float32), writable=True, device=dev) as table:
+        config = Config()
+        config.table = table
+        with pytest.raises(cv.InputError, match=r"args\[0\]\[0\]\['table'\] is a writable"):
+            _stream_with(dev, [vars(config)])
+
+
+def test_dasks_check_names_a_method_whose_function_raises_on_reads():
+    """A bound method's ``__name__`` is read through its ``__func__``, whose ``__getattr__``
+    may raise: the check names the type instead of raising the user's error."""
+    class Raising:
+        def __call__(self, *args, **kwargs):
+            return None
+
+        def __getattr__(self, name):
+            raise KeyError(name)
+
+    assert held._name(types.MethodType(Raising(), object())) == "method"

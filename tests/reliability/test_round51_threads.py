@@ -242,6 +242,38 @@ class _GatedQueue:
         return event
 
 
+class _OpensGateWhenBlocked:
+    """The table's real lock; a thread other than "first" that finds it held (the first
+    stream finishing its upload inside it) opens the gate, then waits for it. One that finds
+    it free (the upload handed over unfinished) leaves the gate shut: its kernels must then
+    be ordered after the upload by other means."""
+
+    def __init__(self, real, gate) -> None:
+        self._real, self._gate, self.opened = real, gate, False
+
+    def acquire(self, blocking=True):
+        if threading.current_thread().name == "first" or not blocking:
+            return self._real.acquire(blocking)
+        if not self._real.acquire(False):
+            self.open()
+            self._real.acquire()
+        return True
+
+    def release(self):
+        self._real.release()
+
+    def open(self):
+        if not self.opened:
+            self.opened = True
+            self._gate.set_complete()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 @pytest.mark.gpu
 def test_a_shared_read_only_table_is_uploaded_before_another_threads_stream_reads_it(
         gpu_device, monkeypatch):
@@ -261,6 +293,7 @@ def test_a_shared_read_only_table_is_uploaded_before_another_threads_stream_read
     device.memory_pool.release(block)
     handle = cv.resident(table)
     gate, enqueued = device.user_event(), threading.Event()
+    lock = handle._lock = _OpensGateWhenBlocked(handle._lock, gate)
     first: dict[str, object] = {}
     real_create = device.create_queue
 
@@ -290,7 +323,7 @@ def test_a_shared_read_only_table_is_uploaded_before_another_threads_stream_read
         y = np.zeros_like(x)
         cv.stream(k, [x], [y], args=(handle,), device=device)  # the table is on the device
     finally:
-        gate.set_complete()
+        lock.open()
         thread.join(60)
         handle.close()
     assert not thread.is_alive() and "error" not in first, first

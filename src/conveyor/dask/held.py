@@ -72,7 +72,10 @@ def _name(compute: Any) -> str:
     where it keeps one as a string (read statically: its ``__getattr__`` may raise
     anything, an AttrDict's KeyError), else its type's name."""
     if isinstance(compute, types.FunctionType | types.BuiltinFunctionType | types.MethodType):
-        name: Any = compute.__name__  # a descriptor of the type: read statically, not a str
+        try:  # the type's descriptor (static reads give it, not the name); a method's reads
+            name: Any = compute.__name__  # its __func__'s, whose __getattr__ may raise
+        except Exception:
+            name = None
     else:
         try:
             name = inspect.getattr_static(compute, "__name__", None)

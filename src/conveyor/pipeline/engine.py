@@ -63,6 +63,7 @@ class Engine(Closeable):
         self.blocks = blocks if blocks is not None else plan.blocks()
         self.started = started
         self.blocks_done = 0  # blocks this engine issued (several devices: its share)
+        self.looped = False  # set up whole, it began issuing blocks
         self.finished_at = 0.0  # perf_counter when its last block had left the device
         self.compute = compute
         self.options = options
@@ -227,6 +228,7 @@ class Engine(Closeable):
         return self._report(time.perf_counter() - started)
 
     def _loop(self) -> None:
+        self.looped = True
         plan = self.plan
         every = (*self.inputs, *self.outputs)
         for path in every:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import gc
+import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -570,22 +571,33 @@ def _writable_within(value: Any, where: str) -> str | None:
 
 
 def _holding(values: list[Any], kinds: set[type]) -> list[int]:
-    """Indices of the containers among ``values`` that may hold a handle: plain tuples,
-    lists, sets and dicts holding no handle and no container dropped, told in C many at a
-    time (halves of a group whose items hold one, down to groups of :data:`_FEW`)."""
-    kept = [] if kinds <= PLAIN else [
+    """Indices of the containers among ``values`` that may hold a handle: tuples, lists,
+    sets and dicts (and their subclasses: a namedtuple, a Counter) holding no handle and no
+    container dropped, told in C many at a time (halves of a group whose items hold one,
+    down to groups of :data:`_FEW`). Other containers are kept, to be read one by one."""
+    kept = [] if all(issubclass(k, PLAIN) for k in kinds) else [
         i for i, inner in enumerate(values)
-        if type(inner) not in PLAIN and isinstance(inner, CONTAINERS)]
-    groups = [[i for i, kind in enumerate(map(type, values)) if kind in PLAIN]]
+        if isinstance(inner, CONTAINERS) and not isinstance(inner, PLAIN)]
+    groups = [[i for i, kind in enumerate(map(type, values)) if issubclass(kind, PLAIN)]]
     while groups:
         group = groups.pop()
-        if not group or not _worth(gc.get_referents(*(values[i] for i in group))):
+        if not group or not _worth(_contents([values[i] for i in group])):
             continue
         if len(group) <= _FEW:
             kept += group
         else:
             groups += [group[:len(group) // 2], group[len(group) // 2:]]
     return kept
+
+
+def _contents(group: list[Any]) -> Any:
+    """What the tuples, lists, sets and dicts of ``group`` hold (a dict its keys and
+    values), read in C."""
+    maps = [inner for inner in group if isinstance(inner, dict)]
+    rest = [inner for inner in group if not isinstance(inner, dict)]
+    return itertools.chain(gc.get_referents(*rest),
+                           itertools.chain.from_iterable(map(dict.keys, maps)),
+                           itertools.chain.from_iterable(map(dict.values, maps)))
 
 
 #: Plain containers read one by one once a group of them holds a handle or a container.

@@ -260,10 +260,12 @@ def stream(
                 report = multi.stream_several(compute, sources, sinks, devs, opts, schedule)
             else:
                 fresh = _keep_arrays(sources, sinks, dev) if keep_pinned else []
+                engines: list[Engine] = []
                 try:
-                    report = _run(compute, sources, sinks, dev, opts)
-                except InputError:  # refused: kept for a stream that did not run
-                    _release_kept(fresh, dev)
+                    report = _run(compute, sources, sinks, dev, opts, engines)
+                except BaseException:
+                    if not any(engine.looped for engine in engines):  # refused before work
+                        _release_kept(fresh, dev)
                     raise
         except BaseException:
             for sink in sinks:
@@ -355,8 +357,8 @@ def _keep_arrays(sources: list[Source], sinks: list[Sink], dev: Device) -> list[
 
 
 def _release_kept(arrays: list[np.ndarray], dev: Device) -> None:
-    """Release what :func:`_keep_arrays` registered for a stream that was refused (an
-    InputError: a refused call left its arrays page-locked for a stream that never ran; one
+    """Release what :func:`_keep_arrays` registered for a stream that failed before its
+    first block (a refused call left its arrays page-locked for a stream that never ran; one
     that failed part way keeps them for the next, as it would have after its last block)."""
     from conveyor.memory import keep
 
@@ -491,8 +493,9 @@ def _mapped_outputs(sinks: list[Sink]) -> set[tuple[int, int]]:
 
 
 def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev: Device,
-         opts: StreamOptions) -> Report:
-    """Check, plan and run a stream of sources into sinks; commit the sinks."""
+         opts: StreamOptions, engines: list[Engine] | None = None) -> Report:
+    """Check, plan and run a stream of sources into sinks; commit the sinks. The engine made
+    is added to ``engines`` where given (whether it began its blocks: ``Engine.looped``)."""
     reduce, element = opts.reduce, None
     residents: Any = None  # resident.ResidentArgs, or a chain's (chain.ChainResidents)
     planner: Any = make_plan
@@ -576,6 +579,8 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         validate.guard_bools(read, validate.bool_inputs(params, sources))
     engine = Engine(dev, plan, compute, read, sinks, opts, reduction=reduction,
                     in_place=in_place, residents=residents)
+    if engines is not None:
+        engines.append(engine)
     report = engine.run()
     commit_all(sinks)
     return report
