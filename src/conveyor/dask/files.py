@@ -205,8 +205,11 @@ def stream(compute: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = 
         ]
         try:
             done = client.gather(futures)
-        except BaseException:
+        except BaseException as exc:
             client.cancel(futures)
+            if isinstance(exc, Exception):
+                for sink in sinks:  # a worker could not open a part whose folder moved
+                    sink.check_place()
             raise
         commit_all(sinks)
     except BaseException:

@@ -129,6 +129,9 @@ class FileSink(Sink):
         locked part and its descriptor behind; a later stream kept the first one's dtype."""
         fresh = copy.copy(self)
         fresh._fd = fresh._tmp = fresh._dir_fd = None
+        # Where the name points now: a link re-pointed since the output was made (``latest ->
+        # run2``) is written through as it is, and a folder removed since is named as such.
+        fresh.target = files.output_target(self._absolute, f"output {self.name}")
         return fresh
 
     def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -235,13 +238,30 @@ class FileSink(Sink):
         (readied twice, as before a stream's writable tables are copied back and again at
         its commit, the file is flushed once: nothing is written between)."""
         assert self._fd is not None and self._tmp is not None
-        if self._dir_fd is not None and not files.same_folder(self._dir_fd, self.target.parent):
-            raise InputError(f"output {self.name}: its folder {self.target.parent} was moved "
-                             f"or replaced while the stream wrote the output, so it was not "
-                             f"written: stream again once the folder stays put")
+        self.check_place()
         with self._naming_errors():
             files.ready_part(self._fd, self.target, self.durable and not self._ready)
         self._ready = True
+
+    def check_place(self) -> None:
+        """InputError where the output's folder was moved or replaced, or a link on its way
+        re-pointed, since its part was made (the part is not where the name leads)."""
+        if self._dir_fd is not None and not self._still_named():
+            raise InputError(f"output {self.name}: its folder {self.target.parent} was moved "
+                             f"or replaced, or a link on its way re-pointed, while the stream "
+                             f"wrote the output, so it was not written: stream again once the "
+                             f"path stays put")
+
+    def _still_named(self) -> bool:
+        """Whether the name as given still leads to the part's folder and the target's name
+        (a link re-pointed during the stream sent the output to its old place, reported at
+        the name): by the folder's identity, so a folder moved and linked back is fine."""
+        assert self._dir_fd is not None
+        try:
+            now = files.resolve(self._absolute, f"output {self.name}")
+        except InputError:
+            return False
+        return now.name == self.target.name and files.same_folder(self._dir_fd, now.parent)
 
     def commit(self) -> None:
         """Rename over the target (:meth:`prepare` first, where it was not called); the
