@@ -48,30 +48,36 @@ def standard_items(value: Any) -> tuple[str, list[Any]] | None:
         return None
 
 
+def _is(value: Any, kinds: Any) -> bool:
+    """``isinstance`` by the object's own type: ``isinstance`` also asks the object for its
+    ``__class__``, which runs a user's ``__getattribute__`` (a lazy proxy's)."""
+    return issubclass(type(value), kinds)
+
+
 def _read(value: Any) -> tuple[str, list[Any]] | None:
-    if isinstance(value, _VIEWS):  # no subclass can be made of a view
+    if _is(value, _VIEWS):  # no subclass can be made of a view
         view: Any = value
         return "set", list(view)
     if collections.abc.MappingView in type(value).__mro__:  # not dict's: registered only
         pairs = _pairs(_MAPPING_OF.__get__(value))
         if pairs is None:
             return None
-        if isinstance(value, collections.abc.KeysView):
+        if _is(value, collections.abc.KeysView):
             return "set", [key for key, _ in pairs]
-        if isinstance(value, collections.abc.ValuesView):
+        if _is(value, collections.abc.ValuesView):
             return "seq", [inner for _, inner in pairs]
         return "set", pairs
-    if isinstance(value, collections.UserList):
+    if _is(value, collections.UserList):
         value = _unwrapped(value)
-    if isinstance(value, list):
+    if _is(value, list):
         return "seq", list(list.__iter__(value))
-    if isinstance(value, tuple):
+    if _is(value, tuple):
         return "seq", list(tuple.__iter__(value))
-    if isinstance(value, set):
+    if _is(value, set):
         return "set", list(set.__iter__(value))
-    if isinstance(value, frozenset):
+    if _is(value, frozenset):
         return "set", list(frozenset.__iter__(value))
-    if isinstance(value, collections.deque):
+    if _is(value, collections.deque):
         return "seq", list(collections.deque.__iter__(value))
     pairs = _pairs(value)
     return None if pairs is None else ("map", pairs)
@@ -80,7 +86,7 @@ def _read(value: Any) -> tuple[str, list[Any]] | None:
 def _unwrapped(value: Any) -> Any:
     """What a UserList holds, through UserLists holding UserLists (each once)."""
     seen: set[int] = set()
-    while isinstance(value, collections.UserList) and id(value) not in seen:
+    while _is(value, collections.UserList) and id(value) not in seen:
         seen.add(id(value))  # every object here is held by ``value``'s chain: ids stay
         value = vars(value).get("data")  # the instance's own, not a subclass's property
     return value
@@ -90,7 +96,7 @@ def _pairs(mapping: Any) -> list[Any] | None:
     """(key, value) pairs of a dict, a UserDict, a ChainMap or a mappingproxy, through any
     depth of them (a stack, each once); None where ``mapping`` is none of them. A mapping of
     another kind inside one (a user's own) is not read."""
-    if not isinstance(mapping, dict | collections.UserDict | collections.ChainMap
+    if not _is(mapping, dict | collections.UserDict | collections.ChainMap
                       | types.MappingProxyType):
         return None
     pairs: list[Any] = []
@@ -101,15 +107,15 @@ def _pairs(mapping: Any) -> list[Any] | None:
         if id(inner) in seen:  # all held by ``mapping``: an id is not reused meanwhile
             continue
         seen.add(id(inner))
-        if isinstance(inner, dict):
+        if _is(inner, dict):
             pairs += dict.items(inner)
-        elif isinstance(inner, collections.UserDict):
+        elif _is(inner, collections.UserDict):
             stack.append(vars(inner).get("data"))
-        elif isinstance(inner, collections.ChainMap):
+        elif _is(inner, collections.ChainMap):
             maps = vars(inner).get("maps")
-            if isinstance(maps, list):
+            if _is(maps, list):
                 stack.extend(reversed(list(list.__iter__(maps))))
-        elif isinstance(inner, types.MappingProxyType):
+        elif _is(inner, types.MappingProxyType):
             wrapped = gc.get_referents(inner)  # the mapping it wraps, never its own items()
             if len(wrapped) == 1:
                 stack.append(wrapped[0])

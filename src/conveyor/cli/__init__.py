@@ -73,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stdout_gone()
         return 141
     finally:
-        if guard is not None and sys.stdout is guard:
-            sys.stdout = guard.stream
+        if guard is not None:
+            _unguard(guard)
         for stream in strict if argv is not None else ():  # a caller's streams as they were
             try:
                 stream.reconfigure(errors="strict")  # type: ignore[attr-defined]
@@ -86,6 +86,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if on_main:
             signal.signal(signal.SIGTERM, signal.SIG_IGN if argv is None
                           else previous if previous is not None else signal.SIG_DFL)
+
+
+def _unguard(guard: GuardedStdout) -> None:
+    """Take this call's ``guard`` out of ``sys.stdout``: where another call (on another
+    thread) wrapped it since, out of that one's chain (restored only when it was
+    ``sys.stdout`` itself, a finished command's guard stayed there for good)."""
+    if sys.stdout is guard:
+        sys.stdout = guard.stream
+        return
+    outer: object = sys.stdout
+    while isinstance(outer, GuardedStdout):
+        if outer.stream is guard:
+            outer.stream = guard.stream
+            return
+        outer = outer.stream
 
 
 def _terminated(signum: int, frame: object) -> None:

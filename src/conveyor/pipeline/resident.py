@@ -87,7 +87,9 @@ class Resident(Closeable):
         return self.array.dtype
 
     def _bind(self, device: Device) -> None:
-        if self.closed or self._close_when_done:
+        # (Closing once its last stream lets go, after a with body raised, it stays usable
+        # till then: a stream that holds it may start others with it, a generator's say.)
+        if self.closed:
             raise InputError("this resident array was closed: make a new cv.resident(...)")
         if self.device is None:
             self.device = device
@@ -531,7 +533,7 @@ def _writable_within(value: Any, where: str) -> str | None:
     apart many at a time (``gc.get_referents``, in C: 10**6 small tuples in a fraction of a
     second). Past :data:`MOST_CONTAINERS` containers still to read, InputError: the walk
     says it gave up rather than let a handle deeper in pass (it passed silently)."""
-    if isinstance(value, Resident):
+    if issubclass(type(value), Resident):  # by type: isinstance runs a user's __getattribute__
         return where if value.writable else None
     # Queue entries: (item, link), link = (parent link, how, key) or None for ``value``.
     queue: collections.deque[tuple[Any, Any]] = collections.deque([(value, None)])
@@ -562,7 +564,7 @@ def _writable_within(value: Any, where: str) -> str | None:
             kinds = set(map(type, values))  # in C: most containers hold no handle or container
             if any(issubclass(k, Resident) for k in kinds):  # handles as they are read
                 for i, inner in enumerate(values):
-                    if isinstance(inner, Resident) and inner.writable:
+                    if issubclass(type(inner), Resident) and inner.writable:
                         return _path(where, (link, how, keys[i] if keys is not None else i))
             if any(issubclass(k, CONTAINERS) for k in kinds):
                 queue.extend((values[i], (link, how, keys[i] if keys is not None else i))
@@ -571,14 +573,23 @@ def _writable_within(value: Any, where: str) -> str | None:
 
 
 def _holding(values: list[Any], kinds: set[type]) -> list[int]:
-    """Indices of the containers among ``values`` that may hold a handle: tuples, lists,
-    sets and dicts (and their subclasses: a namedtuple, a Counter) holding no handle and no
-    container dropped, told in C many at a time (halves of a group whose items hold one,
-    down to groups of :data:`_FEW`). Other containers are kept, to be read one by one."""
+    """Indices of the containers among ``values`` that may hold a handle, each object once:
+    containers holding no handle and no container are dropped, tuples, lists, sets and dicts
+    (and their subclasses: a namedtuple, a Counter) told in C many at a time (halves of a
+    group whose items hold one, down to groups of :data:`_FEW`), others by their items."""
+    if len(set(map(id, values))) < len(values):  # [shared] * n: each object once
+        first: dict[int, int] = {}
+        for index, inner in enumerate(values):
+            first.setdefault(id(inner), index)
+        order: Sequence[int] = list(first.values())
+    else:
+        order = range(len(values))
+    kinds_of = [type(values[i]) for i in order]
     kept = [] if all(issubclass(k, PLAIN) for k in kinds) else [
-        i for i, inner in enumerate(values)
-        if isinstance(inner, CONTAINERS) and not isinstance(inner, PLAIN)]
-    groups = [[i for i, kind in enumerate(map(type, values)) if issubclass(kind, PLAIN)]]
+        i for i, kind in zip(order, kinds_of, strict=True)
+        if issubclass(kind, CONTAINERS) and not issubclass(kind, PLAIN)
+        and _holds_any(values[i])]
+    groups = [[i for i, kind in zip(order, kinds_of, strict=True) if issubclass(kind, PLAIN)]]
     while groups:
         group = groups.pop()
         if not group or not _worth(_contents([values[i] for i in group])):
@@ -590,14 +601,43 @@ def _holding(values: list[Any], kinds: set[type]) -> list[int]:
     return kept
 
 
+def _holds_any(container: Any) -> bool:
+    """Whether a container of another kind (a deque, a UserDict, a view) holds a handle or
+    a container, by its items (read as :func:`standard_items` reads them)."""
+    found = standard_items(container)
+    if found is None:
+        return False
+    kind, items = found
+    return _worth(itertools.chain.from_iterable(items) if kind == "map" else items)
+
+
+#: Base types whose own iteration reads a subclass's items in C (get_referents also lists a
+#: subclass instance's ``__dict__``, a container, and every one was read one by one).
+_ITERS: tuple[tuple[type, Any], ...] = (
+    (tuple, tuple.__iter__), (list, list.__iter__), (frozenset, frozenset.__iter__),
+    (set, set.__iter__))
+
+
 def _contents(group: list[Any]) -> Any:
     """What the tuples, lists, sets and dicts of ``group`` hold (a dict its keys and
-    values), read in C."""
-    maps = [inner for inner in group if isinstance(inner, dict)]
-    rest = [inner for inner in group if not isinstance(inner, dict)]
-    return itertools.chain(gc.get_referents(*rest),
-                           itertools.chain.from_iterable(map(dict.keys, maps)),
-                           itertools.chain.from_iterable(map(dict.values, maps)))
+    values), read in C: exact ones through ``gc.get_referents``, subclasses through their
+    base type's own iteration."""
+    exact = [inner for inner in group if type(inner) in _EXACT]
+    if len(exact) == len(group):  # most groups
+        return gc.get_referents(*exact)
+    parts: list[Any] = [gc.get_referents(*exact)]
+    for base, iterate in _ITERS:
+        parts.append(itertools.chain.from_iterable(map(iterate, [
+            inner for inner in group if type(inner) is not base and issubclass(type(inner), base)
+            and not issubclass(type(inner), dict)])))
+    maps = [inner for inner in group if issubclass(type(inner), dict)]
+    parts.append(itertools.chain.from_iterable(map(dict.keys, maps)))
+    parts.append(itertools.chain.from_iterable(map(dict.values, maps)))
+    return itertools.chain.from_iterable(parts)
+
+
+#: Exactly these: ``gc.get_referents`` lists their items and nothing else.
+_EXACT = frozenset({tuple, list, set, frozenset})
 
 
 #: Plain containers read one by one once a group of them holds a handle or a container.
