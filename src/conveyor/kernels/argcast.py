@@ -78,15 +78,23 @@ def cast_scalar(param: Param, value: Any) -> Any:
         value = value.item()
     if isinstance(value, bool):
         value = int(value)
-    if not isinstance(value, numbers.Number):
+    given = value  # quoted as passed where refused (-3.7 was quoted as -3)
+    if isinstance(value, decimal.Decimal):
+        # No numbers.Real, so past the integer range check it got NumPy's "Python int too
+        # large to convert to C long"; as a real it is truncated and checked as a float is.
+        if value.is_nan() and value.is_snan():
+            raise _refused(param, value, "a signalling NaN has no value")
+        value = float(value) if dtype.kind in "fc" else value
+    if not isinstance(value, numbers.Number | decimal.Decimal):
         raise _refused(param, value, f"a {type(value).__name__} is not a number")
     if (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)
             and dtype.kind != "c"):  # complex, and np.clongdouble (whose .item() stays NumPy's)
         raise _refused(param, value, "a complex number has no real-valued cast")
-    if dtype.kind in "iu" and isinstance(value, numbers.Real) and not isinstance(
+    if dtype.kind in "iu" and isinstance(value, numbers.Real | decimal.Decimal) and not isinstance(
         value, numbers.Integral
     ):
-        if not math.isfinite(float(value)):
+        if not (value.is_finite() if isinstance(value, decimal.Decimal)
+                else math.isfinite(float(value))):
             raise _refused(param, value, "an infinite or NaN value has no integer cast")
         # The documented cast: 3.7 -> 3, -3.7 -> -3. int() truncates as math.trunc does, and
         # also takes np.longdouble (whose .item() stays a NumPy scalar with no __trunc__).
@@ -97,14 +105,32 @@ def cast_scalar(param: Param, value: Any) -> Any:
         # long alike), which names neither the type nor its range.
         info = np.iinfo(dtype)
         if not info.min <= value <= info.max:
-            raise _refused(param, value, f"it does not fit: it is out of range for "
+            raise _refused(param, given, f"it does not fit: it is out of range for "
                                          f"{param.base or dtype} ({dtype}: "
                                          f"{_bound(info.min)} to {_bound(info.max)})")
+    if dtype.kind == "f" and isinstance(value, int) and dtype.itemsize < 8:
+        value = _rounded_once(value, np.finfo(dtype).nmant + 1)
     result = _checked(dtype.type, value, param)
-    if dtype.kind in "fc" and not np.isfinite(result) and _finite(value):
+    if dtype.kind in "fc" and not np.isfinite(result) and _finite(given):
         # np.longdouble(1e4000) to a double became inf with no overflow warning
         raise _refused(param, value, f"it does not fit (out of range for {dtype})")
     return result
+
+
+def _rounded_once(value: int, digits: int) -> float:
+    """``value`` rounded to ``digits`` significant bits (to nearest, ties to even), as a
+    float64 that holds it exactly: an int cast to float32 through float64 was rounded twice
+    (2**60 + 2**36 + 1 became 2**60; C and NumPy's int64 cast give 2**60 + 2**37)."""
+    size = abs(value)
+    shift = size.bit_length() - digits
+    if shift <= 0:
+        return float(value)
+    kept, rest = divmod(size, 1 << shift)
+    half = 1 << (shift - 1)
+    if rest > half or (rest == half and kept & 1):
+        kept += 1
+    rounded = float(kept << shift) if (kept << shift).bit_length() <= 1024 else math.inf
+    return -rounded if value < 0 else rounded
 
 
 def _bound(value: int) -> str:

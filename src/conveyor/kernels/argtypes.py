@@ -62,6 +62,13 @@ def from_driver(kernel: str, source_params: Sequence[Param],
             # A typedef the source resolves, also of a name that is built in elsewhere
             # (``typedef short int32_t;``: the driver says int32_t, the compiler reads short).
             dtype, width = source.dtype, source.width
+        elif (source is not None and dtype is None and source.dtype is not None
+              and source.is_pointer == is_pointer):
+            # A typedef that adds a qualifier to another (``typedef const real creal``): the
+            # driver names the inner one, which the source resolves through its chain (left
+            # unresolved, 2.5 reached a float parameter as 0.0 and a float64 table was read
+            # as ints).
+            dtype, width = source.dtype, source.width
         name = arg.name or (source.name if source is not None else "") or f"arg{index}"
         # "wide" of "typedef long long wide" is long long too (the source says what it is).
         if _WIDE.search(base) or (source is not None and source.base == base
