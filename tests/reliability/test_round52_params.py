@@ -160,6 +160,7 @@ def test_integer_for_a_float_parameter_rounds_once(device):
     + 1`` becomes ``2**60 + 2**36`` (float64's step there is 256), a tie that float32 rounds
     to even, ``2**60``. C's ``(float)`` of that long, and NumPy's ``astype(np.float32)``, round
     once: ``2**60 + 2**37``."""
+    opencl_c_only(device)  # OpenCL C sources
     k = _compile(device, _scalar_kernel("", "float s"))
     value = 2**60 + 2**36 + 1
     want = float(np.array([value], np.int64).astype(np.float32)[0])
@@ -217,6 +218,7 @@ def test_refused_fraction_is_quoted_as_given(device):
     's' (ulong s): it does not fit: it is out of range for ulong" (``_refused`` is given the
     truncated value, argcast.py:94-101); ``1e20`` is quoted as 100000000000000000000. The
     message should quote the value passed."""
+    opencl_c_only(device)  # OpenCL C sources
     k = _compile(device, _scalar_kernel("", "ulong s"))
     with pytest.raises(InputError, match=r"-3\.7 cannot be passed"):
         _received(device, k, -3.7)
@@ -227,6 +229,7 @@ def test_decimal_past_the_range_names_the_range(device):
     integer range check (argcast.py:86-101) and NumPy refuses it ("it does not fit (Python
     int too large to convert to C long)"). The message should give int's range, as an int's
     does."""
+    opencl_c_only(device)  # OpenCL C sources
     k = _compile(device, _scalar_kernel("", "int s"))
     with pytest.raises(InputError, match="out of range for int"):
         _received(device, k, Decimal("1e30"))
@@ -239,6 +242,7 @@ def test_scalar_kinds_reach_the_kernel_as_c_holds_them(device):
     """guard: Python and NumPy numbers of every kind at a few types' edges arrive as C's
     cast holds them (truncation toward zero, the type's bounds, float32 rounding), and what
     does not fit or means nothing is refused naming the parameter."""
+    opencl_c_only(device)  # OpenCL C sources
     kernels = {t: _compile(device, _scalar_kernel("", f"{t} s"))
                for t in ("char", "uint", "long", "float")}
     taken = [("char", -128, -128), ("char", np.int8(-1), -1), ("char", -3.7, -3),
