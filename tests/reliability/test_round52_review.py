@@ -289,3 +289,31 @@ def test_a_failed_streams_error_keeps_the_users_locals_and_signature(dev):
         tb = tb.tb_next
     assert frames[-1].f_code.co_name == "failing" and frames[-1].f_locals["mine"] == "kept"
     assert "inputs" in inspect.signature(cv.stream).parameters
+
+
+# -- the session's last review -----------------------------------------------------------------
+def test_many_items_views_of_floats_are_leaves():
+    """An items view's pairs are tuples: looked into in C, not counted as containers that
+    hold others (100,001 views of floats were refused)."""
+    from conveyor.pipeline.resident import _writable_within
+
+    assert _writable_within([{float(i): 2.0}.items() for i in range(100_001)], "args[0]") \
+        is None
+
+
+def test_a_refused_value_for_a_float_is_quoted_as_passed():
+    """2**200 for a float parameter is quoted as the int passed, not its rounded float; a
+    whole Decimal is rounded once, as an int is."""
+    import decimal
+
+    from conveyor.kernels.argcast import cast_scalar
+    from conveyor.kernels.signature import Param
+
+    param = Param(name="s", is_pointer=False, dtype=np.dtype(np.float32), is_const=False,
+                  type_text="float s", base="float")
+    with pytest.raises(cv.InputError, match=r"^160693804425899027554"):
+        cast_scalar(param, 2**200)
+    with pytest.raises(cv.InputError, match=r"^Decimal\('1E\+400'\)"):
+        cast_scalar(param, decimal.Decimal("1e400"))
+    wanted = np.array(2**60 + 2**36 + 1, np.int64).astype(np.float32)
+    assert cast_scalar(param, decimal.Decimal(2**60 + 2**36 + 1)) == wanted

@@ -18,6 +18,7 @@ the same reason).
 from __future__ import annotations
 
 import sys
+import threading
 
 TYPE_CHECKING = False  # not typing's: see conveyor/__init__.py
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     import signal
-    import threading
 
     # SIGTERM is a Ctrl-C from here on (exit 130, "interrupted"): installed only once the
     # command's modules had loaded, it killed the process silently (-15) during start-up.
@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _open_closed_std_streams()
             strict = _tolerant_std_streams()
-            guard = sys.stdout = GuardedStdout(sys.stdout)
+            with _GUARDING:  # two calls on two threads: neither wraps a guard going away
+                guard = sys.stdout = GuardedStdout(sys.stdout)
             from conveyor.cli.commands import run
 
             return run(sys.argv[1:] if argv is None else list(argv))
@@ -88,19 +89,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                           else previous if previous is not None else signal.SIG_DFL)
 
 
+#: Held while a call puts its stdout guard in place or takes it out.
+_GUARDING = threading.Lock()
+
+
 def _unguard(guard: GuardedStdout) -> None:
     """Take this call's ``guard`` out of ``sys.stdout``: where another call (on another
     thread) wrapped it since, out of that one's chain (restored only when it was
     ``sys.stdout`` itself, a finished command's guard stayed there for good)."""
-    if sys.stdout is guard:
-        sys.stdout = guard.stream
-        return
-    outer: object = sys.stdout
-    while isinstance(outer, GuardedStdout):
-        if outer.stream is guard:
-            outer.stream = guard.stream
+    with _GUARDING:
+        if sys.stdout is guard:
+            sys.stdout = guard.stream
             return
-        outer = outer.stream
+        outer: object = sys.stdout
+        while isinstance(outer, GuardedStdout):
+            if outer.stream is guard:
+                outer.stream = guard.stream
+                return
+            outer = outer.stream
 
 
 def _terminated(signum: int, frame: object) -> None:

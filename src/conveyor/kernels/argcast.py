@@ -82,10 +82,12 @@ def cast_scalar(param: Param, value: Any) -> Any:
     if isinstance(value, decimal.Decimal):
         # No numbers.Real, so past the integer range check it got NumPy's "Python int too
         # large to convert to C long"; as a real it is truncated and checked as a float is.
-        if value.is_nan() and value.is_snan():
+        if value.is_snan():
             raise _refused(param, value, "a signalling NaN has no value")
-        value = float(value) if dtype.kind in "fc" else value
-    if not isinstance(value, numbers.Number | decimal.Decimal):
+        if dtype.kind in "fc":  # a whole one as an int: rounded once to the type, below
+            whole = value.is_finite() and value == value.to_integral_value()
+            value = int(value) if whole else float(value)
+    if not isinstance(value, numbers.Number):
         raise _refused(param, value, f"a {type(value).__name__} is not a number")
     if (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)
             and dtype.kind != "c"):  # complex, and np.clongdouble (whose .item() stays NumPy's)
@@ -110,10 +112,10 @@ def cast_scalar(param: Param, value: Any) -> Any:
                                          f"{_bound(info.min)} to {_bound(info.max)})")
     if dtype.kind == "f" and isinstance(value, int) and dtype.itemsize < 8:
         value = _rounded_once(value, np.finfo(dtype).nmant + 1)
-    result = _checked(dtype.type, value, param)
+    result = _checked(dtype.type, value, param, given)
     if dtype.kind in "fc" and not np.isfinite(result) and _finite(given):
         # np.longdouble(1e4000) to a double became inf with no overflow warning
-        raise _refused(param, value, f"it does not fit (out of range for {dtype})")
+        raise _refused(param, given, f"it does not fit (out of range for {dtype})")
     return result
 
 
@@ -154,14 +156,16 @@ def _finite(value: Any) -> bool:
         return True
 
 
-def _checked(make: Callable[[Any], Any], value: Any, param: Param) -> Any:
+def _checked(make: Callable[[Any], Any], value: Any, param: Param, shown: Any = None) -> Any:
+    """``make(value)``; InputError quoting ``shown`` (the value as passed) if it fails."""
     try:
         # Whole under Ctrl-C: one that skipped errstate's __exit__ left overflow raising for
         # the rest of the process (interrupts.py; the sweep test found it).
         with deferred_sigint(), np.errstate(over="raise"):  # 1e40 to a float32 raises too
             return make(value)
     except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
-        raise _refused(param, value, f"it does not fit ({exc})") from exc
+        raise _refused(param, value if shown is None else shown,
+                       f"it does not fit ({exc})") from exc
 
 
 def _refused(param: Param, value: Any, why: str) -> InputError:

@@ -608,7 +608,11 @@ def _holds_any(container: Any) -> bool:
     if found is None:
         return False
     kind, items = found
-    return _worth(itertools.chain.from_iterable(items) if kind == "map" else items)
+    values = list(itertools.chain.from_iterable(items)) if kind == "map" else items
+    # A tuple among them (an items view's pairs) is looked into in C, as a plain one is.
+    pairs = [inner for inner in values if type(inner) is tuple]
+    return _worth(inner for inner in values if type(inner) is not tuple) or _worth(
+        gc.get_referents(*pairs))
 
 
 #: Base types whose own iteration reads a subclass's items in C (get_referents also lists a

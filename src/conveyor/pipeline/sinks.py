@@ -131,7 +131,8 @@ class FileSink(Sink):
         fresh._fd = fresh._tmp = fresh._dir_fd = None
         # Where the name points now: a link re-pointed since the output was made (``latest ->
         # run2``) is written through as it is, and a folder removed since is named as such.
-        fresh.target = files.output_target(self._absolute, f"output {self.name}")
+        fresh.target = self.target = files.output_target(self._absolute,
+                                                          f"output {self.name}")
         return fresh
 
     def resolve(self, rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
