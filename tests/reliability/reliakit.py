@@ -243,9 +243,39 @@ def _make_two_worker_client() -> Any:
                                            dashboard_address=":0", silence_logs=50)
         with cluster, distributed.Client(cluster, set_as_default=False) as client:
             client.wait_for_workers(2, timeout=60)
-            yield client
+            LIVE_CLIENTS.append(client)
+            try:
+                yield client
+            finally:
+                LIVE_CLIENTS.remove(client)
 
     return two_worker_client
+
+
+#: The clients of the two-worker clusters alive now: tests/conftest.py's pool check waits
+#: for their workers to be idle first (``settle_clients``).
+LIVE_CLIENTS: list[Any] = []
+
+
+def settle_clients() -> None:
+    """Wait for every live cluster's workers to finish their tasks (see below)."""
+    for client in list(LIVE_CLIENTS):
+        wait_for_idle_workers(client)
+
+
+def wait_for_idle_workers(client: Any, most_seconds: float = 60.0) -> None:
+    """Wait until no worker of ``client``'s cluster runs a task. A computation raises at its
+    first failed task while the others still run on their workers' threads, holding pool
+    blocks: the pools' check after the test saw them (a CI run: 1024 bytes of a warm-up in
+    use at the teardown). A bound on the wait, not an assertion on its time."""
+    import time
+
+    deadline = time.monotonic() + most_seconds
+    while time.monotonic() < deadline:
+        busy = client.run(lambda dask_worker: len(dask_worker.state.executing))
+        if not any(busy.values()):
+            return
+        time.sleep(0.01)
 
 
 #: A module-scoped fixture named ``dask_client``: an in-process two-worker ``LocalCluster``'s
