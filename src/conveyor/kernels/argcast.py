@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import cmath
 import decimal
+import fractions
 import math
 import numbers
 from collections.abc import Callable
@@ -84,9 +85,8 @@ def cast_scalar(param: Param, value: Any) -> Any:
         # large to convert to C long"; as a real it is truncated and checked as a float is.
         if value.is_snan():
             raise _refused(param, value, "a signalling NaN has no value")
-        if dtype.kind in "fc":  # a whole one as an int: rounded once to the type, below
-            whole = value.is_finite() and value == value.to_integral_value()
-            value = int(value) if whole else float(value)
+        if dtype.kind in "fc":  # exactly, as a Fraction: rounded once to the type, below
+            value = fractions.Fraction(value) if value.is_finite() else float(value)
     if not isinstance(value, numbers.Number):
         raise _refused(param, value, f"a {type(value).__name__} is not a number")
     if (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)
@@ -110,7 +110,7 @@ def cast_scalar(param: Param, value: Any) -> Any:
             raise _refused(param, given, f"it does not fit: it is out of range for "
                                          f"{param.base or dtype} ({dtype}: "
                                          f"{_bound(info.min)} to {_bound(info.max)})")
-    if dtype.kind == "f" and isinstance(value, int) and dtype.itemsize < 8:
+    if dtype.kind == "f" and isinstance(value, numbers.Rational) and dtype.itemsize < 8:
         value = _rounded_once(value, np.finfo(dtype).nmant + 1)
     result = _checked(dtype.type, value, param, given)
     if dtype.kind in "fc" and not np.isfinite(result) and _finite(given):
@@ -119,19 +119,31 @@ def cast_scalar(param: Param, value: Any) -> Any:
     return result
 
 
-def _rounded_once(value: int, digits: int) -> float:
-    """``value`` rounded to ``digits`` significant bits (to nearest, ties to even), as a
-    float64 that holds it exactly: an int cast to float32 through float64 was rounded twice
-    (2**60 + 2**36 + 1 became 2**60; C and NumPy's int64 cast give 2**60 + 2**37)."""
-    size = abs(value)
-    shift = size.bit_length() - digits
-    if shift <= 0:
-        return float(value)
-    kept, rest = divmod(size, 1 << shift)
-    half = 1 << (shift - 1)
-    if rest > half or (rest == half and kept & 1):
+def _rounded_once(value: numbers.Rational, digits: int) -> float:
+    """``value`` (an int, a Fraction, a Decimal made one) rounded to ``digits`` significant
+    bits (to nearest, ties to even), as a float64 that holds it exactly: cast through float64
+    it was rounded twice (2**60 + 2**36 + 1 became 2**60 for a float32; C and NumPy's int64
+    cast give 2**60 + 2**37; 1 + 2**-24 + 10**-30 became 1.0, not 1 + 2**-23)."""
+    size = abs(fractions.Fraction(value))
+    if not size:
+        return 0.0
+    top, bottom = size.numerator, size.denominator
+    shift = digits - (top.bit_length() - bottom.bit_length())  # scale by 2**shift
+    while True:
+        scaled, scale = (top << shift, bottom) if shift >= 0 else (top, bottom << -shift)
+        kept, rest = divmod(scaled, scale)
+        if kept >= 1 << digits:
+            shift -= 1
+        elif kept < 1 << (digits - 1):
+            shift += 1
+        else:
+            break
+    if 2 * rest > scale or (2 * rest == scale and kept & 1):
         kept += 1
-    rounded = float(kept << shift) if (kept << shift).bit_length() <= 1024 else math.inf
+    try:
+        rounded = math.ldexp(kept, -shift)
+    except OverflowError:
+        rounded = math.inf
     return -rounded if value < 0 else rounded
 
 

@@ -119,13 +119,16 @@ def in_place_pairs(sources: Sequence[Source], sinks: Sequence[Sink]
     return frozenset(in_place)
 
 
-def check_tables(tables: Sequence[tuple[str, np.ndarray]], sinks: Sequence[Sink]) -> None:
+def check_tables(tables: Sequence[tuple[str, np.ndarray]], sinks: Sequence[Sink],
+                 callables: Sequence[tuple[str, np.ndarray]] = ()) -> None:
     """InputError for a writable resident table (``(name, host array)``: copied back into
     its array after the stream; one entry per handle) that shares memory with an output
-    array, or with another writable table: the copy-back would silently replace what the
-    stream (or the other table) wrote there."""
+    array, with another writable table, or with an array a callable link is given in its
+    ``args`` (``callables``): the copy-back would silently replace what the stream, the
+    other table or the callable wrote there."""
     outputs = [(f"output {j}", s.array) for j, s in enumerate(sinks)
                if isinstance(s, ArraySink) and s.array.nbytes]
+    outputs += [(f"the array in {name}", array) for name, array in callables if array.nbytes]
     for t, (name, table) in enumerate(tables):
         for other, array in outputs + list(tables[t + 1:]):
             shared = _shares(table, array)

@@ -513,8 +513,9 @@ def refuse_in_callable_args(args: Sequence[Any], whose: str) -> None:
             raise InputError(
                 f"{where} is a writable cv.resident table, but {whose} args are passed "
                 f"as given (the handle itself: nothing would be copied back into its array). "
-                f"A resident table is for a kernel's pointer parameter: give the callable the "
-                f"array itself, and write it there")
+                f"A resident table is for a kernel's pointer parameter: give the callable an "
+                f"array of its own to write (not the table's array while the table is "
+                f"written back: the copy-back would replace its writes)")
 
 
 def _writable_within(value: Any, where: str) -> str | None:

@@ -529,7 +529,7 @@ def _run(compute: Compute | Chain, sources: list[Source], sinks: list[Sink], dev
         )
     else:
         resident.refuse_in_callable_args(opts.args, "the callable's")
-    overlap.check_tables(_writable_tables(residents), sinks)
+    overlap.check_tables(_writable_tables(residents), sinks, _callable_arrays(compute))
     first = sources[0]
     reduction = Reduction.make(reduce, element, first.dtype,
                                int(np.prod(first.shape, dtype=np.int64)),
@@ -598,6 +598,37 @@ def _writable_tables(residents: Any) -> list[tuple[str, np.ndarray]]:
             if handle.writable:
                 found.setdefault(id(handle), (f"{where}args[{i}]", handle.array))
     return list(found.values())
+
+
+def _callable_arrays(compute: Any) -> list[tuple[str, np.ndarray]]:
+    """(name, array) of the NumPy arrays a chain's callable links are given in their
+    ``args=``, also inside Python's own containers (read as conveyor/containers.py reads
+    them, a thousand items at most each): what a callable may write on the host while a
+    writable table of the same memory is copied back over it."""
+    from conveyor.containers import standard_items
+
+    found: list[tuple[str, np.ndarray]] = []
+    for bound in getattr(compute, "links", ()):
+        if getattr(bound, "is_kernel", True):
+            continue
+        stack = [(f"{bound.where()}: args[{i}]", value)
+                 for i, value in enumerate(getattr(bound, "args", ()))]
+        seen: set[int] = set()
+        while stack and len(seen) < 10_000:
+            name, value = stack.pop()
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if issubclass(type(value), np.ndarray):
+                found.append((name, value))
+                continue
+            items = standard_items(value)
+            if items is not None:
+                kind, inner = items
+                values = [v for pair in inner for v in pair] if kind == "map" else inner
+                stack += [(f"{name}[{j}]" if kind == "seq" else f"{name}[<an item>]", v)
+                          for j, v in enumerate(values[:1000])]
+    return found
 
 
 def check_host_memory(plan: Plan, dev: Device) -> None:
