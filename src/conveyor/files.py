@@ -391,7 +391,7 @@ def hold_folder(fd: int, part: Path) -> int | None:
     try:
         inside = os.stat(part.name, dir_fd=folder, follow_symlinks=False)
         made = os.fstat(fd)
-        held = (inside.st_dev, inside.st_ino) == (made.st_dev, made.st_ino)
+        held = os.path.samestat(inside, made)
     except OSError:
         held = False
     if not held:
@@ -406,7 +406,7 @@ def same_folder(folder_fd: int, folder: Path) -> bool:
         now, held = os.stat(folder), os.fstat(folder_fd)
     except OSError:
         return False
-    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+    return os.path.samestat(now, held)
 
 
 def remove_stale_parts(target: Path) -> list[Path]:

@@ -232,6 +232,37 @@ def compiling_opencl_spec() -> str | None:
     return None
 
 
+def _make_compiling_device() -> Any:
+    import pytest
+
+    @pytest.fixture(scope="module", name="dev")
+    def compiling_device() -> Any:
+        """The first OpenCL device that builds kernels here (``compiling_opencl_spec``), as a
+        module fixture named ``dev``; the module's tests skip where there is none."""
+        spec = compiling_opencl_spec()
+        if spec is None:
+            pytest.skip("no usable OpenCL device")
+        return cv.device(spec)
+
+    return compiling_device
+
+
+#: A module-scoped fixture named ``dev`` (import this name; tests take ``dev``).
+compiling_device = _make_compiling_device()
+
+
+def _reads(x: Any, *args: Any, queue: Any, offset: int, n: int) -> int:
+    return int(n)
+
+
+def stream_with_arg(dev: Any, arg: Any) -> Any:
+    """A callable stream of 64 float32 ones on ``dev`` given ``arg`` in its ``args=`` (the
+    checks of what a callable's args hold, reached through ``cv.stream``); its result, the
+    sum of each block's ``n``, is 64."""
+    x = np.ones(64, np.float32)
+    return cv.stream(_reads, [x], device=dev, reduce="sum", args=(arg,))
+
+
 def _make_two_worker_client() -> Any:
     import pytest
 

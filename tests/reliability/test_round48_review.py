@@ -44,17 +44,15 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import compiling_opencl_spec  # noqa: E402, F401
+from reliakit import (  # noqa: E402, F401 (dev: a fixture)
+    compiling_device,
+    compiling_opencl_spec,
+)
 
 import conveyor as cv  # noqa: E402
 
 SPEC = compiling_opencl_spec()
 pytestmark = pytest.mark.skipif(SPEC is None, reason="no usable OpenCL device")
-
-
-@pytest.fixture(scope="module")
-def dev():
-    return cv.device(SPEC)
 
 
 def _counts(x, *args, queue, offset, n):

@@ -40,7 +40,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import compiling_opencl_spec  # noqa: E402
+from reliakit import (  # noqa: E402, F401 (dev: a fixture)
+    compiling_device,
+    compiling_opencl_spec,
+    stream_with_arg,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor import containers  # noqa: E402
@@ -48,20 +52,6 @@ from conveyor.dask import held  # noqa: E402
 
 SPEC = compiling_opencl_spec()
 pytestmark = pytest.mark.skipif(SPEC is None, reason="no usable OpenCL device")
-
-
-@pytest.fixture(scope="module")
-def dev():
-    return cv.device(SPEC)
-
-
-def _reads(x, *args, queue, offset, n):
-    return int(n)
-
-
-def _stream_with(dev, arg):
-    x = np.ones(64, np.float32)
-    return cv.stream(_reads, [x], device=dev, reduce="sum", args=(arg,))
 
 
 # -- 1. the walk's bound spent by a sibling before the handle is looked at ----------------------
@@ -80,7 +70,7 @@ def test_a_writable_handle_beside_10000_small_tuples_is_refused(dev, where):
         arg = {"dict-first": {"table": table, "points": points},
                "list-first": [table, *points], "list-last": [*points, table]}[where]
         with pytest.raises(cv.InputError, match=r"args\[0\]\[('table'|0|10000)\] is a writable"):
-            _stream_with(dev, arg)
+            stream_with_arg(dev, arg)
 
 
 def test_a_writable_handle_past_the_container_bound_is_refused_not_passed(dev):
@@ -94,7 +84,7 @@ def test_a_writable_handle_past_the_container_bound_is_refused_not_passed(dev):
         for _ in range(10_001):
             deep = [deep]
         with pytest.raises(cv.InputError, match="writable cv.resident|10,000|10000"):
-            _stream_with(dev, deep)
+            stream_with_arg(dev, deep)
 
 
 # -- 2. containers.py: a depth cap that hides, and repeated maps read once per path -----------
@@ -126,7 +116,7 @@ def test_a_writable_handle_under_nested_standard_mappings_is_refused(dev, make):
     them, so depth is bounded by MOST_CONTAINERS, not 8, and cycles end by ``seen``."""
     with cv.resident(np.zeros(4, np.float32), writable=True, device=dev) as table:
         with pytest.raises(cv.InputError, match="writable cv.resident"):
-            _stream_with(dev, make(table))
+            stream_with_arg(dev, make(table))
 
 
 def test_a_chainmap_repeating_itself_is_read_a_bounded_number_of_times(monkeypatch):
@@ -261,7 +251,7 @@ def test_a_writable_handle_in_a_user_dicts_view_is_refused(dev, make):
     mapping as ``_read`` does, keys, values or pairs by the view's base class."""
     with cv.resident(np.zeros(4, np.float32), writable=True, device=dev) as table:
         with pytest.raises(cv.InputError, match="writable cv.resident"):
-            _stream_with(dev, make(table))
+            stream_with_arg(dev, make(table))
 
 
 # -- 6. chainbind: other plan refusals than the memory limit's, reworded as the memory limit's --
@@ -306,9 +296,9 @@ def test_args_past_the_container_bound_are_refused_naming_it(dev, monkeypatch):
         for _ in range(60):
             deep = [deep]
         with pytest.raises(cv.InputError, match="more than 50 containers .* NumPy array"):
-            _stream_with(dev, deep)
+            stream_with_arg(dev, deep)
         # Containers holding no container are told apart in C, and never count.
-        assert _stream_with(dev, [(i, i) for i in range(1000)]).result == 64
+        assert stream_with_arg(dev, [(i, i) for i in range(1000)]).result == 64
 
 
 @pytest.mark.parametrize("where", [0, 777, 99_999])
@@ -319,7 +309,7 @@ def test_a_handle_in_one_small_tuple_of_many_is_found(dev, where):
         points: list = [(i, i) for i in range(100_000)]
         points[where] = (where, table)
         with pytest.raises(cv.InputError, match=rf"args\[0\]\['points'\]\[{where}\]\[1\]"):
-            _stream_with(dev, {"points": points})
+            stream_with_arg(dev, {"points": points})
 
 
 def test_many_namedtuples_of_numbers_are_no_containers_of_containers(dev):
@@ -327,7 +317,7 @@ def test_many_namedtuples_of_numbers_are_no_containers_of_containers(dev):
     counted towards the bound, and the stream was refused for "containers that hold
     others"; tuple, list, set and dict subclasses are told apart in C as the plain ones."""
     point = collections.namedtuple("point", "x y")
-    assert _stream_with(dev, [point(float(i), 1.0) for i in range(100_001)]).result == 64
+    assert stream_with_arg(dev, [point(float(i), 1.0) for i in range(100_001)]).result == 64
 
 
 def test_a_handle_in_an_objects_vars_in_a_list_is_refused(dev):
@@ -340,7 +330,7 @@ def test_a_handle_in_an_objects_vars_in_a_list_is_refused(dev):
         config = Config()
         config.table = table
         with pytest.raises(cv.InputError, match=r"args\[0\]\[0\]\['table'\] is a writable"):
-            _stream_with(dev, [vars(config)])
+            stream_with_arg(dev, [vars(config)])
 
 
 def test_dasks_check_names_a_method_whose_function_raises_on_reads():

@@ -43,27 +43,17 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reliakit (and, through it, streamkit)
-from reliakit import compiling_opencl_spec  # noqa: E402
+from reliakit import (  # noqa: E402, F401 (dev: a fixture)
+    compiling_device,
+    compiling_opencl_spec,
+    stream_with_arg,
+)
 
 import conveyor as cv  # noqa: E402
 from conveyor.pipeline import resident  # noqa: E402
 
 SPEC = compiling_opencl_spec()
 pytestmark = pytest.mark.skipif(SPEC is None, reason="no usable OpenCL device")
-
-
-@pytest.fixture(scope="module")
-def dev():
-    return cv.device(SPEC)
-
-
-def _reads(x, *args, queue, offset, n):
-    return int(n)
-
-
-def _stream_with(dev, arg):
-    x = np.ones(64, np.float32)
-    return cv.stream(_reads, [x], device=dev, reduce="sum", args=(arg,))
 
 
 # -- 1. the user's code run by the walk's isinstance ------------------------------------------
@@ -89,7 +79,7 @@ def test_the_walk_runs_none_of_an_args_code(dev, where):
     everywhere the walk and ``_read`` classify an object."""
     asked = _Asked()
     arg = {"alone": asked, "beside-a-deque": [collections.deque([1.0]), asked]}[where]
-    assert _stream_with(dev, arg) is not None
+    assert stream_with_arg(dev, arg) is not None
     assert object.__getattribute__(asked, "asked") == []
 
 
@@ -121,7 +111,7 @@ def test_many_leaf_containers_of_other_kinds_are_not_refused(dev, leaf):
     Fix: screen each non-plain leaf through ``standard_items`` without counting it unless it
     holds a handle or container, and screen PLAIN subclasses by their base type's items
     (``list.__iter__``/``tuple.__iter__``/``dict.values``), not ``gc.get_referents``."""
-    assert _stream_with(dev, [leaf(i) for i in range(100_001)]) is not None
+    assert stream_with_arg(dev, [leaf(i) for i in range(100_001)]) is not None
 
 
 # -- 3. a container repeated by reference, screened once per occurrence -----------------------
@@ -270,7 +260,7 @@ def test_a_handle_beside_shared_references_is_found(dev):
     with cv.resident(np.zeros(4, np.float32), writable=True, device=dev) as table:
         shared = [[1.0]]
         with pytest.raises(cv.InputError, match=r"args\[0\]\[2000\]\[0\] is a writable"):
-            _stream_with(dev, [shared] * 2000 + [[table]])
+            stream_with_arg(dev, [shared] * 2000 + [[table]])
 
 
 def test_a_failed_streams_error_keeps_the_users_locals_and_signature(dev):
